@@ -1,0 +1,39 @@
+"""StackWise: train transformer language models stack by stack.
+
+The public API lives here; everything else is an implementation detail.
+"""
+
+from stackwise.config import Config, load_config, save_config
+from stackwise.data import PreparedData, build_data
+from stackwise.errors import StackWiseError
+from stackwise.generate import sample_texts
+from stackwise.model import Block, Rack, Stack
+from stackwise.model.hf import export_llama
+from stackwise.objectives import Objective, Specials, build_objective
+from stackwise.pipeline import RunResult, train_from_config
+from stackwise.train import Trainer, build_rack, load_trained
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Block",
+    "Config",
+    "Objective",
+    "PreparedData",
+    "Rack",
+    "RunResult",
+    "Specials",
+    "Stack",
+    "StackWiseError",
+    "Trainer",
+    "__version__",
+    "build_data",
+    "build_objective",
+    "build_rack",
+    "export_llama",
+    "load_config",
+    "load_trained",
+    "sample_texts",
+    "save_config",
+    "train_from_config",
+]

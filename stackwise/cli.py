@@ -1,0 +1,145 @@
+"""`stackwise train | generate | config`.
+
+User mistakes (StackWiseError) print one paragraph and exit 2; there is no traceback for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+from stackwise.errors import StackWiseError
+
+PRESETS = Path(__file__).parent / "presets"
+DEFAULT_PRESET = "tiny-clm"
+
+
+def resolve_config_path(name: str | None) -> Path:
+    """A file path, or the name of a bundled preset (`tiny-clm`)."""
+    if name is None:
+        name = DEFAULT_PRESET
+    path = Path(name)
+    if path.is_file():
+        return path
+    preset = PRESETS / (name if name.endswith(".yaml") else f"{name}.yaml")
+    if preset.is_file():
+        return preset
+    known = ", ".join(sorted(p.stem for p in PRESETS.glob("*.yaml")))
+    raise StackWiseError(f"Config '{name}' is neither a file nor a preset. Presets: {known}.")
+
+
+def _split(args: list[str]) -> tuple[str | None, list[str]]:
+    if args and "=" not in args[0]:
+        return args[0], args[1:]
+    return None, args
+
+
+def _load(args: list[str]):
+    from stackwise.config import load_config
+
+    name, overrides = _split(args)
+    return load_config(resolve_config_path(name), overrides)
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
+    from stackwise.generate import sample_texts
+    from stackwise.pipeline import train_from_config
+
+    config = _load(ns.args)
+    result = train_from_config(config)
+    print(f"Saved the trained rack to {result.output_dir}")
+    n = config.sample.num_samples
+    if n:
+        for i, text in enumerate(
+            sample_texts(result.config, result.rack.eval(), result.data.tokenizer, n=n)
+        ):
+            print(f"--- sample {i + 1} ---\n{text.strip()}")
+    return 0
+
+
+def cmd_generate(ns: argparse.Namespace) -> int:
+    from stackwise.generate import sample_texts
+    from stackwise.train.checkpoint import load_trained
+
+    config, rack, tok = load_trained(ns.checkpoint)
+    texts = sample_texts(
+        config,
+        rack,
+        tok,
+        prompt=ns.prompt,
+        n=ns.num_samples,
+        seed=ns.seed,
+        max_new_tokens=ns.max_new_tokens,
+        temperature=ns.temperature,
+        top_k=ns.top_k,
+        top_p=ns.top_p,
+        steps=ns.steps,
+    )
+    for i, text in enumerate(texts):
+        if len(texts) > 1:
+            print(f"--- sample {i + 1} ---")
+        print(text)
+    return 0
+
+
+def cmd_config(ns: argparse.Namespace) -> int:
+    config = _load(ns.args)
+    if ns.action == "show":
+        print(config.to_yaml(), end="")
+    else:
+        print("config is valid")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="stackwise", description="Train language models stack by stack."
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser(
+        "train",
+        help="train a rack",
+        description=(
+            "Train from CONFIG (a YAML/JSON file or a preset name; default "
+            f"'{DEFAULT_PRESET}') with dotted overrides such as train.max_steps=100."
+        ),
+    )
+    t.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]")
+    t.set_defaults(func=cmd_train)
+    g = sub.add_parser("generate", help="sample text from a trained rack")
+    g.add_argument("--checkpoint", required=True, help="output dir of `stackwise train`")
+    g.add_argument("--prompt", default=None)
+    g.add_argument("--num-samples", type=int, default=1)
+    g.add_argument("--max-new-tokens", type=int, default=None)
+    g.add_argument("--temperature", type=float, default=None)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--steps", type=int, default=None, help="unmasking rounds (mlm/diffusion)")
+    g.add_argument("--seed", type=int, default=0)
+    g.set_defaults(func=cmd_generate)
+    c = sub.add_parser("config", help="show or validate a config")
+    c.add_argument("action", choices=["show", "validate"])
+    c.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]")
+    c.set_defaults(func=cmd_config)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    ns = build_parser().parse_args(argv)
+    try:
+        return ns.func(ns)
+    except StackWiseError as err:
+        msg = textwrap.fill(" ".join(str(err).split()), width=100)
+        print(f"stackwise: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("stackwise: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,469 @@
+"""The configuration schema: one pydantic tree, loaded from YAML/JSON plus dotted overrides.
+
+Every field is consumed somewhere. Fields that only matter for some settings (say `mask_ratio`
+with a causal objective) are refused when changed from their default while irrelevant, so a key
+never silently does nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from stackwise.errors import StackWiseError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def changed(self, name: str) -> bool:
+        """True when `name` differs from its default (robust to YAML round-trips)."""
+        field = type(self).model_fields[name]
+        return getattr(self, name) != field.get_default(call_default_factory=True)
+
+
+class ModelConfig(Section):
+    vocab_size: PositiveInt | None = Field(
+        None, description="Vocabulary size; None takes it from the tokenizer."
+    )
+    d_model: PositiveInt = 128
+    n_heads: PositiveInt = 4
+    n_kv_heads: PositiveInt | None = Field(None, description="Key/value heads (GQA); None = MHA.")
+    n_stacks: PositiveInt = 2
+    blocks_per_stack: PositiveInt = 2
+    ffn_hidden: PositiveInt | None = Field(None, description="SwiGLU width; None = ~8/3 d_model.")
+    max_seq_len: PositiveInt = 256
+    rope_theta: PositiveFloat = 10000.0
+    norm_eps: PositiveFloat = 1e-5
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    tie_embeddings: bool = True
+    frozen_up_proj: bool = Field(False, description="Freeze a random SwiGLU up-projection.")
+    time_conditioning: Literal["none", "sinusoidal", "learned"] = "none"
+    init_std: PositiveFloat = 0.02
+    gradient_checkpointing: bool = False
+
+    @model_validator(mode="after")
+    def _shapes(self) -> ModelConfig:
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"n_heads ({self.n_heads}) must divide d_model ({self.d_model}); "
+                "pick a head count such as 2, 4 or 8 that divides it"
+            )
+        if (self.d_model // self.n_heads) % 2:
+            raise ValueError(
+                f"head size d_model/n_heads = {self.d_model // self.n_heads} must be even for RoPE"
+            )
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}) for GQA"
+            )
+        return self
+
+    @property
+    def n_layers(self) -> int:
+        return self.n_stacks * self.blocks_per_stack
+
+    @property
+    def ffn_width(self) -> int:
+        if self.ffn_hidden is not None:
+            return self.ffn_hidden
+        return ((8 * self.d_model // 3) + 7) // 8 * 8
+
+
+class DataConfig(Section):
+    source: Literal["shakespeare", "files"] = "shakespeare"
+    files: list[str] = Field(default_factory=list, description="Local .txt/.jsonl/.json/.parquet")
+    format: Literal["auto", "text", "json", "parquet"] = "auto"
+    text_field: str | list[str] = "text"
+    mode: Literal["pretraining"] = "pretraining"
+    seq_len: PositiveInt = 128
+    num_samples: PositiveInt | None = Field(None, description="Cap on training sequences.")
+    val_fraction: float = Field(0.05, gt=0.0, le=0.5)
+    tokenizer: str | None = Field(None, description="Local HF tokenizer dir; None trains a BPE.")
+    bpe_vocab_size: int = Field(2048, ge=300, le=65536)
+    cache_dir: str | None = Field(None, description="Default: $STACKWISE_CACHE or ~/.cache.")
+    num_workers: NonNegativeInt = 0
+
+    @field_validator("files", mode="before")
+    @classmethod
+    def _one_file(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode(cls, v: Any) -> Any:
+        if v == "instruction":
+            raise ValueError("instruction (chat) data is not supported yet; use mode: pretraining")
+        return v
+
+    @model_validator(mode="after")
+    def _sources(self) -> DataConfig:
+        if self.source == "files" and not self.files:
+            raise ValueError("source 'files' needs data.files: [path, ...]")
+        if self.source == "shakespeare":
+            for name in ("files", "format", "text_field"):
+                if self.changed(name):
+                    raise ValueError(
+                        f"data.{name} only applies to source: files (the built-in corpus is "
+                        "plain text); set data.source: files or remove it"
+                    )
+        if self.tokenizer is not None and self.changed("bpe_vocab_size"):
+            raise ValueError(
+                "bpe_vocab_size only applies when no tokenizer dir is given; remove one of them"
+            )
+        return self
+
+
+class ObjectiveConfig(Section):
+    name: Literal["clm", "mlm", "diffusion", "custom"] = "clm"
+    attention: Literal["auto", "causal", "bidirectional"] = Field(
+        "auto", description="auto: causal for clm/custom, bidirectional for mlm/diffusion."
+    )
+    weighting: Literal["elbo", "uniform"] = Field(
+        "elbo", description="diffusion: -alpha'/(1-alpha) (NELBO) or 1."
+    )
+
+    @property
+    def causal(self) -> bool:
+        if self.attention == "auto":
+            return self.name in ("clm", "custom")
+        return self.attention == "causal"
+
+
+class MaskingConfig(Section):
+    mask_ratio: float | tuple[float, float] = Field(
+        0.15, description="mlm: a ratio, or [low, high] drawn per example."
+    )
+    bert_mix: bool = Field(False, description="mlm: 80% mask, 10% random, 10% kept.")
+    schedule: Literal["linear", "loglinear", "cosine", "table"] = "linear"
+    eps: float = Field(1e-3, gt=0.0, lt=0.5, description="diffusion: t ~ U(eps, 1).")
+    antithetic: bool = True
+    num_time_steps: PositiveInt | None = Field(
+        None, description="diffusion: draw t on a grid of this many steps."
+    )
+    time_step_mask_fractions: dict[int, float] | None = Field(
+        None, description="schedule table: {step: mask fraction}, interpolated."
+    )
+
+    @field_validator("mask_ratio")
+    @classmethod
+    def _ratio(cls, v: float | tuple[float, float]) -> float | tuple[float, float]:
+        lo, hi = (v, v) if isinstance(v, float | int) else v
+        if not 0.0 < lo <= hi <= 1.0:
+            raise ValueError(
+                "mask_ratio must be in (0, 1], or [low, high] with 0 < low <= high <= 1"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _table(self) -> MaskingConfig:
+        table = self.time_step_mask_fractions
+        if self.schedule == "table":
+            if not table or self.num_time_steps is None:
+                raise ValueError(
+                    "schedule 'table' needs num_time_steps and time_step_mask_fractions "
+                    "(e.g. {0: 0.15, 5: 0.5, 9: 0.9})"
+                )
+            steps = sorted(table)
+            if steps[0] < 0 or steps[-1] >= self.num_time_steps:
+                raise ValueError(
+                    f"time_step_mask_fractions steps must lie in 0..{self.num_time_steps - 1}"
+                )
+            fracs = [table[s] for s in steps]
+            if any(not 0.0 < f <= 1.0 for f in fracs):
+                raise ValueError("time_step_mask_fractions values must be in (0, 1]")
+            if any(b < a for a, b in itertools.pairwise(fracs)):
+                raise ValueError("time_step_mask_fractions must not decrease with the step")
+        elif table is not None:
+            raise ValueError("time_step_mask_fractions needs schedule: table")
+        if self.num_time_steps is not None and self.schedule != "loglinear" and self.changed("eps"):
+            raise ValueError(
+                "masking.eps bounds continuous t; with num_time_steps t lies on a grid, so eps "
+                "has no effect (except in the loglinear schedule); remove it"
+            )
+        return self
+
+
+SchedulerName = Literal["linear", "cosine", "constant", "constant_with_warmup", "polynomial"]
+
+
+class GroupLR(Section):
+    """Absolute learning rates per named parameter group; None uses train.lr."""
+
+    embeddings: PositiveFloat | None = None
+    blocks: PositiveFloat | None = None
+    head: PositiveFloat | None = None
+    time: PositiveFloat | None = None
+
+
+class TrainConfig(Section):
+    seed: int = 0
+    max_steps: PositiveInt = 600
+    batch_size: PositiveInt = 16
+    grad_accum_steps: PositiveInt = 1
+    lr: PositiveFloat = 2e-3
+    group_lr: GroupLR = Field(default_factory=GroupLR)
+    weight_decay: NonNegativeFloat = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    adam_eps: PositiveFloat = 1e-8
+    fused_adamw: bool = False
+    max_grad_norm: NonNegativeFloat = Field(1.0, description="0 disables clipping.")
+    scheduler: SchedulerName = "cosine"
+    warmup_steps: NonNegativeInt = 0
+    warmup_ratio: float | None = Field(None, ge=0.0, lt=1.0)
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="LR floor for decaying schedules.")
+    poly_power: PositiveFloat = 1.0
+    mixed_precision: Literal["no", "bf16", "fp16"] = "bf16"
+    compile: bool = False
+    eval_every: PositiveInt = 100
+    eval_batches: PositiveInt = 10
+    output_dir: str | None = Field(None, description="Default: outputs/<run_name>.")
+    overwrite_output_dir: bool = False
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError("betas must both lie in [0, 1)")
+        return v
+
+    @model_validator(mode="after")
+    def _schedule(self) -> TrainConfig:
+        if self.warmup_ratio is not None and self.warmup_steps:
+            raise ValueError("set warmup_steps or warmup_ratio, not both")
+        if self.scheduler == "constant":
+            for name in ("warmup_steps", "warmup_ratio"):
+                if self.changed(name):
+                    raise ValueError(
+                        f"scheduler 'constant' has no warmup; use "
+                        f"'constant_with_warmup' or remove {name}"
+                    )
+        if self.scheduler in ("constant", "constant_with_warmup") and self.changed("min_lr_ratio"):
+            raise ValueError(f"min_lr_ratio has no effect with scheduler '{self.scheduler}'")
+        if self.scheduler != "polynomial" and self.changed("poly_power"):
+            raise ValueError("poly_power only applies to scheduler: polynomial")
+        return self
+
+
+class LoggingConfig(Section):
+    run_name: str | None = Field(None, description="Default: <objective>-<timestamp>.")
+    log_every: PositiveInt = 10
+    console: bool = True
+    jsonl: bool = True
+    tensorboard: bool = True
+    progress_bar: Literal["auto", "always", "never"] = "auto"
+
+
+class SampleConfig(Section):
+    """End-of-training samples, and the defaults of `stackwise generate`."""
+
+    num_samples: NonNegativeInt = 2
+    prompt: str = ""
+    max_new_tokens: PositiveInt = 64
+    temperature: NonNegativeFloat = 0.8
+    top_k: NonNegativeInt = Field(0, description="clm: 0 disables.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="clm nucleus sampling.")
+    steps: PositiveInt = Field(32, description="mlm/diffusion: unmasking iterations.")
+
+
+class Config(Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
+    masking: MaskingConfig = Field(default_factory=MaskingConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    sample: SampleConfig = Field(default_factory=SampleConfig)
+
+    @model_validator(mode="after")
+    def _relevance(self) -> Config:
+        name = self.objective.name
+        m = self.masking
+        only = {
+            "mlm": ("mask_ratio", "bert_mix"),
+            "diffusion": (
+                "schedule",
+                "eps",
+                "antithetic",
+                "num_time_steps",
+                "time_step_mask_fractions",
+            ),
+        }
+        for owner, fields in only.items():
+            for f in fields:
+                if name != owner and m.changed(f):
+                    raise ValueError(
+                        f"masking.{f} only applies to objective '{owner}', not '{name}'; "
+                        "remove it or change objective.name"
+                    )
+        if name != "diffusion" and self.objective.changed("weighting"):
+            raise ValueError("objective.weighting only applies to objective 'diffusion'")
+        tc = self.model.time_conditioning
+        if tc != "none" and name != "diffusion":
+            raise ValueError(
+                f"model.time_conditioning '{tc}' feeds the diffusion time step; it needs "
+                "objective 'diffusion'"
+            )
+        if tc == "learned" and m.num_time_steps is None:
+            raise ValueError("time_conditioning 'learned' needs masking.num_time_steps (its table)")
+        if tc == "none" and self.train.group_lr.time is not None:
+            raise ValueError("train.group_lr.time needs model.time_conditioning other than none")
+        if self.model.tie_embeddings and self.train.group_lr.head is not None:
+            raise ValueError(
+                "train.group_lr.head needs an untied head; the tied head shares the embeddings' "
+                "LR (set group_lr.embeddings, or model.tie_embeddings: false)"
+            )
+        if self.data.seq_len > self.model.max_seq_len:
+            raise ValueError(
+                f"data.seq_len ({self.data.seq_len}) exceeds model.max_seq_len "
+                f"({self.model.max_seq_len}); raise max_seq_len or shorten seq_len"
+            )
+        return self
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def _field_names(model: type[BaseModel]) -> list[str]:
+    return list(model.model_fields)
+
+
+def _check_keys(data: Any, model: type[BaseModel], path: str = "") -> None:
+    """Reject unknown keys with a nearest-match hint before pydantic sees them."""
+    if not isinstance(data, dict):
+        return
+    names = _field_names(model)
+    for key, value in data.items():
+        where = f"{path}{key}"
+        if not isinstance(key, str) or key not in names:
+            hint = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
+            # also search one level down, so `blocks_per_stack` at top level finds model.*
+            if not hint and not path:
+                for sec in names:
+                    sub = model.model_fields[sec].annotation
+                    if isinstance(sub, type) and issubclass(sub, BaseModel):
+                        close = difflib.get_close_matches(str(key), _field_names(sub), 1, 0.7)
+                        if close:
+                            hint = [f"{sec}.{close[0]}"]
+                            break
+            suggestion = f" — did you mean '{hint[0]}'?" if hint else ""
+            valid = ", ".join(names)
+            raise StackWiseError(
+                f"Unknown config key '{where}'{suggestion} Valid keys here: {valid}."
+            )
+        sub = model.model_fields[key].annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            _check_keys(value, sub, f"{where}.")
+
+
+def _format_validation(err: ValidationError, origin: str) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+        msg = e["msg"].removeprefix("Value error, ")
+        given = e.get("input")
+        shown = "" if isinstance(given, dict) else f" (got {given!r})"
+        parts.append(f"{loc or 'config'}: {msg}{shown}")
+    return f"Invalid config in {origin}: " + "; ".join(parts) + ". Fix the value and rerun."
+
+
+def from_dict(data: Any, origin: str = "config") -> Config:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise StackWiseError(
+            f"{origin} must be a mapping of sections (model:, data:, train: ...), "
+            f"but it holds a {type(data).__name__}."
+        )
+    _check_keys(data, Config)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise StackWiseError(_format_validation(err, origin)) from None
+
+
+def read_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise StackWiseError(f"Config file '{path}' does not exist. Check the path.")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise StackWiseError(f"Cannot read config file '{path}': {err}.") from None
+    try:
+        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as err:
+        where = str(err).replace("\n", " ")
+        raise StackWiseError(
+            f"Config file '{path}' is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+            f"{where}. Fix the syntax and rerun."
+        ) from None
+    return data if data is not None else {}
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`train.lr=1e-3` -> (['train', 'lr'], 0.001); the value is read as YAML."""
+    if "=" not in item:
+        raise StackWiseError(
+            f"Override '{item}' is not of the form section.key=value (e.g. train.max_steps=50)."
+        )
+    key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise StackWiseError(f"Override key '{key}' is malformed; use section.key=value.")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = data
+        for p in parts[:-1]:
+            child = node.get(p)
+            if child is None:
+                child = node[p] = {}
+            if not isinstance(child, dict):
+                raise StackWiseError(f"Override '{item}': '{p}' is a value, not a section.")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    data = read_file(path) if path is not None else {}
+    origin = str(path) if path is not None else "defaults"
+    if overrides:
+        if not isinstance(data, dict):
+            return from_dict(data, origin)
+        data = apply_overrides(data, overrides)
+        origin += " + overrides"
+    return from_dict(data, origin)
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    Path(path).write_text(config.to_yaml(), encoding="utf-8")

@@ -1,0 +1,101 @@
+"""Pretraining data: documents -> one EOS-separated token stream -> fixed-length blocks.
+
+The split is deterministic: the last `val_fraction` of the stream is validation, so no block
+straddles both sets and the same text never appears in both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import Dataset
+from transformers import PreTrainedTokenizerBase
+
+from stackwise.config import DataConfig
+from stackwise.data.sources import load_documents
+from stackwise.data.tokenizer import corpus_tokenizer, load_tokenizer_dir
+from stackwise.errors import StackWiseError
+from stackwise.objectives.base import Specials
+
+
+class TokenBlocks(Dataset):
+    """Rows of a (N, L) token tensor as {'input_ids': ...}; the index is a stable sample id."""
+
+    def __init__(self, blocks: torch.Tensor) -> None:
+        self.blocks = blocks
+
+    def __len__(self) -> int:
+        return self.blocks.shape[0]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.blocks[i].long()}
+
+
+@dataclass
+class PreparedData:
+    tokenizer: PreTrainedTokenizerBase
+    train: TokenBlocks
+    val: TokenBlocks
+    n_documents: int
+    n_tokens: int
+
+    @property
+    def specials(self) -> Specials:
+        return specials_of(self.tokenizer)
+
+
+def specials_of(tok: PreTrainedTokenizerBase) -> Specials:
+    return Specials(
+        vocab_size=len(tok),
+        pad_id=tok.pad_token_id,
+        mask_id=tok.mask_token_id,
+        bos_id=tok.bos_token_id,
+        eos_id=tok.eos_token_id,
+    )
+
+
+def pack_stream(token_lists: list[list[int]], eos_id: int) -> torch.Tensor:
+    total = sum(len(t) + 1 for t in token_lists)
+    out = torch.empty(total, dtype=torch.int32)
+    pos = 0
+    for ids in token_lists:
+        n = len(ids)
+        out[pos : pos + n] = torch.tensor(ids, dtype=torch.int32)
+        out[pos + n] = eos_id
+        pos += n + 1
+    return out
+
+
+def to_blocks(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
+    n = stream.numel() // seq_len
+    return stream[: n * seq_len].view(n, seq_len)
+
+
+def build_data(cfg: DataConfig) -> PreparedData:
+    docs = load_documents(cfg)
+    texts = [t for _, t in docs]
+    if cfg.tokenizer is not None:
+        tok = load_tokenizer_dir(cfg.tokenizer)
+    else:
+        tok = corpus_tokenizer(texts, cfg.bpe_vocab_size, cfg.cache_dir)
+    ids = tok(texts, add_special_tokens=False)["input_ids"]
+    stream = pack_stream(ids, tok.eos_token_id)
+    n_val = max(cfg.seq_len, int(stream.numel() * cfg.val_fraction))
+    train_blocks = to_blocks(stream[:-n_val], cfg.seq_len)
+    val_blocks = to_blocks(stream[-n_val:], cfg.seq_len)
+    if train_blocks.shape[0] == 0 or val_blocks.shape[0] == 0:
+        names = ", ".join(sorted({n for n, _ in docs}))[:200]
+        raise StackWiseError(
+            f"The data ({names}) gives {stream.numel()} tokens: too few for one training and one "
+            f"validation block of data.seq_len={cfg.seq_len}. Add text or lower data.seq_len."
+        )
+    if cfg.num_samples is not None:
+        train_blocks = train_blocks[: cfg.num_samples]
+    return PreparedData(
+        tokenizer=tok,
+        train=TokenBlocks(train_blocks),
+        val=TokenBlocks(val_blocks),
+        n_documents=len(docs),
+        n_tokens=int(stream.numel()),
+    )

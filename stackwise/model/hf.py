@@ -1,0 +1,73 @@
+"""Export a causal rack to the Hugging Face Llama format, which `transformers` loads directly.
+
+The rack uses Llama's conventions (RMSNorm, rotate-half RoPE, SwiGLU, q/k/v/o names), so the
+export is a renaming of tensors plus a `LlamaConfig`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig
+
+from stackwise.model.rack import Rack
+
+_RENAME = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn.q_proj.weight": "self_attn.q_proj.weight",
+    "attn.k_proj.weight": "self_attn.k_proj.weight",
+    "attn.v_proj.weight": "self_attn.v_proj.weight",
+    "attn.o_proj.weight": "self_attn.o_proj.weight",
+    "ffn.gate_proj.weight": "mlp.gate_proj.weight",
+    "ffn.up_proj.weight": "mlp.up_proj.weight",
+    "ffn.down_proj.weight": "mlp.down_proj.weight",
+}
+
+
+def llama_config(rack: Rack) -> LlamaConfig:
+    c = rack.cfg
+    if rack.time_embed is not None or not rack.causal:
+        raise ValueError("only causal racks without time conditioning map onto Llama")
+    return LlamaConfig(
+        vocab_size=rack.vocab_size,
+        hidden_size=c.d_model,
+        intermediate_size=c.ffn_width,
+        num_hidden_layers=c.n_layers,
+        num_attention_heads=c.n_heads,
+        num_key_value_heads=c.n_kv_heads or c.n_heads,
+        max_position_embeddings=c.max_seq_len,
+        rms_norm_eps=c.norm_eps,
+        rope_theta=c.rope_theta,
+        tie_word_embeddings=c.tie_embeddings,
+        attention_bias=False,
+        mlp_bias=False,
+    )
+
+
+def llama_state_dict(rack: Rack) -> dict[str, torch.Tensor]:
+    out = {
+        "model.embed_tokens.weight": rack.embed_tokens.weight,
+        "model.norm.weight": rack.norm.weight,
+    }
+    layer = 0
+    for stack in rack.stacks:
+        for block in stack.blocks:
+            for name, tensor in block.state_dict().items():
+                out[f"model.layers.{layer}.{_RENAME[name]}"] = tensor
+            layer += 1
+    if rack.lm_head is not None:
+        out["lm_head.weight"] = rack.lm_head.weight
+    return {k: v.detach().clone() for k, v in out.items()}
+
+
+def export_llama(rack: Rack, folder: str | Path) -> Path:
+    """Write config.json + model.safetensors that LlamaForCausalLM.from_pretrained reads."""
+    from transformers import LlamaForCausalLM
+
+    folder = Path(folder)
+    model = LlamaForCausalLM(llama_config(rack))
+    model.load_state_dict(llama_state_dict(rack), strict=False)
+    model.save_pretrained(str(folder))
+    return folder

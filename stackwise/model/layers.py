@@ -1,0 +1,151 @@
+"""Transformer building blocks: RMSNorm, RoPE, attention (MHA/GQA via SDPA), SwiGLU, Block.
+
+Projection names follow the Llama convention (q_proj, ..., down_proj) so PEFT targets and an HF
+export map one to one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from stackwise.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Rotary(nn.Module):
+    """Precomputed RoPE tables; q and k are rotated per head (Llama's rotate-half layout)."""
+
+    def __init__(self, head_dim: int, max_len: int, theta: float) -> None:
+        super().__init__()
+        inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos[:length], self.sin[:length]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([-b, a], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, H, L, hd)."""
+    return x * cos.to(x.dtype) + _rotate_half(x) * sin.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, causal: bool) -> None:
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.n_kv = cfg.n_kv_heads or cfg.n_heads
+        self.head_dim = cfg.d_model // cfg.n_heads
+        self.causal = causal
+        self.dropout = cfg.dropout
+        d, hd = cfg.d_model, self.head_dim
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=False)
+        self.k_proj = nn.Linear(d, self.n_kv * hd, bias=False)
+        self.v_proj = nn.Linear(d, self.n_kv * hd, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=self.causal and mask is None,
+            dropout_p=self.dropout if self.training else 0.0,
+            enable_gqa=self.n_kv != self.n_heads,
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d, h = cfg.d_model, cfg.ffn_width
+        self.gate_proj = nn.Linear(d, h, bias=False)
+        self.up_proj = nn.Linear(d, h, bias=False)
+        self.down_proj = nn.Linear(h, d, bias=False)
+        self.frozen_up = cfg.frozen_up_proj
+        if self.frozen_up:
+            self.up_proj.weight.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    """Pre-norm layer: x + attn(norm(x)), then x + ffn(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig, causal: bool) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg, causal)
+        self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.ffn = SwiGLU(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.attn_norm(x), rope, mask))
+        return x + self.drop(self.ffn(self.ffn_norm(x)))
+
+
+class Stack(nn.Module):
+    """`blocks_per_stack` Blocks: the unit that is grown, frozen, cached and saved."""
+
+    def __init__(self, cfg: ModelConfig, causal: bool, n_blocks: int | None = None) -> None:
+        super().__init__()
+        n = n_blocks if n_blocks is not None else cfg.blocks_per_stack
+        self.blocks = nn.ModuleList(Block(cfg, causal) for _ in range(n))
+        self.gradient_checkpointing = cfg.gradient_checkpointing
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        for block in self.blocks:
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(block, x, rope, mask, use_reentrant=False)
+            else:
+                x = block(x, rope, mask)
+        return x
+
+
+def init_weights(module: nn.Module, std: float, n_layers: int, d_model: int) -> None:
+    """GPT-2 style: N(0, std), residual output projections scaled by 1/sqrt(2 * layers)."""
+    for name, p in module.named_parameters():
+        if p.ndim < 2:
+            continue
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            nn.init.normal_(p, 0.0, std / math.sqrt(2 * n_layers))
+        elif name.endswith("up_proj.weight") and not p.requires_grad:
+            nn.init.normal_(p, 0.0, 1.0 / math.sqrt(d_model))  # frozen random features
+        else:
+            nn.init.normal_(p, 0.0, std)

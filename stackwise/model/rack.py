@@ -1,0 +1,129 @@
+"""The Rack: embeddings, optional time conditioning, stacks, final norm and LM head.
+
+The rack you train is the rack you evaluate, save and sample from. Its forward is split into
+`embed`, `run_stacks` and `logits` so that progressive training can start or stop at any stack
+boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from stackwise.config import ModelConfig
+from stackwise.model.layers import RMSNorm, Rotary, Stack, init_weights
+from stackwise.model.time import LearnedTime, SinusoidalTime
+
+
+def sdpa_mask(
+    attention_mask: torch.Tensor | None, causal: bool, length: int
+) -> torch.Tensor | None:
+    """Padding mask (B, L) of 1/0 -> boolean SDPA mask (B, 1, L, L); None when nothing is padded.
+
+    Every query may always see itself, so fully padded rows never produce NaN.
+    """
+    if attention_mask is None:
+        return None
+    keep = attention_mask.bool()
+    if bool(keep.all()):
+        return None
+    mask = keep[:, None, None, :].expand(-1, 1, length, -1)
+    eye = torch.eye(length, dtype=torch.bool, device=keep.device)
+    if causal:
+        mask = mask & torch.tril(torch.ones_like(eye))
+    return mask | eye
+
+
+class Rack(nn.Module):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        vocab_size: int,
+        causal: bool,
+        num_time_steps: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.causal = causal
+        self.embed_tokens = nn.Embedding(vocab_size, cfg.d_model)
+        self.time_embed: nn.Module | None = None
+        if cfg.time_conditioning == "sinusoidal":
+            self.time_embed = SinusoidalTime(cfg.d_model)
+        elif cfg.time_conditioning == "learned":
+            if num_time_steps is None:
+                raise ValueError("learned time conditioning needs num_time_steps")
+            self.time_embed = LearnedTime(cfg.d_model, num_time_steps)
+        self.rotary = Rotary(cfg.d_model // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
+        self.stacks = nn.ModuleList(Stack(cfg, causal) for _ in range(cfg.n_stacks))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head: nn.Linear | None = None
+        if not cfg.tie_embeddings:
+            self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        init_weights(self, cfg.init_std, cfg.n_layers, cfg.d_model)
+
+    @property
+    def uses_time(self) -> bool:
+        return self.time_embed is not None
+
+    def embed(self, input_ids: torch.Tensor, t: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        if self.time_embed is not None:
+            if t is None:
+                raise ValueError("this rack is time-conditioned: pass t (one value per example)")
+            h = h + self.time_embed(t).to(h.dtype)[:, None, :]
+        return h
+
+    def run_stacks(
+        self,
+        h: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        stacks: Sequence[nn.Module] | None = None,
+    ) -> torch.Tensor:
+        length = h.shape[1]
+        if length > self.cfg.max_seq_len:
+            raise ValueError(f"sequence of {length} exceeds max_seq_len {self.cfg.max_seq_len}")
+        rope = self.rotary(length)
+        mask = sdpa_mask(attention_mask, self.causal, length)
+        for stack in self.stacks if stacks is None else stacks:
+            h = stack(h, rope, mask)
+        return h
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        h = self.norm(h)
+        if self.lm_head is None:
+            return h @ self.embed_tokens.weight.to(h.dtype).t()
+        return self.lm_head(h)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        t: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.logits(self.run_stacks(self.embed(input_ids, t), attention_mask))
+
+    def param_groups(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
+        """Named groups for per-group learning rates: embeddings, time, blocks, head."""
+        groups: dict[str, list[tuple[str, nn.Parameter]]] = {
+            "embeddings": [],
+            "time": [],
+            "blocks": [],
+            "head": [],
+        }
+        for name, p in self.named_parameters():
+            if name.startswith("embed_tokens"):
+                groups["embeddings"].append((name, p))
+            elif name.startswith("time_embed"):
+                groups["time"].append((name, p))
+            elif name.startswith("stacks"):
+                groups["blocks"].append((name, p))
+            else:
+                groups["head"].append((name, p))
+        return groups
+
+
+def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:
+    return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)

@@ -1,0 +1,87 @@
+"""What every objective produces: corrupted inputs, targets and per-token loss weights.
+
+Objectives are the only place that corrupts inputs. The trainer never looks inside; it calls
+`prepare` then `loss`, and `eval_sums` for evaluation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+IGNORE = -100
+
+
+@dataclass(frozen=True)
+class Specials:
+    vocab_size: int
+    pad_id: int
+    mask_id: int
+    bos_id: int | None = None
+    eos_id: int | None = None
+
+
+@dataclass
+class Prepared:
+    inputs: torch.Tensor  # (B, L) what the model sees
+    targets: torch.Tensor  # (B, L) token to predict, IGNORE elsewhere
+    weights: torch.Tensor  # (B, L) training loss weight per position
+    normalizer: torch.Tensor  # scalar: the loss is sum(weights * CE) / normalizer
+    attention_mask: torch.Tensor | None = None
+    t: torch.Tensor | None = None  # (B,) diffusion time, when the objective has one
+    elbo_weights: torch.Tensor | None = None  # diffusion: NELBO weights even if training uniform
+
+
+def token_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-position cross entropy in fp32, 0 where the target is IGNORE."""
+    flat = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(),
+        targets.reshape(-1),
+        ignore_index=IGNORE,
+        reduction="none",
+    )
+    return flat.view(targets.shape)
+
+
+class Objective:
+    """Base: subclasses implement `prepare`; the weighted loss is shared."""
+
+    name = "base"
+    causal = False
+
+    def __init__(self, specials: Specials) -> None:
+        self.specials = specials
+
+    def prepare(self, batch: dict[str, torch.Tensor], gen: torch.Generator) -> Prepared:
+        raise NotImplementedError
+
+    def loss(self, logits: torch.Tensor, prep: Prepared) -> torch.Tensor:
+        ce = token_ce(logits, prep.targets)
+        return (ce * prep.weights).sum() / prep.normalizer.clamp_min(1)
+
+    @torch.no_grad()
+    def eval_sums(self, logits: torch.Tensor, prep: Prepared) -> dict[str, float]:
+        """Additive statistics; the trainer sums them over eval batches."""
+        ce = token_ce(logits, prep.targets)
+        scored = prep.targets != IGNORE
+        correct = (logits.argmax(-1) == prep.targets) & scored
+        sums = {
+            "loss_sum": float((ce * prep.weights).sum()),
+            "norm": float(prep.normalizer),
+            "nll_sum": float(ce[scored].sum()),
+            "scored": float(scored.sum()),
+            "correct": float(correct.sum()),
+        }
+        if prep.elbo_weights is not None:
+            sums["nelbo_sum"] = float((ce * prep.elbo_weights).sum())
+        return sums
+
+
+def real_tokens(batch: dict[str, torch.Tensor], pad_id: int) -> torch.Tensor:
+    """(B, L) bool: positions that hold data, from attention_mask if given, else != pad."""
+    ids = batch["input_ids"]
+    if "attention_mask" in batch:
+        return batch["attention_mask"].bool()
+    return ids != pad_id

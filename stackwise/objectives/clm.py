@@ -1,0 +1,27 @@
+"""Causal LM: predict token i+1 from tokens <= i."""
+
+from __future__ import annotations
+
+import torch
+
+from stackwise.objectives.base import IGNORE, Objective, Prepared, real_tokens
+
+
+class CLM(Objective):
+    name = "clm"
+    causal = True
+
+    def prepare(self, batch: dict[str, torch.Tensor], gen: torch.Generator) -> Prepared:
+        ids = batch["input_ids"]
+        real = real_tokens(batch, self.specials.pad_id)
+        targets = torch.full_like(ids, IGNORE)
+        nxt_ok = real[:, 1:] & real[:, :-1]
+        targets[:, :-1] = torch.where(nxt_ok, ids[:, 1:], IGNORE)
+        weights = (targets != IGNORE).float()
+        return Prepared(
+            inputs=ids,
+            targets=targets,
+            weights=weights,
+            normalizer=weights.sum(),
+            attention_mask=batch.get("attention_mask"),
+        )

@@ -1,0 +1,79 @@
+"""Saving and loading trained racks: safetensors weights, YAML config, tokenizer dir.
+
+Loading never unpickles: weights come from safetensors, the config through yaml.safe_load.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from stackwise.config import Config, load_config
+from stackwise.data.tokenizer import load_tokenizer_dir
+from stackwise.errors import StackWiseError
+from stackwise.model.rack import Rack
+
+WEIGHTS = "model.safetensors"
+
+
+def save_model(model: nn.Module, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    path = folder / WEIGHTS
+    save_file(state, str(path), metadata={"format": "pt", "library": "stackwise"})
+    return path
+
+
+def build_rack(config: Config, vocab_size: int) -> Rack:
+    return Rack(config.model, vocab_size, config.objective.causal, config.masking.num_time_steps)
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    if not path.is_file():
+        raise StackWiseError(f"No weights at '{path}'. Is this a StackWise output dir?")
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise StackWiseError(
+            f"Weights file '{path}' is corrupted or truncated ({err}). Restore it from a "
+            "backup or retrain."
+        ) from None
+    own = model.state_dict()
+    bad = [k for k in own if k in state and own[k].shape != state[k].shape]
+    missing = [k for k in own if k not in state]
+    extra = [k for k in state if k not in own]
+    if bad or missing or extra:
+        detail = (
+            f"shape mismatch at {bad[0]} ({tuple(state[bad[0]].shape)} in file vs "
+            f"{tuple(own[bad[0]].shape)} in config)"
+            if bad
+            else f"missing {missing[:2]}"
+            if missing
+            else f"unexpected {extra[:2]}"
+        )
+        raise StackWiseError(
+            f"Weights in '{path}' do not match the model built from its config: {detail}. "
+            "The checkpoint was made with another model shape; use its own config.yaml."
+        )
+    model.load_state_dict(state)
+
+
+def load_trained(
+    folder: str | Path, device: torch.device | str = "cpu"
+) -> tuple[Config, Rack, PreTrainedTokenizerBase]:
+    folder = Path(folder).expanduser()
+    if not (folder / "config.yaml").is_file():
+        raise StackWiseError(
+            f"'{folder}' is not a StackWise output dir (no config.yaml). Pass the folder that "
+            "`stackwise train` wrote."
+        )
+    config = load_config(folder / "config.yaml")
+    tokenizer = load_tokenizer_dir(folder / "tokenizer")
+    rack = build_rack(config, config.model.vocab_size or len(tokenizer))
+    load_weights(rack, folder / WEIGHTS)
+    return config, rack.to(device).eval(), tokenizer

@@ -1,0 +1,74 @@
+"""AdamW over named parameter groups, and the LR schedules.
+
+Weight decay applies to matrices only (ndim >= 2); norms, biases and 1-d scales are not decayed.
+The schedules are one small function rather than transformers' helpers because every schedule
+here honours the same `min_lr_ratio` floor (transformers' linear one has none).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from stackwise.config import TrainConfig
+
+
+def build_param_groups(
+    named_groups: dict[str, list[tuple[str, nn.Parameter]]], cfg: TrainConfig
+) -> list[dict[str, Any]]:
+    out = []
+    for group, named in named_groups.items():
+        trainable = [(n, p) for n, p in named if p.requires_grad]
+        if not trainable:
+            continue
+        lr = getattr(cfg.group_lr, group, None) or cfg.lr
+        decay = [p for n, p in trainable if p.ndim >= 2]
+        no_decay = [p for n, p in trainable if p.ndim < 2]
+        if decay:
+            out.append({"name": group, "params": decay, "lr": lr, "weight_decay": cfg.weight_decay})
+        if no_decay:
+            out.append(
+                {"name": f"{group}.no_decay", "params": no_decay, "lr": lr, "weight_decay": 0.0}
+            )
+    return out
+
+
+def build_optimizer(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.Optimizer:
+    kwargs: dict[str, Any] = {"betas": cfg.betas, "eps": cfg.adam_eps}
+    if cfg.fused_adamw:
+        kwargs["fused"] = True
+    return torch.optim.AdamW(groups, **kwargs)
+
+
+def warmup_steps(cfg: TrainConfig) -> int:
+    if cfg.warmup_ratio is not None:
+        return math.ceil(cfg.warmup_ratio * cfg.max_steps)
+    return cfg.warmup_steps
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Multiplier of each group's base LR at optimizer step `step` (0-based)."""
+    warm = warmup_steps(cfg)
+    if cfg.scheduler == "constant":
+        return 1.0
+    if step < warm:
+        return (step + 1) / (warm + 1) if cfg.scheduler == "constant_with_warmup" else step / warm
+    if cfg.scheduler == "constant_with_warmup":
+        return 1.0
+    progress = min(1.0, (step - warm) / max(1, cfg.max_steps - warm))
+    floor = cfg.min_lr_ratio
+    if cfg.scheduler == "linear":
+        decay = 1.0 - progress
+    elif cfg.scheduler == "cosine":
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:  # polynomial
+        decay = (1.0 - progress) ** cfg.poly_power
+    return floor + (1.0 - floor) * decay
+
+
+def build_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig) -> LambdaLR:
+    return LambdaLR(opt, lambda step: lr_factor(step, cfg))

@@ -1,0 +1,342 @@
+"""The one Trainer: Accelerate for device, DDP and autocast; our loop for everything else.
+
+Progressive, end-to-end and fine-tuning runs all go through `Trainer.train`. The loop owns its
+sampler (a seeded permutation per epoch, sharded by rank) so that the data position is a pair of
+integers, which is what exact resume needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Sampler
+from tqdm.auto import tqdm
+
+from stackwise.config import Config, save_config
+from stackwise.errors import StackWiseError
+from stackwise.objectives.base import Objective
+from stackwise.train.metrics import MetricsLogger
+from stackwise.train.optim import build_optimizer, build_param_groups, build_scheduler
+
+
+class EpochSampler(Sampler[int]):
+    """A permutation seeded by (seed, epoch), this rank's share of it, from `start` on."""
+
+    def __init__(self, n: int, seed: int, rank: int = 0, world: int = 1, shuffle: bool = True):
+        self.n, self.seed, self.rank, self.world, self.shuffle = n, seed, rank, world, shuffle
+        self.epoch = 0
+        self.start = 0
+
+    def order(self) -> list[int]:
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+            perm = torch.randperm(self.n, generator=g).tolist()
+        else:
+            perm = list(range(self.n))
+        usable = self.n - self.n % self.world
+        return perm[self.rank : usable : self.world]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.order()[self.start :])
+
+    def __len__(self) -> int:
+        return self.n // self.world - self.start
+
+
+def default_run_name(config: Config) -> str:
+    return f"{config.objective.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def resolve_output_dir(config: Config) -> Path:
+    if config.train.output_dir:
+        return Path(config.train.output_dir).expanduser()
+    name = config.logging.run_name or default_run_name(config)
+    return Path("outputs") / name
+
+
+def prepare_output_dir(path: Path, overwrite: bool) -> None:
+    """Refuse to clobber a finished run; check that we can write before any training."""
+    if (path / "model.safetensors").exists() and not overwrite:
+        raise StackWiseError(
+            f"Output dir '{path}' already holds a trained model. Choose another "
+            "train.output_dir, or set train.overwrite_output_dir=true to replace it."
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise StackWiseError(
+            f"Cannot write to output dir '{path}': {err.strerror or err}. Pick a writable "
+            "train.output_dir."
+        ) from None
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    tokens_seen: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _mixed_precision(requested: str) -> str:
+    if requested == "fp16" and not torch.cuda.is_available():
+        raise StackWiseError(
+            "train.mixed_precision=fp16 needs a GPU; on the CPU use bf16 (fp16 is emulated "
+            "there and about 100x slower) or no."
+        )
+    return requested
+
+
+class Trainer:
+    def __init__(
+        self,
+        config: Config,
+        model: nn.Module,
+        objective: Objective,
+        train_data: Dataset,
+        val_data: Dataset | None = None,
+        output_dir: str | Path | None = None,
+        accelerator: Accelerator | None = None,
+        param_groups: dict[str, list[tuple[str, nn.Parameter]]] | None = None,
+    ) -> None:
+        self.config = config
+        tc = config.train
+        self.accelerator = accelerator or Accelerator(
+            mixed_precision=_mixed_precision(tc.mixed_precision)
+        )
+        acc = self.accelerator
+        self.output_dir = Path(output_dir) if output_dir else resolve_output_dir(config)
+        if acc.is_main_process:
+            prepare_output_dir(self.output_dir, tc.overwrite_output_dir)
+        self.objective = objective
+        self.train_data, self.val_data = train_data, val_data
+        if len(train_data) < tc.batch_size * acc.num_processes:
+            raise StackWiseError(
+                f"The training set has {len(train_data)} sequences, fewer than one batch of "
+                f"train.batch_size={tc.batch_size} per process. Lower the batch size or add data."
+            )
+        groups = param_groups if param_groups is not None else self._groups(model)
+        opt = build_optimizer(build_param_groups(groups, tc), tc)
+        self.raw_model = model
+        if tc.compile:
+            model = torch.compile(model)  # type: ignore[assignment]
+        self.model, self.optimizer = acc.prepare(model, opt)
+        self.scheduler = build_scheduler(self.optimizer.optimizer, tc)
+        self.sampler = EpochSampler(len(train_data), tc.seed, acc.process_index, acc.num_processes)
+        self.state = TrainState()
+        self.uses_time = bool(getattr(self.raw_model, "uses_time", False))
+        lc = config.logging
+        self.logger = MetricsLogger(
+            self.output_dir, lc.console, lc.jsonl, lc.tensorboard, enabled=acc.is_main_process
+        )
+        self.gen = torch.Generator(device=acc.device)
+
+    @staticmethod
+    def _groups(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
+        if hasattr(model, "param_groups"):
+            return model.param_groups()
+        return {"blocks": list(model.named_parameters())}
+
+    # -- data -------------------------------------------------------------------------------
+
+    def _loader(self, start: int) -> DataLoader:
+        self.sampler.epoch = self.state.epoch
+        self.sampler.start = start * self.config.train.batch_size
+        return DataLoader(
+            self.train_data,
+            batch_size=self.config.train.batch_size,
+            sampler=self.sampler,
+            drop_last=True,
+            num_workers=self.config.data.num_workers,
+        )
+
+    def _batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Endless batches, tracking (epoch, batch_in_epoch) for resume."""
+        dev = self.accelerator.device
+        while True:
+            for batch in self._loader(self.state.batch_in_epoch):
+                self.state.batch_in_epoch += 1
+                yield {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
+            self.state.epoch += 1
+            self.state.batch_in_epoch = 0
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _seed_gen(self, *parts: int) -> torch.Generator:
+        seed = self.config.train.seed
+        for p in parts:
+            seed = (seed * 1_000_003 + p) % (2**63 - 1)
+        return self.gen.manual_seed(seed)
+
+    def compute_loss(self, batch: dict[str, torch.Tensor], gen: torch.Generator) -> torch.Tensor:
+        prep = self.objective.prepare(batch, gen)
+        t = prep.t if self.uses_time else None
+        logits = self.model(prep.inputs, prep.attention_mask, t)
+        return self.objective.loss(logits, prep)
+
+    def train_step(self, batches: Iterator[dict[str, torch.Tensor]]) -> torch.Tensor:
+        tc, acc = self.config.train, self.accelerator
+        self.model.train()
+        total = torch.zeros((), device=acc.device)
+        for micro in range(tc.grad_accum_steps):
+            batch = next(batches)
+            self.state.tokens_seen += batch["input_ids"].numel() * acc.num_processes
+            gen = self._seed_gen(self.state.step, micro, acc.process_index)
+            last = micro == tc.grad_accum_steps - 1
+            ctx = contextlib.nullcontext() if last else acc.no_sync(self.model)
+            with ctx:
+                loss = self.compute_loss(batch, gen) / tc.grad_accum_steps
+                acc.backward(loss)
+            total += loss.detach()
+        if tc.max_grad_norm > 0:
+            acc.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.step += 1
+        return total
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Loss, perplexity (or the NELBO bound) and masked-token accuracy on fixed batches."""
+        if self.val_data is None or len(self.val_data) == 0:
+            return {}
+        tc, acc = self.config.train, self.accelerator
+        self.model.eval()
+        loader = DataLoader(
+            self.val_data,
+            batch_size=tc.batch_size,
+            sampler=EpochSampler(
+                len(self.val_data), 0, acc.process_index, acc.num_processes, shuffle=False
+            ),
+        )
+        keys = ("loss_sum", "norm", "nll_sum", "scored", "correct", "nelbo_sum")
+        sums = torch.zeros(len(keys), dtype=torch.float64, device=acc.device)
+        for i, batch in enumerate(loader):
+            if i >= tc.eval_batches:
+                break
+            batch = {k: v.to(acc.device) for k, v in batch.items()}
+            gen = self._seed_gen(-1, i, acc.process_index)
+            prep = self.objective.prepare(batch, gen)
+            t = prep.t if self.uses_time else None
+            with acc.autocast():
+                logits = self.model(prep.inputs, prep.attention_mask, t)
+            part = self.objective.eval_sums(logits, prep)
+            sums += torch.tensor(
+                [part.get(k, 0.0) for k in keys], dtype=torch.float64, device=acc.device
+            )
+        sums = acc.reduce(sums, reduction="sum")
+        s = dict(zip(keys, sums.tolist(), strict=True))
+        out = {
+            "loss": s["loss_sum"] / max(s["norm"], 1.0),
+            "accuracy": s["correct"] / max(s["scored"], 1.0),
+        }
+        if self.objective.name == "diffusion":
+            nelbo = s["nelbo_sum"] / max(s["norm"], 1.0)
+            out["nelbo"] = nelbo
+            out["ppl_bound"] = math.exp(min(nelbo, 50.0))
+        else:
+            out["ppl"] = math.exp(min(s["nll_sum"] / max(s["scored"], 1.0), 50.0))
+        self.model.train()
+        return out
+
+    # -- loop -------------------------------------------------------------------------------
+
+    def _progress(self) -> tqdm:
+        mode = self.config.logging.progress_bar
+        show = mode == "always" or (mode == "auto" and sys.stdout.isatty())
+        return tqdm(
+            total=self.config.train.max_steps,
+            initial=self.state.step,
+            disable=not (show and self.accelerator.is_main_process),
+            dynamic_ncols=True,
+            desc="train",
+        )
+
+    def _eval_and_log(self) -> dict[str, float]:
+        metrics = self.evaluate()
+        if metrics:
+            self.logger.log(self.state.step, metrics, prefix="val/")
+            self.state.history.append({"step": self.state.step, **metrics})
+        return metrics
+
+    def train(self) -> TrainState:
+        tc, lc = self.config.train, self.config.logging
+        batches = self._batches()
+        bar = self._progress()
+        self._eval_and_log()
+        running = torch.zeros((), device=self.accelerator.device)
+        window_start, window_tokens, window_steps = time.perf_counter(), self.state.tokens_seen, 0
+        try:
+            while self.state.step < tc.max_steps:
+                running += self.train_step(batches)
+                window_steps += 1
+                bar.update(1)
+                step = self.state.step
+                if step % lc.log_every == 0 or step == tc.max_steps:
+                    loss = float(self.accelerator.reduce(running, "mean")) / window_steps
+                    if not math.isfinite(loss):
+                        raise StackWiseError(
+                            f"The training loss became {loss} at step {step}. Lower train.lr, "
+                            "keep train.max_grad_norm > 0, or use mixed_precision=bf16/no."
+                        )
+                    elapsed = time.perf_counter() - window_start
+                    tps = (self.state.tokens_seen - window_tokens) / max(elapsed, 1e-9)
+                    lr = self.scheduler.get_last_lr()[0]
+                    self.logger.log(
+                        step, {"loss": loss, "lr": lr, "tokens_per_s": tps}, prefix="train/"
+                    )
+                    bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tps:,.0f}")
+                    running.zero_()
+                    window_start, window_tokens, window_steps = (
+                        time.perf_counter(),
+                        self.state.tokens_seen,
+                        0,
+                    )
+                if step % tc.eval_every == 0 and step != tc.max_steps:
+                    self._eval_and_log()
+            self._eval_and_log()
+        finally:
+            bar.close()
+            self.logger.close()
+        return self.state
+
+    # -- saving -----------------------------------------------------------------------------
+
+    def save(self, tokenizer: Any = None) -> Path:
+        """model.safetensors, config.yaml, tokenizer/ and history.json in output_dir."""
+        from stackwise.train.checkpoint import save_model
+
+        acc = self.accelerator
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            model = acc.unwrap_model(self.model)
+            model = getattr(model, "_orig_mod", model)
+            save_model(model, self.output_dir)
+            save_config(self.config, self.output_dir / "config.yaml")
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(self.output_dir / "tokenizer"))
+            summary = {
+                "steps": self.state.step,
+                "tokens_seen": self.state.tokens_seen,
+                "history": self.state.history,
+            }
+            (self.output_dir / "history.json").write_text(json.dumps(summary, indent=1))
+        acc.wait_for_everyone()
+        return self.output_dir
