@@ -330,6 +330,11 @@ class Config(Section):
                 "train.group_lr.head needs an untied head; the tied head shares the embeddings' "
                 "LR (set group_lr.embeddings, or model.tie_embeddings: false)"
             )
+        if self.train.output_dir is not None and self.logging.run_name is not None:
+            raise ValueError(
+                "logging.run_name names the default output dir outputs/<run_name>; with "
+                "train.output_dir set it would have no effect. Set one of them"
+            )
         if self.data.seq_len > self.model.max_seq_len:
             raise ValueError(
                 f"data.seq_len ({self.data.seq_len}) exceeds model.max_seq_len "

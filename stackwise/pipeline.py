@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from accelerate.utils import set_seed
+
 from stackwise.config import Config
 from stackwise.data.pack import PreparedData, build_data
 from stackwise.errors import StackWiseError
@@ -21,6 +23,7 @@ class RunResult:
     rack: Rack
     data: PreparedData
     state: TrainState
+    trainer: Trainer
 
 
 def resolve_vocab(config: Config, tokenizer_size: int) -> Config:
@@ -43,6 +46,7 @@ def train_from_config(config: Config, quiet: bool = False) -> RunResult:
             "objective 'custom' reads labels from the batch, and the pretraining data has none. "
             "Use the Python API (stackwise.Trainer) with a dataset that yields 'labels'."
         )
+    set_seed(config.train.seed)
     data = build_data(config.data)
     config = resolve_vocab(config, len(data.tokenizer))
     rack = build_rack(config, config.model.vocab_size or len(data.tokenizer))
@@ -59,4 +63,5 @@ def train_from_config(config: Config, quiet: bool = False) -> RunResult:
     state = trainer.train()
     trainer.save(data.tokenizer)
     raw = trainer.accelerator.unwrap_model(trainer.model)
-    return RunResult(config, trainer.output_dir, getattr(raw, "_orig_mod", raw), data, state)
+    rack = getattr(raw, "_orig_mod", raw)
+    return RunResult(config, trainer.output_dir, rack, data, state, trainer)

@@ -14,16 +14,46 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch  # noqa: E402
+import torch
 
-from stackwise.config import Config, from_dict  # noqa: E402
+from stackwise.config import Config, from_dict
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
-WORDS = (
-    "the king queen lord lady speak night day love death crown sword wine bread city river "
-    "hath thou thee doth shall never ever sweet bitter fair foul heart mind soul truth lie"
-).split()
+WORDS = [
+    "the",
+    "king",
+    "queen",
+    "lord",
+    "lady",
+    "speak",
+    "night",
+    "day",
+    "love",
+    "death",
+    "crown",
+    "sword",
+    "wine",
+    "bread",
+    "city",
+    "river",
+    "hath",
+    "thou",
+    "thee",
+    "doth",
+    "shall",
+    "never",
+    "ever",
+    "sweet",
+    "bitter",
+    "fair",
+    "foul",
+    "heart",
+    "mind",
+    "soul",
+    "truth",
+    "lie",
+]
 
 
 def make_corpus(n_lines: int = 400, seed: int = 0) -> str:
@@ -50,14 +80,34 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_dict(corpus: Path, cache: Path, out: Path, **sections: dict[str, Any]) -> dict:
     """A config dict for a seconds-long run; `sections` update it section by section."""
     base: dict[str, dict[str, Any]] = {
-        "model": {"d_model": 32, "n_heads": 2, "n_stacks": 1, "blocks_per_stack": 2,
-                  "max_seq_len": 32},
-        "data": {"source": "files", "files": [str(corpus)], "seq_len": 32,
-                 "bpe_vocab_size": 300, "cache_dir": str(cache)},
-        "train": {"max_steps": 4, "batch_size": 4, "eval_every": 2, "eval_batches": 2,
-                  "output_dir": str(out), "mixed_precision": "no"},
-        "logging": {"log_every": 2, "console": False, "tensorboard": False,
-                    "progress_bar": "never"},
+        "model": {
+            "d_model": 32,
+            "n_heads": 2,
+            "n_stacks": 1,
+            "blocks_per_stack": 2,
+            "max_seq_len": 32,
+        },
+        "data": {
+            "source": "files",
+            "files": [str(corpus)],
+            "seq_len": 32,
+            "bpe_vocab_size": 300,
+            "cache_dir": str(cache),
+        },
+        "train": {
+            "max_steps": 4,
+            "batch_size": 4,
+            "eval_every": 2,
+            "eval_batches": 2,
+            "output_dir": str(out),
+            "mixed_precision": "no",
+        },
+        "logging": {
+            "log_every": 2,
+            "console": False,
+            "tensorboard": False,
+            "progress_bar": "never",
+        },
         "sample": {"num_samples": 1, "max_new_tokens": 8, "steps": 4},
     }
     for name, values in sections.items():

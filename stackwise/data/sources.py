@@ -111,16 +111,23 @@ def load_documents(cfg: DataConfig) -> list[tuple[str, str]]:
         return shakespeare_documents(cfg.cache_dir)
     fields = [cfg.text_field] if isinstance(cfg.text_field, str) else list(cfg.text_field)
     docs: list[tuple[str, str]] = []
-    for name in cfg.files:
-        path = Path(name).expanduser()
+    paths = [Path(name).expanduser() for name in cfg.files]
+    for path in paths:
         if not path.is_file():
             raise StackWiseError(
                 f"Data file '{path}' does not exist. Check data.files (paths are relative to "
                 "where you run stackwise)."
             )
+    formats = [_format_of(path, cfg.format) for path in paths]
+    if all(f == "text" for f in formats) and cfg.changed("text_field"):
+        raise StackWiseError(
+            "data.text_field picks fields of .jsonl/.json/.parquet rows, but every data file is "
+            "plain text, so it would have no effect. Remove data.text_field."
+        )
+    for path, fmt in zip(paths, formats, strict=True):
         if path.stat().st_size == 0:
             raise StackWiseError(f"Data file '{path}' is empty. Give it some text.")
-        texts = _load_file(path, _format_of(path, cfg.format), fields)
+        texts = _load_file(path, fmt, fields)
         if not texts:
             raise StackWiseError(
                 f"Data file '{path}' holds no text (every row is empty in {fields}). "

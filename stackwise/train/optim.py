@@ -56,7 +56,7 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     if cfg.scheduler == "constant":
         return 1.0
     if step < warm:
-        return (step + 1) / (warm + 1) if cfg.scheduler == "constant_with_warmup" else step / warm
+        return step / warm
     if cfg.scheduler == "constant_with_warmup":
         return 1.0
     progress = min(1.0, (step - warm) / max(1, cfg.max_steps - warm))

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm.auto import tqdm
@@ -94,13 +95,21 @@ class TrainState:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _mixed_precision(requested: str) -> str:
-    if requested == "fp16" and not torch.cuda.is_available():
+def make_accelerator(mixed_precision: str) -> Accelerator:
+    """An Accelerator with this precision, even if an earlier run in this process used another.
+
+    Accelerate keeps its state in a process-wide singleton; progressive runs and notebooks build
+    several trainers, so a precision change resets that state (the process group survives).
+    """
+    if mixed_precision == "fp16" and not torch.cuda.is_available():
         raise StackWiseError(
             "train.mixed_precision=fp16 needs a GPU; on the CPU use bf16 (fp16 is emulated "
             "there and about 100x slower) or no."
         )
-    return requested
+    shared = AcceleratorState._shared_state
+    if shared and shared.get("_mixed_precision", mixed_precision) != mixed_precision:
+        AcceleratorState._reset_state(reset_partial_state=False)
+    return Accelerator(mixed_precision=mixed_precision)
 
 
 class Trainer:
@@ -117,9 +126,7 @@ class Trainer:
     ) -> None:
         self.config = config
         tc = config.train
-        self.accelerator = accelerator or Accelerator(
-            mixed_precision=_mixed_precision(tc.mixed_precision)
-        )
+        self.accelerator = accelerator or make_accelerator(tc.mixed_precision)
         acc = self.accelerator
         self.output_dir = Path(output_dir) if output_dir else resolve_output_dir(config)
         if acc.is_main_process:

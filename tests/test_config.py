@@ -1,0 +1,218 @@
+"""The config loader: files, overrides, round trips and every kind of mistake."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stackwise.config import Config, from_dict, load_config, parse_override
+from stackwise.errors import StackWiseError
+
+
+def test_defaults_are_valid_and_readable_from_yaml_and_json(tmp_path):
+    data = {"model": {"d_model": 64, "n_heads": 4}, "train": {"lr": 1e-3}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    (tmp_path / "c.json").write_text(json.dumps(data))
+    a, b = load_config(tmp_path / "c.yaml"), load_config(tmp_path / "c.json")
+    assert a == b
+    assert a.model.d_model == 64 and a.train.lr == 1e-3
+    assert Config().model.n_layers == Config().model.n_stacks * Config().model.blocks_per_stack
+
+
+def test_dotted_overrides_are_typed_yaml_values(tmp_path):
+    cfg = load_config(
+        None,
+        [
+            "train.lr=5e-4",
+            "model.n_stacks=3",
+            "masking.mask_ratio=[0.1, 0.4]",
+            "objective.name=mlm",
+            "data.files=a.txt",
+            "data.source=files",
+        ],
+    )
+    assert cfg.train.lr == 5e-4 and cfg.model.n_stacks == 3
+    assert cfg.masking.mask_ratio == (0.1, 0.4)
+    assert cfg.data.files == ["a.txt"]
+    assert parse_override("a.b=") == (["a", "b"], None)
+    with pytest.raises(StackWiseError, match=r"section\.key=value"):
+        parse_override("train.lr")
+
+
+def test_unknown_key_suggests_nearest():
+    with pytest.raises(StackWiseError, match="did you mean 'blocks_per_stack'"):
+        from_dict({"model": {"blocks_per_stak": 2}})
+    with pytest.raises(StackWiseError, match=r"did you mean 'model\.blocks_per_stack'"):
+        from_dict({"blocks_per_stack": 2})
+    with pytest.raises(StackWiseError, match=r"Unknown config key 'train\.nonsense'"):
+        from_dict({"train": {"nonsense": 1}})
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"train": {"lr": "fast"}}, "train.lr"),
+        ({"model": {"d_model": 0}}, "model.d_model"),
+        ({"train": {"batch_size": -4}}, "train.batch_size"),
+        ({"model": {"d_model": 100, "n_heads": 3}}, "n_heads (3) must divide d_model (100)"),
+        ({"model": {"n_heads": 4, "n_kv_heads": 3}}, "n_kv_heads"),
+        ({"masking": {"mask_ratio": 1.5}, "objective": {"name": "mlm"}}, "mask_ratio"),
+        ({"train": {"warmup_steps": 5, "warmup_ratio": 0.1}}, "not both"),
+        ({"data": {"mode": "instruction"}}, "not supported yet"),
+        ({"data": {"source": "files"}}, "needs data.files"),
+        ({"data": {"seq_len": 512}}, "exceeds model.max_seq_len"),
+    ],
+)
+def test_bad_values_name_the_field(data, needle):
+    with pytest.raises(StackWiseError) as err:
+        from_dict(data)
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"masking": {"mask_ratio": 0.3}},  # clm has no masking
+        {"masking": {"schedule": "cosine"}, "objective": {"name": "mlm"}},
+        {"objective": {"name": "clm", "weighting": "uniform"}},
+        {"model": {"time_conditioning": "sinusoidal"}},  # time needs diffusion
+        {"model": {"time_conditioning": "learned"}, "objective": {"name": "diffusion"}},
+        {"train": {"scheduler": "constant", "warmup_steps": 10}},
+        {"train": {"scheduler": "cosine", "poly_power": 2.0}},
+        {"train": {"group_lr": {"head": 0.1}}},  # tied head has no group of its own
+        {"train": {"group_lr": {"time": 0.1}}},
+        {"data": {"files": ["x.txt"]}},  # files with the built-in corpus
+        {"data": {"tokenizer": "tok", "bpe_vocab_size": 1000}},
+        {"objective": {"name": "diffusion"}, "masking": {"num_time_steps": 8, "eps": 0.01}},
+        {"objective": {"name": "diffusion"}, "masking": {"schedule": "table"}},
+    ],
+)
+def test_settings_that_would_do_nothing_are_refused(data):
+    with pytest.raises(StackWiseError):
+        from_dict(data)
+
+
+def test_table_schedule_validation():
+    ok = from_dict(
+        {
+            "objective": {"name": "diffusion"},
+            "masking": {
+                "schedule": "table",
+                "num_time_steps": 10,
+                "time_step_mask_fractions": {0: 0.15, 5: 0.5, 9: 0.9},
+            },
+        }
+    )
+    assert ok.masking.time_step_mask_fractions == {0: 0.15, 5: 0.5, 9: 0.9}
+    for fracs in ({0: 0.5, 5: 0.2}, {0: 0.1, 12: 0.9}, {0: 0.0}):
+        with pytest.raises(StackWiseError):
+            from_dict(
+                {
+                    "objective": {"name": "diffusion"},
+                    "masking": {
+                        "schedule": "table",
+                        "num_time_steps": 10,
+                        "time_step_mask_fractions": fracs,
+                    },
+                }
+            )
+
+
+def test_malformed_and_non_mapping_files(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {d_model: 64\ntrain: [")
+    with pytest.raises(StackWiseError, match="not valid YAML"):
+        load_config(bad)
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- 1\n- 2\n")
+    with pytest.raises(StackWiseError, match="must be a mapping"):
+        load_config(lst)
+    with pytest.raises(StackWiseError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+configs = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.fixed_dictionaries(
+            {},
+            optional={
+                "d_model": st.sampled_from([32, 64, 128]),
+                "n_stacks": st.integers(1, 6),
+                "tie_embeddings": st.booleans(),
+                "dropout": st.floats(0, 0.5),
+            },
+        ),
+        "train": st.fixed_dictionaries(
+            {},
+            optional={
+                "lr": st.floats(1e-6, 1.0),
+                "scheduler": st.sampled_from(["linear", "cosine", "polynomial"]),
+                "warmup_steps": st.integers(0, 100),
+                "betas": st.tuples(st.floats(0, 0.99), st.floats(0, 0.999)),
+            },
+        ),
+        "sample": st.fixed_dictionaries({}, optional={"prompt": st.text(max_size=20)}),
+    },
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs)
+def test_yaml_round_trip_is_exact(data):
+    cfg = from_dict(data)
+    again = from_dict(yaml.safe_load(cfg.to_yaml()))
+    assert again == cfg
+
+
+yaml_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "model",
+                    "train",
+                    "d_model",
+                    "lr",
+                    "x",
+                    "data",
+                    "files",
+                    "masking",
+                    "n_heads",
+                    "objective",
+                    "name",
+                ]
+            )
+            | st.text(max_size=5),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(yaml_values)
+def test_fuzz_any_yaml_gives_config_or_stackwise_error(value):
+    try:
+        from_dict(value)
+    except StackWiseError as err:
+        assert str(err)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=60))
+def test_fuzz_raw_yaml_text(tmp_path_factory, text):
+    path = tmp_path_factory.mktemp("fuzz") / "c.yaml"
+    path.write_text(text, encoding="utf-8")
+    with contextlib.suppress(StackWiseError):
+        load_config(path)

@@ -1,0 +1,336 @@
+"""Every config field does something: changing it either changes the run or is refused.
+
+The table below must name every leaf field of the schema (the first test enforces that), so a new
+field cannot be added without showing what it does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import make_corpus, tiny_dict
+from pydantic import BaseModel
+
+from stackwise.config import Config, from_dict
+from stackwise.errors import StackWiseError
+from stackwise.generate import sample_texts
+from stackwise.pipeline import train_from_config
+
+DIFF = {"objective": {"name": "diffusion"}}
+MLM = {"objective": {"name": "mlm"}}
+TABLE = {
+    "objective": {"name": "diffusion"},
+    "masking": {
+        "schedule": "table",
+        "num_time_steps": 8,
+        "time_step_mask_fractions": {0: 0.2, 7: 0.9},
+    },
+}
+GRID = {"objective": {"name": "diffusion"}, "masking": {"num_time_steps": 8}}
+
+# field -> (value to try, context the field needs to matter). Special cases are in CUSTOM.
+GENERIC: dict[str, tuple[Any, dict]] = {
+    "model.vocab_size": (400, {}),
+    "model.d_model": (48, {}),
+    "model.n_heads": (4, {}),
+    "model.n_kv_heads": (1, {}),
+    "model.n_stacks": (2, {}),
+    "model.blocks_per_stack": (1, {}),
+    "model.ffn_hidden": (40, {}),
+    "model.max_seq_len": (16, {}),  # below data.seq_len: refused
+    "model.rope_theta": (100.0, {}),
+    "model.norm_eps": (1e-2, {}),
+    "model.dropout": (0.2, {}),
+    "model.tie_embeddings": (False, {}),
+    "model.frozen_up_proj": (True, {}),
+    "model.time_conditioning": ("sinusoidal", DIFF),
+    "model.init_std": (0.05, {}),
+    "data.source": ("shakespeare", {}),  # with files given: refused
+    "data.files": ("SECOND_CORPUS", {}),
+    "data.format": ("json", {}),
+    "data.text_field": ("body", {}),  # plain-text files have no fields: refused
+    "data.mode": ("instruction", {}),
+    "data.seq_len": (16, {}),
+    "data.num_samples": (8, {}),
+    "data.val_fraction": (0.2, {}),
+    "data.tokenizer": ("SAVED_TOKENIZER", {"data": {"bpe_vocab_size": 2048}}),
+    "data.bpe_vocab_size": (320, {}),
+    "objective.name": ("mlm", {}),
+    "objective.attention": ("bidirectional", {}),
+    "objective.weighting": ("uniform", DIFF),
+    "masking.mask_ratio": (0.5, MLM),
+    "masking.bert_mix": (True, MLM),
+    "masking.schedule": ("cosine", DIFF),
+    "masking.eps": (0.2, DIFF),
+    "masking.antithetic": (False, DIFF),
+    "masking.num_time_steps": (4, DIFF),
+    "masking.time_step_mask_fractions": ({0: 0.5, 7: 0.6}, TABLE),
+    "train.seed": (7, {}),
+    "train.max_steps": (3, {}),
+    "train.batch_size": (2, {}),
+    "train.grad_accum_steps": (2, {}),
+    "train.lr": (1e-2, {}),
+    "train.group_lr.embeddings": (1e-5, {}),
+    "train.group_lr.blocks": (1e-5, {}),
+    "train.group_lr.head": (1e-5, {"model": {"tie_embeddings": False}}),
+    "train.group_lr.time": (1e-5, {**DIFF, "model": {"time_conditioning": "sinusoidal"}}),
+    "train.weight_decay": (0.5, {}),
+    "train.betas": ((0.5, 0.9), {}),
+    "train.adam_eps": (1e-3, {}),
+    "train.fused_adamw": (True, {}),
+    "train.max_grad_norm": (1e-3, {}),
+    "train.scheduler": ("linear", {}),
+    "train.warmup_steps": (2, {}),
+    "train.warmup_ratio": (0.5, {}),
+    "train.min_lr_ratio": (0.5, {}),
+    "train.poly_power": (2.0, {"train": {"scheduler": "polynomial"}}),
+    "train.mixed_precision": ("bf16", {}),
+    "train.eval_every": (1, {}),
+    "train.eval_batches": (1, {}),
+    "logging.run_name": ("named", {}),  # with output_dir given: refused
+    "logging.log_every": (1, {}),
+    "logging.console": (True, {}),
+    "logging.jsonl": (False, {}),
+    "logging.tensorboard": (True, {}),
+    "logging.progress_bar": ("always", {}),
+    "sample.num_samples": (2, {}),
+    "sample.prompt": ("the king", {}),
+    "sample.max_new_tokens": (3, {}),
+    "sample.temperature": (0.0, {}),
+    "sample.top_k": (2, {}),
+    "sample.top_p": (0.1, {}),
+    "sample.steps": (1, DIFF),
+}
+
+CUSTOM = {
+    "model.gradient_checkpointing",
+    "data.cache_dir",
+    "data.num_workers",
+    "train.compile",
+    "train.output_dir",
+    "train.overwrite_output_dir",
+}
+
+
+def leaf_fields(model: type[BaseModel], prefix: str = "") -> list[str]:
+    out = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out += leaf_fields(ann, f"{prefix}{name}.")
+        else:
+            out.append(f"{prefix}{name}")
+    return out
+
+
+def test_every_schema_field_is_covered():
+    fields = set(leaf_fields(Config))
+    covered = set(GENERIC) | CUSTOM
+    assert fields - covered == set(), "add the new field to GENERIC or CUSTOM"
+    assert covered - fields == set(), "stale entries"
+
+
+def merge(base: dict, extra: dict) -> dict:
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def set_path(data: dict, path: str, value: Any) -> dict:
+    parts = path.split(".")
+    nested: Any = value
+    for p in reversed(parts):
+        nested = {p: nested}
+    return merge(data, nested)
+
+
+def fingerprint(data: dict, out: Path) -> Any:
+    """Everything observable about a run, minus wall-clock numbers."""
+    try:
+        cfg = from_dict(data)
+    except StackWiseError as err:
+        return ("refused", str(err))
+    buf_out, buf_err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf_out), contextlib.redirect_stderr(buf_err):
+            res = train_from_config(cfg, quiet=True)
+            samples = sample_texts(res.config, res.rack, res.data.tokenizer)
+    except StackWiseError as err:
+        return ("error", str(err))
+    digest = hashlib.sha256()
+    for k, v in sorted(res.rack.state_dict().items()):
+        digest.update(k.encode())
+        digest.update(v.float().numpy().tobytes())
+    rows = []
+    if (out / "metrics.jsonl").exists():
+        for line in (out / "metrics.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            rows.append({k: v for k, v in row.items() if k not in ("time", "train/tokens_per_s")})
+    opt = res.trainer.optimizer.optimizer
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    mask = re.compile(r"[\d.,]+")
+    files = [str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()]
+    files = sorted({f.split("/")[0] if f.startswith("tensorboard") else f for f in files})
+    return {
+        "weights": digest.hexdigest(),
+        "data": (
+            res.data.train.blocks.sum().item(),
+            tuple(res.data.train.blocks.shape),
+            tuple(res.data.val.blocks.shape),
+            len(res.data.tokenizer),
+        ),
+        "history": res.state.history,
+        "metrics": rows,
+        "files": files,
+        "optimizer": (repr(opt.defaults), repr(groups)),
+        "samples": samples,
+        "stdout": mask.sub("#", buf_out.getvalue()),
+        # only our progress bar: datasets prints a one-off "Generating split" bar on a cold cache
+        "progress": [ln for ln in mask.sub("#", buf_err.getvalue()).split("\r") if "train:" in ln],
+    }
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, cache_dir):
+    root = tmp_path_factory.mktemp("fields")
+    corpus = root / "a.txt"
+    corpus.write_text(make_corpus(300, seed=1))
+    second = root / "b.txt"
+    second.write_text(make_corpus(300, seed=2))
+    from stackwise.data.tokenizer import train_bpe
+
+    tok_dir = root / "tok"
+    train_bpe([make_corpus(200, seed=3)], 350).save_pretrained(str(tok_dir))
+    return {
+        "root": root,
+        "corpus": corpus,
+        "second": second,
+        "tok": tok_dir,
+        "cache": cache_dir,
+        "memo": {},
+        "n": [0],
+    }
+
+
+def run(world: dict, data: dict) -> Any:
+    key = json.dumps(data, sort_keys=True, default=str)
+    if key not in world["memo"]:
+        world["n"][0] += 1
+        out = world["root"] / f"run{world['n'][0]}"
+        world["memo"][key] = fingerprint(set_path(data, "train.output_dir", str(out)), out)
+    return world["memo"][key]
+
+
+@pytest.mark.parametrize("field", sorted(GENERIC))
+def test_field_changes_the_run_or_is_refused(field, world):
+    value, context = GENERIC[field]
+    value = (
+        {"SECOND_CORPUS": [str(world["second"])], "SAVED_TOKENIZER": str(world["tok"])}.get(
+            value, value
+        )
+        if isinstance(value, str)
+        else value
+    )
+    base = merge(tiny_dict(world["corpus"], world["cache"], world["root"]), context)
+    base["train"]["max_steps"] = 4
+    if field == "data.tokenizer":  # bpe_vocab_size cannot be set beside a tokenizer dir
+        base["data"].pop("bpe_vocab_size")
+    before = run(world, base)
+    after = run(world, set_path(base, field, value))
+    assert before[0] not in ("refused", "error") if isinstance(before, tuple) else True
+    assert after != before, f"{field}={value!r} changed nothing"
+
+
+def test_gradient_checkpointing_recomputes(tiny):
+    from stackwise.train.checkpoint import build_rack
+
+    counts = []
+    for flag in (False, True):
+        cfg = tiny(model={"gradient_checkpointing": flag})
+        rack = build_rack(cfg, 300).train()
+        calls: list[int] = []
+        rack.stacks[0].blocks[0].register_forward_pre_hook(lambda *_, c=calls: c.append(1))
+        rack(torch.randint(4, 300, (1, 8))).sum().backward()
+        counts.append(len(calls))
+    assert counts == [1, 2]
+
+
+def test_cache_dir_holds_the_tokenizer(tiny, tmp_path):
+    from stackwise.data import build_data
+
+    cfg = tiny(data={"cache_dir": str(tmp_path / "c")})
+    build_data(cfg.data)
+    assert list((tmp_path / "c" / "tokenizers").glob("*/tokenizer.json"))
+
+
+def test_num_workers_reaches_the_dataloader(tiny):
+    from stackwise.data.pack import TokenBlocks
+    from stackwise.objectives import Specials, build_objective
+    from stackwise.pipeline import train_from_config as _  # noqa: F401
+    from stackwise.train import Trainer, build_rack
+
+    cfg = tiny(data={"num_workers": 2})
+    sp = Specials(300, 0, 3, 1, 2)
+    tr = Trainer(
+        cfg,
+        build_rack(cfg, 300),
+        build_objective(cfg, sp),
+        TokenBlocks(torch.randint(4, 300, (16, 32))),
+    )
+    assert tr._loader(0).num_workers == 2
+
+
+def test_compile_wraps_the_model(tiny):
+    from stackwise.data.pack import TokenBlocks
+    from stackwise.objectives import Specials, build_objective
+    from stackwise.train import Trainer, build_rack
+
+    cfg = tiny(train={"compile": True})
+    sp = Specials(300, 0, 3, 1, 2)
+    tr = Trainer(
+        cfg,
+        build_rack(cfg, 300),
+        build_objective(cfg, sp),
+        TokenBlocks(torch.randint(4, 300, (16, 32))),
+    )
+    inner = tr.accelerator.unwrap_model(tr.model, keep_torch_compile=True)
+    assert isinstance(inner, torch._dynamo.eval_frame.OptimizedModule)
+
+
+def test_output_dir_and_overwrite(tiny, tmp_path):
+    target = tmp_path / "exact-place"
+    res = train_from_config(tiny(train={"output_dir": str(target)}), quiet=True)
+    assert res.output_dir == target and (target / "model.safetensors").is_file()
+    before = (target / "model.safetensors").read_bytes()
+    with pytest.raises(StackWiseError, match="already holds"):
+        train_from_config(tiny(train={"output_dir": str(target)}), quiet=True)
+    assert (target / "model.safetensors").read_bytes() == before
+    train_from_config(
+        tiny(train={"output_dir": str(target), "overwrite_output_dir": True, "seed": 3}), quiet=True
+    )
+    assert (target / "model.safetensors").read_bytes() != before
+
+
+def test_fingerprint_is_deterministic(world):
+    """Without this, any noise in a run would make every field above look effective."""
+    base = tiny_dict(world["corpus"], world["cache"], world["root"])
+    base["train"]["max_steps"] = 4
+    a = fingerprint(
+        set_path(base, "train.output_dir", str(world["root"] / "det1")), world["root"] / "det1"
+    )
+    b = fingerprint(
+        set_path(base, "train.output_dir", str(world["root"] / "det2")), world["root"] / "det2"
+    )
+    assert isinstance(a, dict) and a == b
