@@ -14,7 +14,7 @@ from pathlib import Path
 from stackwise.errors import StackWiseError
 
 PRESETS = Path(__file__).parent / "presets"
-DEFAULT_PRESET = "tiny-clm"
+DEFAULT_PRESET = "tiny-diffusion-progressive"
 
 
 def resolve_config_path(name: str | None) -> Path:
@@ -50,6 +50,8 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
     config = _load(ns.args)
     result = train_from_config(config)
+    if not result.trainer.accelerator.is_main_process:  # under torchrun, rank 0 reports
+        return 0
     print(f"Saved the trained rack to {result.output_dir}")
     n = config.sample.num_samples
     if n:
@@ -133,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return ns.func(ns)
     except StackWiseError as err:
-        msg = textwrap.fill(" ".join(str(err).split()), width=100)
+        # wrap between words only: a path or key in the message must stay copy-pasteable
+        msg = textwrap.fill(
+            " ".join(str(err).split()), width=100, break_long_words=False, break_on_hyphens=False
+        )
         print(f"stackwise: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

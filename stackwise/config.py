@@ -230,7 +230,9 @@ class TrainConfig(Section):
     warmup_ratio: float | None = Field(None, ge=0.0, lt=1.0)
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="LR floor for decaying schedules.")
     poly_power: PositiveFloat = 1.0
-    mixed_precision: Literal["no", "bf16", "fp16"] = "bf16"
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 where the hardware runs it natively, else fp32 (no)."
+    )
     compile: bool = False
     eval_every: PositiveInt = 100
     eval_batches: PositiveInt = 10
@@ -283,6 +285,177 @@ class SampleConfig(Section):
     steps: PositiveInt = Field(32, description="mlm/diffusion: unmasking iterations.")
 
 
+class CacheConfig(Section):
+    """Trunk activation cache: append mode with a frozen trunk (the memory-light path)."""
+
+    enabled: bool = False
+    storage: Literal["memory", "disk"] = Field("memory", description="disk: a memmap in dir.")
+    dir: str | None = Field(None, description="disk storage folder; default <run>/cache.")
+    dtype: Literal["bf16", "fp16"] = "bf16"
+    max_bytes: PositiveInt | None = Field(None, description="Byte budget; None = all samples.")
+    on_full: Literal["evict", "error"] = Field("evict", description="evict: least recently used.")
+    store_all_time_steps: bool = Field(
+        False, description="diffusion with num_time_steps: one entry per sample and grid step."
+    )
+    time_step_cache_size: PositiveInt = Field(
+        1, description="Masked variants (time steps / mask seeds) kept per sample."
+    )
+    mode: Literal["stack", "rack"] = Field(
+        "stack", description="stack: the last trunk boundary; rack: every stack boundary."
+    )
+
+
+class StackOverride(Section):
+    """Per-stack budget, LR and objective; unset fields follow the progressive defaults."""
+
+    steps: PositiveInt | None = None
+    epochs: PositiveFloat | None = None
+    lr: PositiveFloat | None = None
+    objective: ObjectiveConfig | None = None
+    masking: dict[str, Any] | None = Field(None, description="masking fields for this stack.")
+
+    @model_validator(mode="after")
+    def _budget(self) -> StackOverride:
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError("a stack override takes steps or epochs, not both")
+        return self
+
+
+class ProgressiveConfig(Section):
+    strategy: Literal["end_to_end", "progressive"] = Field(
+        "end_to_end", description="progressive grows the rack one stack at a time."
+    )
+    end_to_end_scope: Literal["rackwise", "stackwise"] = Field(
+        "rackwise", description="stackwise: a detached local loss per stack via the shared head."
+    )
+    mode: Literal["blockwise", "layerwise", "fused"] = Field(
+        "blockwise",
+        description="layerwise: 1 block per stack; fused: then joint_tuning_steps on the rack.",
+    )
+    block_size: PositiveInt | None = Field(None, description="blockwise/fused: blocks per stack.")
+    joint_tuning_steps: NonNegativeInt = 0
+    building_mode: Literal["append", "prepend"] = "append"
+    trunk_strategy: Literal["frozen", "full", "qlora"] = "frozen"
+    head_policy: Literal["train_first", "always", "frozen"] = "train_first"
+    new_stack_precision: Literal["full", "bf16"] = "full"
+    steps_per_stack: PositiveInt | None = Field(
+        None, description="Default: train.max_steps split evenly over the stacks."
+    )
+    epochs_per_stack: PositiveFloat | None = None
+    stacks: dict[int, StackOverride] = Field(default_factory=dict)
+    time_interpretation: Literal["input", "depth"] = "input"
+    depth_mapping: Literal["linear", "exponential", "custom"] = "linear"
+    depth_growth: float = Field(2.0, gt=1.0, description="exponential: width ratio per stack.")
+    time_per_stack: PositiveInt | None = Field(
+        None, description="depth: grid steps per stack (needs masking.num_time_steps)."
+    )
+    depth_time_table: list[float | tuple[float, float]] | None = Field(
+        None, description="custom: per stack a t or a [low, high] range in [0, 1]."
+    )
+    save_stacks: bool = True
+    save_rack: bool = True
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+
+    @field_validator("trunk_strategy")
+    @classmethod
+    def _qlora(cls, v: str) -> str:
+        if v == "qlora":
+            raise ValueError(
+                "trunk_strategy 'qlora' (a quantized trunk adapted with LoRA) is not available "
+                "yet; use 'frozen' (with cache.enabled for the memory-light path) or 'full'"
+            )
+        return v
+
+    @field_validator("depth_time_table")
+    @classmethod
+    def _table(cls, v: list | None) -> list | None:
+        for item in v or []:
+            lo, hi = (item, item) if isinstance(item, float | int) else item
+            if not 0.0 <= lo <= hi <= 1.0:
+                raise ValueError("depth_time_table entries must be t or [low, high] in [0, 1]")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ProgressiveConfig:
+        grown = (
+            "mode",
+            "block_size",
+            "joint_tuning_steps",
+            "building_mode",
+            "trunk_strategy",
+            "head_policy",
+            "new_stack_precision",
+            "steps_per_stack",
+            "epochs_per_stack",
+            "stacks",
+            "time_interpretation",
+            "cache",
+        )
+        if self.strategy == "end_to_end":
+            for name in grown:
+                if self.changed(name):
+                    raise ValueError(
+                        f"progressive.{name} only applies to strategy: progressive; set "
+                        "progressive.strategy: progressive or remove it"
+                    )
+        elif self.changed("end_to_end_scope"):
+            raise ValueError("progressive.end_to_end_scope only applies to strategy: end_to_end")
+        if not (self.save_rack or self.save_stacks):
+            raise ValueError(
+                "with save_rack and save_stacks both false nothing would be saved; keep one"
+            )
+        if self.steps_per_stack is not None and self.epochs_per_stack is not None:
+            raise ValueError("set progressive.steps_per_stack or epochs_per_stack, not both")
+        if (self.mode == "fused") != (self.joint_tuning_steps > 0):
+            raise ValueError(
+                "mode 'fused' means progressive growth followed by joint_tuning_steps (> 0) of "
+                "whole-rack tuning; set both, or neither"
+            )
+        if self.mode == "layerwise" and self.changed("block_size"):
+            raise ValueError("mode 'layerwise' has one block per stack; remove block_size")
+        if self.time_interpretation != "depth":
+            for name in ("depth_mapping", "depth_growth", "time_per_stack", "depth_time_table"):
+                if self.changed(name):
+                    raise ValueError(f"progressive.{name} needs time_interpretation: depth")
+        else:
+            if self.depth_mapping != "linear" and self.time_per_stack is not None:
+                raise ValueError(
+                    "progressive.time_per_stack sets linear widths; use depth_mapping: linear"
+                )
+            if self.depth_mapping != "exponential" and self.changed("depth_growth"):
+                raise ValueError("progressive.depth_growth needs depth_mapping: exponential")
+            if (self.depth_mapping == "custom") != (self.depth_time_table is not None):
+                raise ValueError(
+                    "depth_mapping 'custom' takes its times from depth_time_table; set both "
+                    "(a callable mapping is available from the Python API)"
+                )
+        c = self.cache
+        if c.enabled:
+            if self.building_mode != "append" or self.trunk_strategy != "frozen":
+                raise ValueError(
+                    "the activation cache stores a frozen trunk's output before the new stack, "
+                    "so it needs building_mode: append and trunk_strategy: frozen"
+                )
+            if self.head_policy == "always":
+                raise ValueError(
+                    "with head_policy 'always' the embeddings keep training, so cached trunk "
+                    "activations would go stale; use train_first or frozen, or disable the cache"
+                )
+        else:
+            for name in type(c).model_fields:
+                if name != "enabled" and c.changed(name):
+                    raise ValueError(f"progressive.cache.{name} needs progressive.cache.enabled")
+        if c.storage != "disk" and c.changed("dir"):
+            raise ValueError("progressive.cache.dir needs cache.storage: disk")
+        if c.max_bytes is None and c.changed("on_full"):
+            raise ValueError("progressive.cache.on_full needs a cache.max_bytes budget")
+        if c.store_all_time_steps and c.changed("time_step_cache_size"):
+            raise ValueError(
+                "store_all_time_steps keeps every grid step; remove time_step_cache_size"
+            )
+        return self
+
+
 class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -291,6 +464,85 @@ class Config(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     sample: SampleConfig = Field(default_factory=SampleConfig)
+    progressive: ProgressiveConfig = Field(default_factory=ProgressiveConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stack_shape(cls, data: Any) -> Any:
+        """progressive.mode layerwise/blockwise set model.blocks_per_stack (one source of truth)."""
+        if not isinstance(data, dict):
+            return data
+        prog = data.get("progressive") or {}
+        if not isinstance(prog, dict):
+            return data
+        mode, size = prog.get("mode", "blockwise"), prog.get("block_size")
+        want = 1 if mode == "layerwise" else size
+        if want is None:
+            return data
+        model = dict(data.get("model") or {})
+        given = model.get("blocks_per_stack")
+        if given is not None and given != want:
+            raise ValueError(
+                f"progressive.mode {mode} means blocks_per_stack={want}, but model.blocks_per_stack"
+                f" is {given}; remove one of them"
+            )
+        model["blocks_per_stack"] = want
+        return {**data, "model": model}
+
+    @model_validator(mode="after")
+    def _progressive(self) -> Config:
+        p, c, name = self.progressive, self.progressive.cache, self.objective.name
+        if p.time_interpretation == "depth" and name != "diffusion":
+            raise ValueError(
+                "time_interpretation 'depth' ties the diffusion time step to the stack; it "
+                f"needs objective 'diffusion', not '{name}'"
+            )
+        if p.end_to_end_scope == "stackwise" and self.model.n_stacks < 2:
+            raise ValueError(
+                "end_to_end_scope 'stackwise' gives each stack its own loss; with one stack it "
+                "equals rackwise. Set model.n_stacks >= 2 or remove it"
+            )
+        steps = self.masking.num_time_steps
+        if p.time_per_stack is not None and steps is None:
+            raise ValueError("progressive.time_per_stack counts grid steps: set num_time_steps")
+        if p.strategy == "progressive" and p.time_interpretation == "depth":
+            n = self.model.n_stacks
+            if p.depth_time_table is not None and len(p.depth_time_table) < n:
+                raise ValueError(
+                    f"depth_time_table has {len(p.depth_time_table)} entries for {n} stacks"
+                )
+            if p.time_per_stack is not None and steps is not None and p.time_per_stack * n > steps:
+                raise ValueError(
+                    f"time_per_stack={p.time_per_stack} x {n} stacks exceeds num_time_steps={steps}"
+                )
+        if c.store_all_time_steps and (name != "diffusion" or steps is None):
+            raise ValueError(
+                "cache.store_all_time_steps keeps one entry per grid step: it needs objective "
+                "'diffusion' with masking.num_time_steps"
+            )
+        if c.enabled and name == "clm" and c.changed("time_step_cache_size"):
+            raise ValueError("clm inputs are never masked: time_step_cache_size must stay 1")
+        for idx, over in p.stacks.items():
+            if not 0 <= idx < self.model.n_stacks:
+                raise ValueError(
+                    f"progressive.stacks has an entry for stack {idx}; stacks are numbered "
+                    f"0..{self.model.n_stacks - 1}"
+                )
+            if over.objective is not None and over.objective.causal != self.objective.causal:
+                raise ValueError(
+                    f"progressive.stacks.{idx}.objective changes the attention direction; a "
+                    "stack override must keep the rack's causal/bidirectional attention"
+                )
+            try:
+                stack_config(self, idx)
+            except ValidationError as err:
+                raise ValueError(
+                    f"progressive.stacks.{idx} makes an invalid config: "
+                    + _format_validation(err, f"stack {idx}").removesuffix(
+                        ". Fix the value and rerun."
+                    )
+                ) from None
+        return self
 
     @model_validator(mode="after")
     def _relevance(self) -> Config:
@@ -344,6 +596,25 @@ class Config(Section):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def stack_config(config: Config, index: int) -> Config:
+    """The config stack `index` trains with: its objective/masking/LR overrides applied.
+
+    Budgets (steps, epochs) are resolved by the progressive trainer, which knows the data size.
+    """
+    over = config.progressive.stacks.get(index)
+    if over is None:
+        return config
+    data = config.model_dump(mode="json")
+    data["progressive"]["stacks"] = {}
+    if over.objective is not None:
+        data["objective"] = over.objective.model_dump(mode="json")
+    if over.masking is not None:
+        data["masking"] = {**data["masking"], **over.masking}
+    if over.lr is not None:
+        data["train"]["lr"] = over.lr
+    return Config.model_validate(data)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from accelerate.utils import set_seed
 
@@ -11,7 +12,14 @@ from stackwise.config import Config
 from stackwise.data.pack import PreparedData, build_data
 from stackwise.errors import StackWiseError
 from stackwise.model.rack import Rack, count_parameters
+from stackwise.model.stack_files import save_anchor_and_manifest, save_stack
 from stackwise.objectives import build_objective
+from stackwise.progressive import (
+    LocalLossTrainer,
+    ProgressiveResult,
+    ProgressiveTrainer,
+    summary_table,
+)
 from stackwise.train.checkpoint import build_rack
 from stackwise.train.trainer import Trainer, TrainState
 
@@ -22,8 +30,9 @@ class RunResult:
     output_dir: Path
     rack: Rack
     data: PreparedData
-    state: TrainState
-    trainer: Trainer
+    state: TrainState | None
+    trainer: Any  # Trainer, or ProgressiveTrainer (both expose .accelerator)
+    progressive: ProgressiveResult | None = None
 
 
 def resolve_vocab(config: Config, tokenizer_size: int) -> Config:
@@ -49,19 +58,59 @@ def train_from_config(config: Config, quiet: bool = False) -> RunResult:
     set_seed(config.train.seed)
     data = build_data(config.data)
     config = resolve_vocab(config, len(data.tokenizer))
+    if config.progressive.strategy == "progressive":
+        return _train_progressive(config, data, quiet)
     rack = build_rack(config, config.model.vocab_size or len(data.tokenizer))
     objective = build_objective(config, data.specials)
-    trainer = Trainer(config, rack, objective, data.train, data.val)
+    local = config.progressive.end_to_end_scope == "stackwise"
+    trainer = (LocalLossTrainer if local else Trainer)(
+        config, rack, objective, data.train, data.val
+    )
     if not quiet and trainer.accelerator.is_main_process:
         print(
             f"StackWise: {config.objective.name} rack, {count_parameters(rack):,} parameters, "
-            f"{config.model.n_stacks}x{config.model.blocks_per_stack} blocks; "
+            f"{config.model.n_stacks}x{config.model.blocks_per_stack} blocks"
+            + (" (local loss per stack)" if local else "")
+            + "; "
             f"{len(data.train):,} train / {len(data.val):,} val sequences of "
-            f"{config.data.seq_len} tokens; device {trainer.accelerator.device}; "
+            f"{config.data.seq_len} tokens; device {trainer.accelerator.device}, "
+            f"precision {trainer.accelerator.mixed_precision}; "
             f"output {trainer.output_dir}"
         )
     state = trainer.train()
-    trainer.save(data.tokenizer)
+    trainer.save(data.tokenizer, weights=config.progressive.save_rack)
+    if config.progressive.save_stacks and trainer.accelerator.is_main_process:
+        raw = trainer.accelerator.unwrap_model(trainer.model)
+        save_all_stacks(getattr(raw, "_orig_mod", raw), trainer.output_dir)
     raw = trainer.accelerator.unwrap_model(trainer.model)
     rack = getattr(raw, "_orig_mod", raw)
     return RunResult(config, trainer.output_dir, rack, data, state, trainer)
+
+
+def save_all_stacks(rack: Rack, output_dir: Path) -> None:
+    """End-to-end runs also write stacks/ (save_stacks), so any rack can be regrown from it."""
+    for i, stack in enumerate(rack.stacks):
+        save_stack(output_dir, i, stack, {"position": i, "precision": "full", "t_range": None})
+    save_anchor_and_manifest(output_dir, rack, list(range(len(rack.stacks))))
+
+
+def _train_progressive(config: Config, data: PreparedData, quiet: bool) -> RunResult:
+    trainer = ProgressiveTrainer(config, data, quiet=quiet)
+    p = config.progressive
+    if not quiet and trainer.accelerator.is_main_process:
+        print(
+            f"StackWise: growing a {config.objective.name} rack to {config.model.n_stacks} "
+            f"stacks of {config.model.blocks_per_stack} blocks ({p.building_mode}, trunk "
+            f"{p.trunk_strategy}, head {p.head_policy}, time as {p.time_interpretation}"
+            + (", activation cache" if p.cache.enabled else "")
+            + (f", then {p.joint_tuning_steps} joint steps" if p.mode == "fused" else "")
+            + f"); {len(data.train):,} train / {len(data.val):,} val sequences of "
+            f"{config.data.seq_len} tokens; device {trainer.accelerator.device}, precision "
+            f"{trainer.accelerator.mixed_precision}; output {trainer.output_dir}",
+            flush=True,
+        )
+    result = trainer.train_progressively()
+    trainer.save(data.tokenizer)
+    if not quiet and trainer.accelerator.is_main_process:
+        print(summary_table(result), flush=True)
+    return RunResult(config, trainer.output_dir, result.rack, data, None, trainer, result)

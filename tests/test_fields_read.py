@@ -35,6 +35,12 @@ TABLE = {
     },
 }
 GRID = {"objective": {"name": "diffusion"}, "masking": {"num_time_steps": 8}}
+PG = {
+    "objective": {"name": "diffusion"},
+    "model": {"n_stacks": 2, "blocks_per_stack": 1},
+    "progressive": {"strategy": "progressive"},
+}
+
 
 # field -> (value to try, context the field needs to matter). Special cases are in CUSTOM.
 GENERIC: dict[str, tuple[Any, dict]] = {
@@ -108,9 +114,39 @@ GENERIC: dict[str, tuple[Any, dict]] = {
     "sample.top_k": (2, {}),
     "sample.top_p": (0.1, {}),
     "sample.steps": (1, DIFF),
+    "progressive.strategy": ("progressive", DIFF),
+    "progressive.end_to_end_scope": ("stackwise", {"model": {"n_stacks": 2}}),
+    "progressive.building_mode": ("prepend", PG),
+    "progressive.trunk_strategy": ("full", PG),
+    "progressive.head_policy": ("always", PG),
+    "progressive.new_stack_precision": ("bf16", PG),
+    "progressive.steps_per_stack": (1, PG),
+    "progressive.epochs_per_stack": (0.05, PG),
+    "progressive.stacks": ({1: {"lr": 0.1}}, PG),
+    "progressive.time_interpretation": ("depth", PG),
+    "progressive.depth_mapping": ("exponential", "PGD"),
+    "progressive.depth_growth": (4.0, "PGD_EXP"),
+    "progressive.time_per_stack": (1, "PGD_GRID"),
+    "progressive.save_stacks": (False, PG),
+    "progressive.save_rack": (False, PG),
+    "progressive.cache.enabled": (True, PG),
+    "progressive.cache.dtype": ("fp16", "PGC"),
+    "progressive.cache.max_bytes": (32 * 32 * 2 * 3, "PGC"),
+    "progressive.cache.on_full": ("error", "PGC_BUDGET"),
+    "progressive.cache.store_all_time_steps": (True, "PGC_GRID"),
+    "progressive.cache.time_step_cache_size": (2, "PGC"),
+    "progressive.cache.mode": ("rack", "PGC"),
 }
 
 CUSTOM = {
+    # tested in test_progressive.py: modes (shape and joint tuning), the custom depth table,
+    # and disk storage (which must train exactly like memory, so a fingerprint cannot differ)
+    "progressive.mode",
+    "progressive.block_size",
+    "progressive.joint_tuning_steps",
+    "progressive.depth_time_table",
+    "progressive.cache.storage",
+    "progressive.cache.dir",
     "model.gradient_checkpointing",
     "data.cache_dir",
     "data.num_workers",
@@ -118,6 +154,28 @@ CUSTOM = {
     "train.output_dir",
     "train.overwrite_output_dir",
 }
+
+
+def named_context(name: str) -> dict:
+    """Contexts built from PG: depth time, and an enabled cache over a few samples."""
+    depth = merge(PG, {"progressive": {"time_interpretation": "depth"}})
+    cache = merge(
+        PG,
+        {
+            "model": {"n_stacks": 3},
+            "data": {"num_samples": 16},
+            "train": {"max_steps": 12},
+            "progressive": {"cache": {"enabled": True}},
+        },
+    )
+    return {
+        "PGD": depth,
+        "PGD_EXP": merge(depth, {"progressive": {"depth_mapping": "exponential"}}),
+        "PGD_GRID": merge(depth, {"masking": {"num_time_steps": 8}}),
+        "PGC": cache,
+        "PGC_BUDGET": merge(cache, {"progressive": {"cache": {"max_bytes": 32 * 32 * 2 * 3}}}),
+        "PGC_GRID": merge(cache, {"masking": {"num_time_steps": 4}}),
+    }[name]
 
 
 def leaf_fields(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -174,12 +232,23 @@ def fingerprint(data: dict, out: Path) -> Any:
         digest.update(k.encode())
         digest.update(v.float().numpy().tobytes())
     rows = []
-    if (out / "metrics.jsonl").exists():
-        for line in (out / "metrics.jsonl").read_text().splitlines():
+    for path in sorted(out.rglob("metrics.jsonl")):
+        for line in path.read_text().splitlines():
             row = json.loads(line)
             rows.append({k: v for k, v in row.items() if k not in ("time", "train/tokens_per_s")})
-    opt = res.trainer.optimizer.optimizer
-    groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    optimizer: Any = None
+    if hasattr(res.trainer, "optimizer"):
+        opt = res.trainer.optimizer.optimizer
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+        optimizer = (repr(opt.defaults), repr(groups))
+    if res.state is not None:
+        history: Any = res.state.history
+    else:
+        p = res.progressive
+        history = [{k: v for k, v in r.as_dict().items() if k != "seconds"} for r in p.stacks] + [
+            p.final_eval,
+            {k: v for k, v in (p.joint or {}).items() if k != "seconds"},
+        ]
     mask = re.compile(r"[\d.,]+")
     files = [str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()]
     files = sorted({f.split("/")[0] if f.startswith("tensorboard") else f for f in files})
@@ -191,10 +260,10 @@ def fingerprint(data: dict, out: Path) -> Any:
             tuple(res.data.val.blocks.shape),
             len(res.data.tokenizer),
         ),
-        "history": res.state.history,
+        "history": history,
         "metrics": rows,
         "files": files,
-        "optimizer": (repr(opt.defaults), repr(groups)),
+        "optimizer": optimizer,
         "samples": samples,
         "stdout": mask.sub("#", buf_out.getvalue()),
         # only our progress bar: datasets prints a one-off "Generating split" bar on a cold cache
@@ -236,6 +305,8 @@ def run(world: dict, data: dict) -> Any:
 @pytest.mark.parametrize("field", sorted(GENERIC))
 def test_field_changes_the_run_or_is_refused(field, world):
     value, context = GENERIC[field]
+    if isinstance(context, str):
+        context = named_context(context)
     value = (
         {"SECOND_CORPUS": [str(world["second"])], "SAVED_TOKENIZER": str(world["tok"])}.get(
             value, value

@@ -193,6 +193,28 @@ def test_bf16_autocast_runs_the_matmuls_in_bf16(tiny):
     assert seen == {"bf16": torch.bfloat16, "no": torch.float32}
 
 
+def test_auto_precision_picks_bf16_only_where_it_is_native():
+    from stackwise.train.hardware import bf16_is_native, resolve_precision
+    from stackwise.train.trainer import make_accelerator
+
+    cpu = torch.device("cpu")
+    expected = "bf16" if bf16_is_native(cpu) else "no"
+    assert resolve_precision("auto", cpu) == expected
+    assert resolve_precision("bf16", cpu) == "bf16"
+    if not torch.cuda.is_available():
+        assert make_accelerator("auto").mixed_precision == expected
+
+
+def test_trainer_keeps_freed_memory_on_glibc():
+    import ctypes.util
+    import sys
+
+    from stackwise.train.hardware import keep_freed_memory
+
+    glibc = sys.platform.startswith("linux") and ctypes.util.find_library("c") is not None
+    assert keep_freed_memory() is glibc
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is allowed on a GPU")
 def test_fp16_is_refused_on_cpu(tiny):
     with pytest.raises(StackWiseError, match="fp16 needs a GPU"):

@@ -80,11 +80,14 @@ def _rows_to_text(rows: list[dict], fields: list[str], path: Path) -> list[str]:
 
 
 def _load_file(path: Path, fmt: str, fields: list[str]) -> list[str]:
+    import datasets
     from datasets import load_dataset
 
     if fmt in ("text", "json"):
         _check_utf8(path)
     kwargs = {"sample_by": "document"} if fmt == "text" else {}
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # a one-off "Generating split" bar is noise in our logs
     try:
         ds = load_dataset(fmt, data_files=str(path), split="train", **kwargs)
     except Exception as err:  # datasets wraps parser errors in many types
@@ -94,6 +97,9 @@ def _load_file(path: Path, fmt: str, fields: list[str]) -> list[str]:
             f"Could not read data file '{path}' as {fmt}: {msg}. Check that the file is valid "
             f"{fmt} (one JSON object per line for .jsonl)."
         ) from None
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
     if fmt == "text":
         return [t for t in ds["text"] if t.strip()]
     missing = [f for f in fields if f not in ds.column_names]

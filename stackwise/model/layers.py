@@ -51,6 +51,27 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.to(x.dtype) + _rotate_half(x) * sin.to(x.dtype)
 
 
+FP32_ATTENTION_MAX_LEN = 256
+
+
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+    """SDPA, but in fp32 for short bf16 sequences on the CPU.
+
+    PyTorch's CPU flash kernel is 2-3x slower in bf16 than in fp32 at short lengths (measured in
+    benchmarks/throughput.py), so there the core runs in fp32 and the projections stay bf16.
+    On GPUs and for long sequences the bf16 kernel is used unchanged.
+    """
+    if (
+        q.device.type == "cpu"
+        and q.dtype == torch.bfloat16
+        and q.shape[-2] <= FP32_ATTENTION_MAX_LEN
+    ):
+        with torch.autocast("cpu", enabled=False):
+            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **kwargs)
+        return out.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, causal: bool) -> None:
         super().__init__()
@@ -73,7 +94,7 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        out = F.scaled_dot_product_attention(
+        out = attention_core(
             q,
             k,
             v,
@@ -128,6 +149,15 @@ class Stack(nn.Module):
         self.gradient_checkpointing = cfg.gradient_checkpointing
 
     def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        dtype = self.blocks[0].attn.q_proj.weight.dtype if len(self.blocks) else x.dtype
+        if dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
+            # a stack stored in another precision (new_stack_precision: bf16) runs in it
+            return self._run(x.to(dtype), rope, mask).to(x.dtype)
+        return self._run(x, rope, mask)
+
+    def _run(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
     ) -> torch.Tensor:
         for block in self.blocks:

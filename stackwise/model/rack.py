@@ -43,7 +43,9 @@ class Rack(nn.Module):
         vocab_size: int,
         causal: bool,
         num_time_steps: int | None = None,
+        n_stacks: int | None = None,
     ) -> None:
+        """`n_stacks` overrides cfg.n_stacks; progressive growth starts from 0 stacks."""
         super().__init__()
         self.cfg = cfg
         self.vocab_size = vocab_size
@@ -57,7 +59,9 @@ class Rack(nn.Module):
                 raise ValueError("learned time conditioning needs num_time_steps")
             self.time_embed = LearnedTime(cfg.d_model, num_time_steps)
         self.rotary = Rotary(cfg.d_model // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
-        self.stacks = nn.ModuleList(Stack(cfg, causal) for _ in range(cfg.n_stacks))
+        self.stacks = nn.ModuleList(
+            Stack(cfg, causal) for _ in range(cfg.n_stacks if n_stacks is None else n_stacks)
+        )
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head: nn.Linear | None = None
         if not cfg.tie_embeddings:

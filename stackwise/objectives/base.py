@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from stackwise.objectives.keyed import keyed_uniform
+
 IGNORE = -100
 
 
@@ -77,6 +79,17 @@ class Objective:
         if prep.elbo_weights is not None:
             sums["nelbo_sum"] = float((ce * prep.elbo_weights).sum())
         return sums
+
+
+def uniforms(
+    batch: dict[str, torch.Tensor], gen: torch.Generator, n: int, stream: int
+) -> torch.Tensor:
+    """(B, n) uniforms: from the batch's `mask_key` when present (reproducible per sample, which
+    the activation cache needs), otherwise from the step's generator."""
+    ids = batch["input_ids"]
+    if "mask_key" in batch:
+        return keyed_uniform(batch["mask_key"].to(ids.device), n, stream)
+    return torch.rand(ids.shape[0], n, generator=gen, device=ids.device)
 
 
 def real_tokens(batch: dict[str, torch.Tensor], pad_id: int) -> torch.Tensor:

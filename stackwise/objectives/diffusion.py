@@ -6,9 +6,18 @@ exponential bounds the perplexity.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from stackwise.objectives.base import IGNORE, Objective, Prepared, Specials, real_tokens
+from stackwise.objectives.base import (
+    IGNORE,
+    Objective,
+    Prepared,
+    Specials,
+    real_tokens,
+    uniforms,
+)
 from stackwise.objectives.schedules import Schedule
 
 
@@ -23,6 +32,7 @@ class Diffusion(Objective):
         antithetic: bool = True,
         num_time_steps: int | None = None,
         uniform_weight: bool = False,
+        t_range: tuple[float, float] = (0.0, 1.0),
     ) -> None:
         super().__init__(specials)
         self.schedule = schedule
@@ -30,27 +40,57 @@ class Diffusion(Objective):
         self.antithetic = antithetic
         self.num_time_steps = num_time_steps
         self.uniform_weight = uniform_weight
+        self.t_range = t_range
+
+    def with_range(self, lo: float, hi: float) -> Diffusion:
+        """The same objective restricted to t in (lo, hi]: how a stack trains at its depth."""
+        out = Diffusion(
+            self.specials,
+            self.schedule,
+            self.eps,
+            self.antithetic,
+            self.num_time_steps,
+            self.uniform_weight,
+            (lo, hi),
+        )
+        out.causal = self.causal
+        return out
+
+    def grid_steps(self) -> list[int]:
+        """Grid steps k (t = (k+1)/T) inside t_range; the nearest one if the range is narrow."""
+        assert self.num_time_steps is not None
+        steps = self.num_time_steps
+        lo, hi = self.t_range
+        inside = [k for k in range(steps) if lo < (k + 1) / steps <= hi + 1e-9]
+        if inside:
+            return inside
+        return [min(steps - 1, max(0, math.ceil(hi * steps) - 1))]
+
+    def t_from_uniform(self, u: torch.Tensor) -> torch.Tensor:
+        lo, hi = self.t_range
+        if self.num_time_steps is not None:
+            steps = torch.tensor(self.grid_steps(), device=u.device, dtype=torch.float32)
+            pick = torch.floor(u * len(steps)).long().clamp(max=len(steps) - 1)
+            return (steps[pick] + 1) / self.num_time_steps
+        lo = max(lo, self.eps)
+        return lo + (hi - lo) * u
 
     def sample_t(self, b: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
-        """t in (0, 1]: antithetic draws spread one uniform over the batch (lower variance)."""
+        """Antithetic draws spread one uniform over the batch (lower variance)."""
         if self.antithetic:
             u = torch.rand(1, generator=gen, device=device) + torch.arange(b, device=device) / b
             u = u % 1.0
         else:
             u = torch.rand(b, generator=gen, device=device)
-        if self.num_time_steps is not None:
-            steps = self.num_time_steps
-            return (torch.floor(u * steps).clamp(max=steps - 1) + 1) / steps
-        return self.eps + (1.0 - self.eps) * u
+        return self.t_from_uniform(u)
 
     def corrupt(
         self, batch: dict[str, torch.Tensor], t: torch.Tensor, gen: torch.Generator
     ) -> Prepared:
         ids = batch["input_ids"]
-        b, n = ids.shape
         real = real_tokens(batch, self.specials.pad_id)
         frac = self.schedule.mask_fraction(t)
-        masked = (torch.rand(b, n, generator=gen, device=ids.device) < frac[:, None]) & real
+        masked = (uniforms(batch, gen, ids.shape[1], stream=1) < frac[:, None]) & real
         inputs = torch.where(masked, self.specials.mask_id, ids)
         targets = torch.where(masked, ids, IGNORE)
         elbo_w = self.schedule.weight(t)[:, None] * masked.float()
@@ -67,4 +107,10 @@ class Diffusion(Objective):
 
     def prepare(self, batch: dict[str, torch.Tensor], gen: torch.Generator) -> Prepared:
         ids = batch["input_ids"]
-        return self.corrupt(batch, self.sample_t(ids.shape[0], gen, ids.device), gen)
+        if "t" in batch:
+            t = batch["t"].to(ids.device).float()
+        elif "mask_key" in batch:
+            t = self.t_from_uniform(uniforms(batch, gen, 1, stream=0).squeeze(1))
+        else:
+            t = self.sample_t(ids.shape[0], gen, ids.device)
+        return self.corrupt(batch, t, gen)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from stackwise.objectives.base import IGNORE, Objective, Prepared, Specials, real_tokens
+from stackwise.objectives.base import (
+    IGNORE,
+    Objective,
+    Prepared,
+    Specials,
+    real_tokens,
+    uniforms,
+)
 
 
 class MLM(Objective):
@@ -19,15 +26,14 @@ class MLM(Objective):
 
     def prepare(self, batch: dict[str, torch.Tensor], gen: torch.Generator) -> Prepared:
         ids = batch["input_ids"]
-        b, n = ids.shape
-        dev = ids.device
+        n = ids.shape[1]
         real = real_tokens(batch, self.specials.pad_id)
-        ratio = self.lo + (self.hi - self.lo) * torch.rand(b, 1, generator=gen, device=dev)
-        chosen = (torch.rand(b, n, generator=gen, device=dev) < ratio) & real
+        ratio = self.lo + (self.hi - self.lo) * uniforms(batch, gen, 1, stream=0)
+        chosen = (uniforms(batch, gen, n, stream=1) < ratio) & real
         inputs = ids.clone()
         if self.bert_mix:
-            u = torch.rand(b, n, generator=gen, device=dev)
-            rand_tok = torch.randint(0, self.specials.vocab_size, (b, n), generator=gen, device=dev)
+            u = uniforms(batch, gen, n, stream=2)
+            rand_tok = (uniforms(batch, gen, n, stream=3) * self.specials.vocab_size).long()
             inputs = torch.where(chosen & (u < 0.8), self.specials.mask_id, inputs)
             inputs = torch.where(chosen & (u >= 0.8) & (u < 0.9), rand_tok, inputs)
         else:

@@ -17,6 +17,7 @@ from stackwise.config import Config, load_config
 from stackwise.data.tokenizer import load_tokenizer_dir
 from stackwise.errors import StackWiseError
 from stackwise.model.rack import Rack
+from stackwise.model.stack_files import STACKS_DIR, rack_from_stacks
 
 WEIGHTS = "model.safetensors"
 
@@ -74,6 +75,10 @@ def load_trained(
         )
     config = load_config(folder / "config.yaml")
     tokenizer = load_tokenizer_dir(folder / "tokenizer")
-    rack = build_rack(config, config.model.vocab_size or len(tokenizer))
-    load_weights(rack, folder / WEIGHTS)
+    vocab = config.model.vocab_size or len(tokenizer)
+    if (folder / WEIGHTS).is_file() or not (folder / STACKS_DIR).is_dir():
+        rack = build_rack(config, vocab)
+        load_weights(rack, folder / WEIGHTS)
+    else:  # a progressive run saved with save_rack: false
+        rack = rack_from_stacks(config, vocab, folder)
     return config, rack.to(device).eval(), tokenizer

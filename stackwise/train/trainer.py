@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from stackwise.config import Config, save_config
 from stackwise.errors import StackWiseError
 from stackwise.objectives.base import Objective
+from stackwise.train.hardware import keep_freed_memory, resolve_precision
 from stackwise.train.metrics import MetricsLogger
 from stackwise.train.optim import build_optimizer, build_param_groups, build_scheduler
 
@@ -95,12 +96,69 @@ class TrainState:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
+def eval_generator(gen: torch.Generator, seed: int, batch: int, rank: int) -> torch.Generator:
+    """The generator for validation batch `batch`: the same masks at every evaluation."""
+    return gen.manual_seed((seed * 1_000_003 + 99_991) * 1_000_003 + batch * 131 + rank)
+
+
+@torch.no_grad()
+def evaluate_model(
+    model: nn.Module,
+    objective: Objective,
+    val_data: Dataset | None,
+    acc: Accelerator,
+    tc: Any,
+    uses_time: bool,
+    seed_gen: Any,
+) -> dict[str, float]:
+    """Loss, perplexity (or the NELBO bound) and masked-token accuracy on fixed batches.
+
+    The masks come from `seed_gen(batch_index)`, so every evaluation scores the same inputs.
+    """
+    if val_data is None or len(val_data) == 0:
+        return {}
+    model.eval()
+    loader = DataLoader(
+        val_data,
+        batch_size=tc.batch_size,
+        sampler=EpochSampler(len(val_data), 0, acc.process_index, acc.num_processes, False),
+    )
+    keys = ("loss_sum", "norm", "nll_sum", "scored", "correct", "nelbo_sum")
+    sums = torch.zeros(len(keys), dtype=torch.float64, device=acc.device)
+    for i, batch in enumerate(loader):
+        if i >= tc.eval_batches:
+            break
+        batch = {k: v.to(acc.device) for k, v in batch.items()}
+        prep = objective.prepare(batch, seed_gen(i))
+        t = prep.t if uses_time else None
+        with acc.autocast():
+            logits = model(prep.inputs, prep.attention_mask, t)
+        part = objective.eval_sums(logits, prep)
+        sums += torch.tensor(
+            [part.get(k, 0.0) for k in keys], dtype=torch.float64, device=acc.device
+        )
+    sums = acc.reduce(sums, reduction="sum")
+    s = dict(zip(keys, sums.tolist(), strict=True))
+    out = {
+        "loss": s["loss_sum"] / max(s["norm"], 1.0),
+        "accuracy": s["correct"] / max(s["scored"], 1.0),
+    }
+    if objective.name == "diffusion":
+        nelbo = s["nelbo_sum"] / max(s["norm"], 1.0)
+        out["nelbo"] = nelbo
+        out["ppl_bound"] = math.exp(min(nelbo, 50.0))
+    else:
+        out["ppl"] = math.exp(min(s["nll_sum"] / max(s["scored"], 1.0), 50.0))
+    return out
+
+
 def make_accelerator(mixed_precision: str) -> Accelerator:
     """An Accelerator with this precision, even if an earlier run in this process used another.
 
     Accelerate keeps its state in a process-wide singleton; progressive runs and notebooks build
     several trainers, so a precision change resets that state (the process group survives).
     """
+    mixed_precision = resolve_precision(mixed_precision)
     if mixed_precision == "fp16" and not torch.cuda.is_available():
         raise StackWiseError(
             "train.mixed_precision=fp16 needs a GPU; on the CPU use bf16 (fp16 is emulated "
@@ -109,10 +167,16 @@ def make_accelerator(mixed_precision: str) -> Accelerator:
     shared = AcceleratorState._shared_state
     if shared and shared.get("_mixed_precision", mixed_precision) != mixed_precision:
         AcceleratorState._reset_state(reset_partial_state=False)
-    return Accelerator(mixed_precision=mixed_precision)
+    # Without CUDA, Accelerate only starts DDP (gloo) under torchrun when told it runs on the CPU;
+    # otherwise every rank would silently train its own copy.
+    return Accelerator(mixed_precision=mixed_precision, cpu=not torch.cuda.is_available())
 
 
 class Trainer:
+    # False: the model is not wrapped in DDP and the subclass syncs gradients itself
+    wrap_model = True
+    progress_desc = "train"  # progressive stages show "stack 2/4"
+
     def __init__(
         self,
         config: Config,
@@ -128,9 +192,10 @@ class Trainer:
         tc = config.train
         self.accelerator = accelerator or make_accelerator(tc.mixed_precision)
         acc = self.accelerator
+        if acc.device.type == "cpu":
+            keep_freed_memory()
         self.output_dir = Path(output_dir) if output_dir else resolve_output_dir(config)
-        if acc.is_main_process:
-            prepare_output_dir(self.output_dir, tc.overwrite_output_dir)
+        self._prepare_output_dir_once()
         self.objective = objective
         self.train_data, self.val_data = train_data, val_data
         if len(train_data) < tc.batch_size * acc.num_processes:
@@ -143,7 +208,11 @@ class Trainer:
         self.raw_model = model
         if tc.compile:
             model = torch.compile(model)  # type: ignore[assignment]
-        self.model, self.optimizer = acc.prepare(model, opt)
+        if self.wrap_model:
+            self.model, self.optimizer = acc.prepare(model, opt)
+        else:
+            self.model = model.to(acc.device)
+            self.optimizer = acc.prepare(opt)
         self.scheduler = build_scheduler(self.optimizer.optimizer, tc)
         self.sampler = EpochSampler(len(train_data), tc.seed, acc.process_index, acc.num_processes)
         self.state = TrainState()
@@ -153,6 +222,25 @@ class Trainer:
             self.output_dir, lc.console, lc.jsonl, lc.tensorboard, enabled=acc.is_main_process
         )
         self.gen = torch.Generator(device=acc.device)
+        self.last_train_loss: float | None = None
+        # evaluation masks depend on this seed only, so stages of one run score the same inputs
+        self.eval_seed = tc.seed
+
+    def _prepare_output_dir_once(self) -> None:
+        """Rank 0 checks the dir; every rank raises its verdict, so none waits on a dead peer."""
+        acc = self.accelerator
+        verdict: list[str | None] = [None]
+        if acc.is_main_process:
+            try:
+                prepare_output_dir(self.output_dir, self.config.train.overwrite_output_dir)
+            except StackWiseError as err:
+                verdict[0] = str(err)
+        if acc.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            broadcast_object_list(verdict, from_process=0)
+        if verdict[0] is not None:
+            raise StackWiseError(verdict[0])
 
     @staticmethod
     def _groups(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
@@ -194,12 +282,23 @@ class Trainer:
     def compute_loss(self, batch: dict[str, torch.Tensor], gen: torch.Generator) -> torch.Tensor:
         prep = self.objective.prepare(batch, gen)
         t = prep.t if self.uses_time else None
-        logits = self.model(prep.inputs, prep.attention_mask, t)
+        # a cache-aware model (progressive stages) also takes the batch's stable keys
+        extra = {"cache_key": batch["cache_key"]} if "cache_key" in batch else {}
+        logits = self.model(prep.inputs, prep.attention_mask, t, **extra)
         return self.objective.loss(logits, prep)
+
+    def micro_step(
+        self, batch: dict[str, torch.Tensor], gen: torch.Generator, scale: float
+    ) -> torch.Tensor:
+        """Forward and backward of one micro-batch; returns the detached, scaled loss."""
+        loss = self.compute_loss(batch, gen) * scale
+        self.accelerator.backward(loss)
+        return loss.detach()
 
     def train_step(self, batches: Iterator[dict[str, torch.Tensor]]) -> torch.Tensor:
         tc, acc = self.config.train, self.accelerator
-        self.model.train()
+        if not self.model.training:
+            self.model.train()
         total = torch.zeros((), device=acc.device)
         for micro in range(tc.grad_accum_steps):
             batch = next(batches)
@@ -208,9 +307,8 @@ class Trainer:
             last = micro == tc.grad_accum_steps - 1
             ctx = contextlib.nullcontext() if last else acc.no_sync(self.model)
             with ctx:
-                loss = self.compute_loss(batch, gen) / tc.grad_accum_steps
-                acc.backward(loss)
-            total += loss.detach()
+                total += self.micro_step(batch, gen, 1.0 / tc.grad_accum_steps)
+        self.sync_gradients()
         if tc.max_grad_norm > 0:
             acc.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm)
         self.optimizer.step()
@@ -219,47 +317,31 @@ class Trainer:
         self.state.step += 1
         return total
 
-    @torch.no_grad()
+    def sync_gradients(self) -> None:
+        """Average gradients over ranks by hand when the model is not DDP-wrapped."""
+        acc = self.accelerator
+        if self.wrap_model or acc.num_processes == 1:
+            return
+        import torch.distributed as dist
+
+        for p in self.raw_model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= acc.num_processes
+
     def evaluate(self) -> dict[str, float]:
         """Loss, perplexity (or the NELBO bound) and masked-token accuracy on fixed batches."""
-        if self.val_data is None or len(self.val_data) == 0:
-            return {}
-        tc, acc = self.config.train, self.accelerator
-        self.model.eval()
-        loader = DataLoader(
+        out = evaluate_model(
+            self.model,
+            self.objective,
             self.val_data,
-            batch_size=tc.batch_size,
-            sampler=EpochSampler(
-                len(self.val_data), 0, acc.process_index, acc.num_processes, shuffle=False
+            self.accelerator,
+            self.config.train,
+            self.uses_time,
+            seed_gen=lambda i: eval_generator(
+                self.gen, self.eval_seed, i, self.accelerator.process_index
             ),
         )
-        keys = ("loss_sum", "norm", "nll_sum", "scored", "correct", "nelbo_sum")
-        sums = torch.zeros(len(keys), dtype=torch.float64, device=acc.device)
-        for i, batch in enumerate(loader):
-            if i >= tc.eval_batches:
-                break
-            batch = {k: v.to(acc.device) for k, v in batch.items()}
-            gen = self._seed_gen(-1, i, acc.process_index)
-            prep = self.objective.prepare(batch, gen)
-            t = prep.t if self.uses_time else None
-            with acc.autocast():
-                logits = self.model(prep.inputs, prep.attention_mask, t)
-            part = self.objective.eval_sums(logits, prep)
-            sums += torch.tensor(
-                [part.get(k, 0.0) for k in keys], dtype=torch.float64, device=acc.device
-            )
-        sums = acc.reduce(sums, reduction="sum")
-        s = dict(zip(keys, sums.tolist(), strict=True))
-        out = {
-            "loss": s["loss_sum"] / max(s["norm"], 1.0),
-            "accuracy": s["correct"] / max(s["scored"], 1.0),
-        }
-        if self.objective.name == "diffusion":
-            nelbo = s["nelbo_sum"] / max(s["norm"], 1.0)
-            out["nelbo"] = nelbo
-            out["ppl_bound"] = math.exp(min(nelbo, 50.0))
-        else:
-            out["ppl"] = math.exp(min(s["nll_sum"] / max(s["scored"], 1.0), 50.0))
         self.model.train()
         return out
 
@@ -273,7 +355,7 @@ class Trainer:
             initial=self.state.step,
             disable=not (show and self.accelerator.is_main_process),
             dynamic_ncols=True,
-            desc="train",
+            desc=self.progress_desc,
         )
 
     def _eval_and_log(self) -> dict[str, float]:
@@ -303,6 +385,7 @@ class Trainer:
                             f"The training loss became {loss} at step {step}. Lower train.lr, "
                             "keep train.max_grad_norm > 0, or use mixed_precision=bf16/no."
                         )
+                    self.last_train_loss = loss
                     elapsed = time.perf_counter() - window_start
                     tps = (self.state.tokens_seen - window_tokens) / max(elapsed, 1e-9)
                     lr = self.scheduler.get_last_lr()[0]
@@ -326,7 +409,7 @@ class Trainer:
 
     # -- saving -----------------------------------------------------------------------------
 
-    def save(self, tokenizer: Any = None) -> Path:
+    def save(self, tokenizer: Any = None, weights: bool = True) -> Path:
         """model.safetensors, config.yaml, tokenizer/ and history.json in output_dir."""
         from stackwise.train.checkpoint import save_model
 
@@ -335,7 +418,8 @@ class Trainer:
         if acc.is_main_process:
             model = acc.unwrap_model(self.model)
             model = getattr(model, "_orig_mod", model)
-            save_model(model, self.output_dir)
+            if weights:
+                save_model(model, self.output_dir)
             save_config(self.config, self.output_dir / "config.yaml")
             if tokenizer is not None:
                 tokenizer.save_pretrained(str(self.output_dir / "tokenizer"))

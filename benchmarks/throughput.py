@@ -1,0 +1,569 @@
+"""Training throughput: the stackwise Trainer against a plain PyTorch loop and transformers.Trainer.
+
+Run from the repository root:
+
+    .venv/bin/python benchmarks/throughput.py            # full run, several minutes
+    .venv/bin/python benchmarks/throughput.py --quick    # smoke run, well under a minute
+
+Three ways to train the same causal model on the same random tokens, with the same batch,
+sequence length, step counts and one CPU thread (torch.set_num_threads(1)); all three use the same
+autocast (--precision; bf16 only where the CPU runs it natively), torch.optim.AdamW (the
+non-fused implementation, weight decay 0.1 on matrices only) and gradient clipping at 1.0:
+
+  ours   stackwise.train.Trainer.train() on a clm Rack, built from a Config;
+  plain  a hand-written loop over the same Rack class: DataLoader, torch.autocast, shifted
+         cross entropy, clip_grad_norm_, AdamW, nothing else;
+  hf     transformers.Trainer.train() on a LlamaForCausalLM of the same shape (the rack's
+         weights are loaded into it, so all three start from identical parameters).
+
+What is timed, for all three alike: the wall time from the end of optimizer step `warmup` to the
+end of step `warmup + steps`, read at the same point of each loop (a wrapper around
+`Trainer.train_step` for ours, `on_step_end` callbacks for hf, a clock read after
+`optimizer.zero_grad` for plain). It covers fetching and collating batches, forward, loss,
+backward, clipping, the optimizer and scheduler, and the per-step bookkeeping of each loop; it
+excludes model and trainer construction, the warm-up steps and anything after the last step.
+Our trainer gets no validation set and `eval_every` > `max_steps`, so it never evaluates.
+
+Repetitions are interleaved (ours, plain, hf, ours, plain, hf, ...) so that drifts in the
+machine's load hit all three alike. Each repetition runs in a fresh child forked from this
+process after the imports (`--in-process` turns that off), so every run starts from the same
+clean heap, as a real training run does, instead of inheriting the allocator state left by the
+run before it; each builds its own model and trainer. The table reports the median tokens/s per
+method and the minor page faults per timed step (fresh memory the allocator had to map). The
+last line printed is the headline.
+
+Ours and plain run the same `Rack`, so both get its CPU attention core (fp32 SDPA for short bf16
+sequences). Our Trainer also sets glibc's malloc thresholds (stackwise.train.memory); a plain loop
+does not, and `--plain-allocator` gives them to it too, to show what that part is worth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import multiprocessing as mp
+import os
+import platform
+import resource
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from stackwise.config import Config, from_dict
+from stackwise.model.hf import llama_config, llama_state_dict
+from stackwise.model.rack import Rack
+from stackwise.objectives import Specials, build_objective
+from stackwise.train import Trainer
+from stackwise.train.checkpoint import build_rack
+
+LR = 2e-3
+BETAS = (0.9, 0.95)
+WEIGHT_DECAY = 0.1
+MAX_GRAD_NORM = 1.0
+SEED = 0
+PAD_ID, MASK_ID = 0, 1  # random tokens are drawn from [2, vocab) so no position is padding
+
+METHODS = ("ours", "plain", "hf")
+LABELS = {
+    "ours": "stackwise Trainer",
+    "plain": "plain PyTorch loop",
+    "hf": "transformers Trainer",
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    vocab_size: int
+    n_stacks: int = 2
+    blocks_per_stack: int = 2
+    n_heads: int = 4
+    d_model: int = 128
+    seq_len: int = 64
+    batch_size: int = 12
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+
+@dataclass(frozen=True)
+class Plan:
+    reps: int
+    warmup: int
+    steps: int
+
+    @property
+    def total_steps(self) -> int:
+        return self.warmup + self.steps
+
+
+PRECISION = "bf16"  # set by main() from --precision before any run is forked
+
+SHAPES = (Shape("vocab 65", 65), Shape("vocab 4096", 4096))
+
+
+class TokenRows(Dataset[dict[str, torch.Tensor]]):
+    """Rows of a (N, L) token tensor as {"input_ids": row}; with `labels`, also {"labels": row}."""
+
+    def __init__(self, tokens: torch.Tensor, labels: bool = False) -> None:
+        self.tokens = tokens
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        row = self.tokens[i]
+        return {"input_ids": row, "labels": row} if self.labels else {"input_ids": row}
+
+
+def random_tokens(shape: Shape, plan: Plan) -> torch.Tensor:
+    """Exactly one epoch of data for warmup + timed steps, the same for every method."""
+    g = torch.Generator().manual_seed(1234)
+    rows = shape.batch_size * plan.total_steps
+    return torch.randint(2, shape.vocab_size, (rows, shape.seq_len), generator=g)
+
+
+def make_config(shape: Shape, plan: Plan, output_dir: Path) -> Config:
+    return from_dict(
+        {
+            "model": {
+                "vocab_size": shape.vocab_size,
+                "d_model": shape.d_model,
+                "n_heads": shape.n_heads,
+                "n_stacks": shape.n_stacks,
+                "blocks_per_stack": shape.blocks_per_stack,
+                "max_seq_len": shape.seq_len,
+            },
+            "data": {"seq_len": shape.seq_len},
+            "objective": {"name": "clm"},
+            "train": {
+                "seed": SEED,
+                "max_steps": plan.total_steps,
+                "batch_size": shape.batch_size,
+                "lr": LR,
+                "betas": list(BETAS),
+                "weight_decay": WEIGHT_DECAY,
+                "max_grad_norm": MAX_GRAD_NORM,
+                "mixed_precision": PRECISION,
+                "eval_every": plan.total_steps + 1,
+                "output_dir": str(output_dir),
+                "overwrite_output_dir": True,
+            },
+            "logging": {
+                "console": False,
+                "jsonl": False,
+                "tensorboard": False,
+                "progress_bar": "never",
+            },
+        },
+        origin="benchmark",
+    )
+
+
+def fresh_rack(config: Config, vocab_size: int) -> Rack:
+    torch.manual_seed(SEED)
+    return build_rack(config, vocab_size)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    tokens_per_s: float
+    faults_per_step: float  # minor page faults per timed step (fresh memory touched)
+
+
+class StepClock:
+    """Clock and page-fault count read at the end of every optimizer step."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.faults: list[int] = []
+
+    def tick(self) -> None:
+        self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+        self.times.append(time.perf_counter())
+
+    def result(self, shape: Shape, plan: Plan) -> RunResult:
+        """Steps warmup+1 .. warmup+steps: from the end of step `warmup` to the end of the last."""
+        if len(self.times) != plan.total_steps:
+            raise RuntimeError(f"expected {plan.total_steps} steps, saw {len(self.times)}")
+        first = max(plan.warmup, 1) - 1
+        steps = plan.total_steps - 1 - first
+        elapsed = self.times[-1] - self.times[first]
+        return RunResult(
+            tokens_per_s=steps * shape.tokens_per_step / elapsed,
+            faults_per_step=(self.faults[-1] - self.faults[first]) / steps,
+        )
+
+
+# -- (a) the stackwise Trainer ----------------------------------------------------------------
+
+
+def run_ours(shape: Shape, plan: Plan, tokens: torch.Tensor, workdir: Path) -> RunResult:
+    config = make_config(shape, plan, workdir / "ours")
+    rack = fresh_rack(config, shape.vocab_size)
+    specials = Specials(vocab_size=shape.vocab_size, pad_id=PAD_ID, mask_id=MASK_ID)
+    objective = build_objective(config, specials)
+    trainer = Trainer(config, rack, objective, TokenRows(tokens), val_data=None)
+    clock = StepClock()
+    step = trainer.train_step
+
+    def timed_step(batches: Iterator[dict[str, torch.Tensor]]) -> torch.Tensor:
+        loss = step(batches)
+        clock.tick()
+        return loss
+
+    trainer.train_step = timed_step  # type: ignore[method-assign]
+    trainer.train()
+    return clock.result(shape, plan)
+
+
+# -- (b) a plain PyTorch loop over the same Rack ----------------------------------------------
+
+
+def adamw_groups(model: nn.Module) -> list[dict[str, Any]]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": WEIGHT_DECAY},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+
+
+def run_plain(shape: Shape, plan: Plan, tokens: torch.Tensor, workdir: Path) -> RunResult:
+    config = make_config(shape, plan, workdir / "plain")
+    model = fresh_rack(config, shape.vocab_size)
+    model.train()
+    opt = torch.optim.AdamW(adamw_groups(model), lr=LR, betas=BETAS, eps=1e-8)
+    loader = DataLoader(
+        TokenRows(tokens),
+        batch_size=shape.batch_size,
+        shuffle=True,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(SEED),
+    )
+    clock = StepClock()
+    for batch in loader:
+        ids = batch["input_ids"]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=PRECISION == "bf16"):
+            logits = model(ids)
+        loss = F.cross_entropy(
+            logits[:, :-1].float().reshape(-1, shape.vocab_size), ids[:, 1:].reshape(-1)
+        )
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        clock.tick()
+    return clock.result(shape, plan)
+
+
+# -- (c) transformers.Trainer on the equivalent LlamaForCausalLM ------------------------------
+
+
+def run_hf(shape: Shape, plan: Plan, tokens: torch.Tensor, workdir: Path) -> RunResult:
+    # imported by main() before any run is forked; here they only bind the names
+    from transformers import LlamaForCausalLM, TrainerCallback, TrainingArguments
+    from transformers import Trainer as HFTrainer
+    from transformers.trainer_callback import PrinterCallback
+
+    config = make_config(shape, plan, workdir / "hf")
+    rack = fresh_rack(config, shape.vocab_size)
+    model = LlamaForCausalLM(llama_config(rack))
+    missing, unexpected = model.load_state_dict(llama_state_dict(rack), strict=False)
+    if unexpected or any(k != "lm_head.weight" for k in missing):
+        raise RuntimeError(f"weight mapping failed: missing {missing}, unexpected {unexpected}")
+    if model.config._attn_implementation != "sdpa":
+        raise RuntimeError(f"expected sdpa attention, got {model.config._attn_implementation}")
+
+    clock = StepClock()
+
+    class OnStepEnd(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            clock.tick()
+
+    args = TrainingArguments(
+        output_dir=str(workdir / "hf"),
+        max_steps=plan.total_steps,
+        per_device_train_batch_size=shape.batch_size,
+        learning_rate=LR,
+        adam_beta1=BETAS[0],
+        adam_beta2=BETAS[1],
+        adam_epsilon=1e-8,
+        weight_decay=WEIGHT_DECAY,
+        max_grad_norm=MAX_GRAD_NORM,
+        optim="adamw_torch",  # the same non-fused torch AdamW as ours and plain
+        bf16=PRECISION == "bf16",
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=False,
+        dataloader_drop_last=True,
+        seed=SEED,
+    )
+    trainer = HFTrainer(
+        model=model,
+        args=args,
+        train_dataset=TokenRows(tokens, labels=True),
+        callbacks=[OnStepEnd()],
+    )
+    trainer.remove_callback(PrinterCallback)  # it prints the end-of-training summary
+    trainer.train()
+    return clock.result(shape, plan)
+
+
+RUNNERS: dict[str, Callable[[Shape, Plan, torch.Tensor, Path], RunResult]] = {
+    "ours": run_ours,
+    "plain": run_plain,
+    "hf": run_hf,
+}
+
+
+# -- driver -----------------------------------------------------------------------------------
+
+
+# -- what stackwise does on the CPU that a plain loop does not ------------------------------
+
+
+def plain_with_our_allocator() -> None:
+    """--plain-allocator: give the plain loop the Trainer's malloc settings too, to show how much
+    of ours/plain comes from them (stackwise.train.memory.keep_freed_memory)."""
+    from stackwise.train.memory import keep_freed_memory
+
+    if not keep_freed_memory():
+        raise RuntimeError("mallopt is unavailable here (not glibc?)")
+
+
+def run_once(
+    method: str, shape: Shape, plan: Plan, workdir: Path, patches: tuple[str, ...]
+) -> RunResult:
+    """One repetition of one method in this process."""
+    torch.set_num_threads(1)
+    gc.collect()
+    if "plain-allocator" in patches and method == "plain":
+        plain_with_our_allocator()
+    result = RUNNERS[method](shape, plan, random_tokens(shape, plan), workdir)
+    if torch.get_num_threads() != 1:
+        raise RuntimeError(f"{method} changed the thread count to {torch.get_num_threads()}")
+    return result
+
+
+def _child(
+    conn: Connection,
+    method: str,
+    shape: Shape,
+    plan: Plan,
+    workdir: Path,
+    patches: tuple[str, ...],
+) -> None:
+    try:
+        conn.send((True, run_once(method, shape, plan, workdir, patches)))
+    except BaseException as err:  # report any failure to the parent, then exit
+        conn.send((False, f"{type(err).__name__}: {err}"))
+    finally:
+        conn.close()
+
+
+def run_forked(
+    method: str, shape: Shape, plan: Plan, workdir: Path, patches: tuple[str, ...]
+) -> RunResult:
+    """One repetition in a forked child of the (imports-only) parent, so that every run starts
+    from the same clean process state, heap and allocator thresholds included, as a real
+    training run would, instead of inheriting the memory layout left by the run before it."""
+    ctx = mp.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(send, method, shape, plan, workdir, patches))
+    proc.start()
+    send.close()
+    try:
+        ok, value = receive.recv()
+    except EOFError:
+        proc.join()
+        raise RuntimeError(f"{method} run died (exit code {proc.exitcode})") from None
+    proc.join()
+    if not ok:
+        raise RuntimeError(f"{method} run failed: {value}")
+    return value
+
+
+Results = dict[str, list[RunResult]]
+
+
+def measure(
+    shape: Shape, plan: Plan, workdir: Path, isolate: bool, patches: tuple[str, ...]
+) -> Results:
+    """Interleaved repetitions (ours, plain, hf, ours, ...): one RunResult per method and rep."""
+    run = run_forked if isolate else run_once
+    results: Results = {m: [] for m in METHODS}
+    for rep in range(plan.reps):
+        line = []
+        for method in METHODS:
+            r = run(method, shape, plan, workdir, patches)
+            results[method].append(r)
+            line.append(f"{method} {r.tokens_per_s:7,.0f} tok/s {r.faults_per_step:6,.0f} flt")
+        print(f"  {shape.name:<10} rep {rep + 1}/{plan.reps}: " + "  ".join(line), flush=True)
+    return results
+
+
+def median_tps(results: Results, method: str) -> float:
+    return statistics.median(r.tokens_per_s for r in results[method])
+
+
+def ratio_of_medians(results: Results, a: str, b: str) -> float:
+    return median_tps(results, a) / median_tps(results, b)
+
+
+def paired_ratio(results: Results, a: str, b: str) -> float:
+    """Median over repetitions of a/b within one repetition (runs that are neighbours in time)."""
+    pairs = zip(results[a], results[b], strict=True)
+    return statistics.median(x.tokens_per_s / y.tokens_per_s for x, y in pairs)
+
+
+def table(all_results: dict[str, Results], shapes: tuple[Shape, ...]) -> str:
+    head = (
+        f"{'shape':<11} {'method':<21} {'median tok/s':>12} {'min..max tok/s':>15} "
+        f"{'ms/step':>7} {'faults/step':>11} {'ours/plain':>10} {'ours/HF':>7}"
+    )
+    rows = [head, "-" * len(head)]
+    for shape in shapes:
+        res = all_results[shape.name]
+        for method in METHODS:
+            tps = [r.tokens_per_s for r in res[method]]
+            med = statistics.median(tps)
+            faults = statistics.median(r.faults_per_step for r in res[method])
+            spread = f"{min(tps):,.0f}..{max(tps):,.0f}"
+            r_plain = r_hf = ""
+            if method == "ours":
+                r_plain = f"{ratio_of_medians(res, 'ours', 'plain'):.3f}"
+                r_hf = f"{ratio_of_medians(res, 'ours', 'hf'):.3f}"
+            line = (
+                f"{shape.name:<11} {LABELS[method]:<21} {med:>12,.0f} {spread:>15} "
+                f"{1000 * shape.tokens_per_step / med:>7.1f} {faults:>11,.0f} "
+                f"{r_plain:>10} {r_hf:>7}"
+            )
+            rows.append(line.rstrip())
+        rows.append(
+            f"{shape.name:<11} {'ours, paired per rep':<21} {'':>12} {'':>15} {'':>7} {'':>11} "
+            f"{paired_ratio(res, 'ours', 'plain'):>10.3f} {paired_ratio(res, 'ours', 'hf'):>7.3f}"
+        )
+    return "\n".join(rows)
+
+
+def headline(all_results: dict[str, Results], shapes: tuple[Shape, ...]) -> str:
+    plain = ", ".join(
+        f"{ratio_of_medians(all_results[s.name], 'ours', 'plain'):.2f} ({s.name})" for s in shapes
+    )
+    hf = ", ".join(f"{ratio_of_medians(all_results[s.name], 'ours', 'hf'):.2f}" for s in shapes)
+    return f"headline: ours/plain = {plain}; ours/HF = {hf}"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="smoke run: 2 reps of 2 + 5 steps")
+    p.add_argument("--reps", type=int, default=None, help="repetitions per method (default 7)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps per rep (default 5)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per rep (default 30)")
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run every repetition in this process instead of a forked child per run",
+    )
+    p.add_argument(
+        "--plain-allocator",
+        action="store_true",
+        help="apply the Trainer's glibc malloc settings to the plain loop as well",
+    )
+    p.add_argument(
+        "--precision",
+        choices=("auto", "bf16", "no"),
+        default="auto",
+        help="autocast for all three; auto = bf16 where this CPU runs it natively, else fp32",
+    )
+    args = p.parse_args(argv)
+    if args.plain_allocator and args.in_process:
+        p.error("--plain-allocator changes the whole process; it needs the forked runs")
+    args.patch = ["plain-allocator"] if args.plain_allocator else []
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    quick = Plan(reps=2, warmup=2, steps=5)
+    full = Plan(reps=7, warmup=5, steps=30)
+    base = quick if args.quick else full
+    plan = Plan(
+        reps=args.reps or base.reps,
+        warmup=base.warmup if args.warmup is None else args.warmup,
+        steps=args.steps or base.steps,
+    )
+    if plan.reps < 1 or plan.steps < 2 or plan.warmup < 0:
+        sys.exit("need reps >= 1, steps >= 2, warmup >= 0")
+
+    global PRECISION
+    from stackwise.train.hardware import resolve_precision
+
+    PRECISION = resolve_precision(args.precision, torch.device("cpu"))
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    warnings.filterwarnings("ignore")
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # an optional-kernel notice
+    import transformers
+    import transformers.trainer  # the slow import, done once before the runs are forked
+
+    transformers.logging.set_verbosity_error()
+
+    malloc_env = " ".join(f"{k}={v}" for k, v in os.environ.items() if k.startswith("MALLOC_"))
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"python {platform.python_version()}, {os.cpu_count()} CPU cores, "
+        f"{torch.get_num_threads()} torch thread; malloc env: {malloc_env or 'default'}; "
+        f"precision {PRECISION} (--precision {args.precision}; CPU capability "
+        f"{torch.backends.cpu.get_cpu_capability()})"
+    )
+    print(
+        f"plan: {plan.reps} interleaved reps x ({plan.warmup} warmup + {plan.steps} timed steps) "
+        "per method; timed: end of step warmup .. end of the last step; "
+        + ("all runs in one process" if args.in_process else "each run in a fresh forked child")
+        + ("; plain loop with our allocator settings" if args.patch else "")
+    )
+    all_results: dict[str, Results] = {}
+    with tempfile.TemporaryDirectory(prefix="stackwise-bench-") as tmp:
+        for shape in SHAPES:
+            print(
+                f"{shape.name}: {shape.n_stacks}x{shape.blocks_per_stack} layers, "
+                f"d_model {shape.d_model}, {shape.n_heads} heads, seq {shape.seq_len}, "
+                f"batch {shape.batch_size}",
+                flush=True,
+            )
+            all_results[shape.name] = measure(
+                shape, plan, Path(tmp), isolate=not args.in_process, patches=tuple(args.patch)
+            )
+    print()
+    print(table(all_results, SHAPES))
+    print()
+    print(headline(all_results, SHAPES))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Saving grown racks stack by stack, and rebuilding a rack from those files alone.
+
+Layout under the run dir:
+  stacks/stack_<g>.safetensors   the blocks of the stack grown g-th (its own key names)
+  stacks/stack_<g>.json          its shape, precision, rack position and noise range
+  stacks/anchor.safetensors      embeddings, time embedding, final norm, untied head
+  stacks/manifest.json           the rack order (growth indices, embeddings to head)
+Files are written to a temporary name and renamed, so a crash never leaves half a stack.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from stackwise.config import Config
+from stackwise.errors import StackWiseError
+from stackwise.model.layers import Stack
+from stackwise.model.rack import Rack
+
+STACKS_DIR = "stacks"
+MANIFEST = "manifest.json"
+ANCHOR = "anchor.safetensors"
+
+
+def _atomic_tensors(state: dict[str, torch.Tensor], path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(
+        {k: v.detach().contiguous().cpu() for k, v in state.items()},
+        str(tmp),
+        metadata={"format": "pt", "library": "stackwise"},
+    )
+    os.replace(tmp, path)
+
+
+def _atomic_json(data: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def anchor_state(rack: Rack) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in rack.state_dict().items() if not k.startswith("stacks.")}
+
+
+def save_stack(folder: Path, growth_index: int, stack: Stack, info: dict[str, Any]) -> Path:
+    folder = folder / STACKS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"stack_{growth_index}.safetensors"
+    _atomic_tensors(stack.state_dict(), path)
+    meta = {"growth_index": growth_index, "n_blocks": len(stack.blocks), **info}
+    _atomic_json(meta, folder / f"stack_{growth_index}.json")
+    return path
+
+
+def save_anchor_and_manifest(folder: Path, rack: Rack, order: list[int]) -> None:
+    """`order[i]` is the growth index of the stack at rack position i."""
+    folder = folder / STACKS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    _atomic_tensors(anchor_state(rack), folder / ANCHOR)
+    _atomic_json({"order": order}, folder / MANIFEST)
+
+
+def _load(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise StackWiseError(f"Missing '{path}'. The saved stacks are incomplete; retrain.")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise StackWiseError(
+            f"'{path}' is corrupted or truncated ({err}). Restore it or retrain."
+        ) from None
+
+
+def _strict_load(module: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
+    own = module.state_dict()
+    if set(own) != set(state) or any(own[k].shape != state[k].shape for k in own):
+        raise StackWiseError(
+            f"'{path}' does not match the model built from config.yaml (other shape or "
+            "names). Use the config saved with these stacks."
+        )
+    module.load_state_dict(state)
+
+
+def rack_from_stacks(config: Config, vocab_size: int, folder: Path) -> Rack:
+    """Rebuild the rack from stacks/ alone: anchor first, then each stack at its position."""
+    root = folder / STACKS_DIR
+    manifest = root / MANIFEST
+    if not manifest.is_file():
+        raise StackWiseError(
+            f"'{folder}' has neither model.safetensors nor {STACKS_DIR}/{MANIFEST}. Pass a "
+            "folder written by `stackwise train`."
+        )
+    order = json.loads(manifest.read_text())["order"]
+    rack = Rack(
+        config.model,
+        vocab_size,
+        config.objective.causal,
+        config.masking.num_time_steps,
+        n_stacks=0,
+    )
+    _strict_load_partial(rack, _load(root / ANCHOR), root / ANCHOR)
+    for g in order:
+        meta = json.loads((root / f"stack_{g}.json").read_text())
+        stack = Stack(config.model, config.objective.causal, meta["n_blocks"])
+        path = root / f"stack_{g}.safetensors"
+        state = _load(path)
+        dtype = next(iter(state.values())).dtype if state else torch.float32
+        stack.to(dtype)
+        _strict_load(stack, state, path)
+        rack.stacks.append(stack)
+    return rack
+
+
+def _strict_load_partial(rack: Rack, state: dict[str, torch.Tensor], path: Path) -> None:
+    own = anchor_state(rack)
+    if set(own) != set(state) or any(own[k].shape != state[k].shape for k in own):
+        raise StackWiseError(
+            f"'{path}' does not match the model built from config.yaml. Use the config saved "
+            "with these stacks."
+        )
+    rack.load_state_dict(state, strict=False)

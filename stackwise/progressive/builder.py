@@ -1,0 +1,134 @@
+"""ProgressiveRackBuilder: grows one Rack stack by stack and decides what trains.
+
+The builder owns a single Rack from the start (embeddings, time embedding, norm and head, with
+no stacks) and inserts stacks into it, so the rack that trains is the rack that is saved: there
+is never a second head or a copy. Roles are tracked by object identity, so prepending (which
+shifts every index) never confuses the new stack with the trunk.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+from stackwise.config import ModelConfig
+from stackwise.model.layers import Stack, init_weights
+from stackwise.model.rack import Rack
+
+Precision = Literal["full", "bf16"]
+PRECISIONS: dict[str, torch.dtype] = {"full": torch.float32, "bf16": torch.bfloat16}
+
+
+def _fixed(p: nn.Parameter) -> bool:
+    """Parameters that never train (the optional frozen random SwiGLU up-projection)."""
+    return bool(getattr(p, "_stackwise_fixed", False))
+
+
+class ProgressiveRackBuilder:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        vocab_size: int,
+        causal: bool,
+        num_time_steps: int | None = None,
+        building_mode: Literal["append", "prepend"] = "append",
+    ) -> None:
+        self.cfg = cfg
+        self.causal = causal
+        self.building_mode = building_mode
+        self.rack = Rack(cfg, vocab_size, causal, num_time_steps, n_stacks=0)
+        self.new_stack: Stack | None = None
+        self.grown: list[Stack] = []  # in the order they were grown (growth index)
+        self.precisions: dict[int, str] = {}  # id(stack) -> precision
+
+    # -- growing ------------------------------------------------------------------------------
+
+    def _make_stack(self, n_blocks: int | None, precision: Precision) -> Stack:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision '{precision}' is not one of {sorted(PRECISIONS)}")
+        stack = Stack(self.cfg, self.causal, n_blocks)
+        init_weights(stack, self.cfg.init_std, self.cfg.n_layers, self.cfg.d_model)
+        for p in stack.parameters():
+            if not p.requires_grad:
+                p._stackwise_fixed = True  # type: ignore[attr-defined]
+        device = self.rack.embed_tokens.weight.device
+        stack.to(device=device, dtype=PRECISIONS[precision])
+        self.precisions[id(stack)] = precision
+        self.grown.append(stack)
+        self.new_stack = stack
+        return stack
+
+    def append_stack(self, n_blocks: int | None = None, precision: Precision = "full") -> Stack:
+        """A new stack after the trunk (next to the head): the trunk's output feeds it."""
+        stack = self._make_stack(n_blocks, precision)
+        self.rack.stacks.append(stack)
+        return stack
+
+    def prepend_stack(self, n_blocks: int | None = None, precision: Precision = "full") -> Stack:
+        """A new stack before the trunk (next to the embeddings): it feeds the trunk."""
+        stack = self._make_stack(n_blocks, precision)
+        self.rack.stacks.insert(0, stack)
+        return stack
+
+    def add_stack(self, n_blocks: int | None = None, precision: Precision = "full") -> Stack:
+        if self.building_mode == "append":
+            return self.append_stack(n_blocks, precision)
+        return self.prepend_stack(n_blocks, precision)
+
+    # -- roles --------------------------------------------------------------------------------
+
+    @property
+    def trunk(self) -> list[Stack]:
+        """Every stack except the new one, in rack order."""
+        return [s for s in self.rack.stacks if s is not self.new_stack]
+
+    def position(self, stack: Stack) -> int:
+        for i, s in enumerate(self.rack.stacks):
+            if s is stack:
+                return i
+        raise ValueError("this stack is not part of the rack")
+
+    def growth_index(self, stack: Stack) -> int:
+        return next(i for i, s in enumerate(self.grown) if s is stack)
+
+    def anchor_modules(self) -> list[nn.Module]:
+        """Embeddings, time embedding, final norm and (untied) head: shared by every stack."""
+        mods: list[nn.Module] = [self.rack.embed_tokens, self.rack.norm]
+        if self.rack.time_embed is not None:
+            mods.append(self.rack.time_embed)
+        if self.rack.lm_head is not None:
+            mods.append(self.rack.lm_head)
+        return mods
+
+    @staticmethod
+    def _set(module: nn.Module, trainable: bool) -> None:
+        for p in module.parameters():
+            p.requires_grad_(trainable and not _fixed(p))
+
+    def set_trainable(self, stack: Stack, trainable: bool) -> None:
+        self._set(stack, trainable)
+
+    def set_anchor_trainable(self, trainable: bool) -> None:
+        for mod in self.anchor_modules():
+            self._set(mod, trainable)
+
+    def freeze_trunk(self) -> None:
+        """Trunk stacks get no gradients; the new stack trains."""
+        for stack in self.trunk:
+            self._set(stack, False)
+        if self.new_stack is not None:
+            self._set(self.new_stack, True)
+
+    def freeze_all_but_lora(self) -> None:
+        """Only LoRA adapter weights (PEFT's `lora_` parameters) stay trainable."""
+        for name, p in self.rack.named_parameters():
+            p.requires_grad_("lora_" in name and not _fixed(p))
+
+    def trainable_names(self) -> set[str]:
+        return {n for n, p in self.rack.named_parameters() if p.requires_grad}
+
+    def build_rack(self) -> Rack:
+        """The very rack that was trained (same modules, same head, same embeddings)."""
+        return self.rack

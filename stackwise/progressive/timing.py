@@ -1,0 +1,54 @@
+"""Time as depth: which noise range (t_lo, t_hi] each stack trains at.
+
+Stacks are numbered by growth order g = 0, 1, ... and every mapping makes t grow with g. In
+append mode stack g sits at position g, so noise runs low to high from the embeddings towards
+the head; in prepend mode stack g sits before all earlier ones, so the finished rack runs from
+high noise at the embeddings to low noise next to the head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from stackwise.config import ProgressiveConfig
+
+# (growth index, number of stacks, num_time_steps or None) -> t, or (t_lo, t_hi)
+TimeMapping = Callable[[int, int, int | None], float | tuple[float, float]]
+
+
+def _as_range(value: float | tuple[float, float] | list[float]) -> tuple[float, float]:
+    if isinstance(value, float | int):
+        return float(value), float(value)
+    lo, hi = value
+    return float(lo), float(hi)
+
+
+def depth_range(
+    index: int,
+    n_stacks: int,
+    cfg: ProgressiveConfig,
+    num_time_steps: int | None = None,
+    mapping: TimeMapping | None = None,
+) -> tuple[float, float]:
+    """The t range stack `index` (growth order) of `n_stacks` trains at."""
+    if not 0 <= index < n_stacks:
+        raise ValueError(f"stack {index} is outside 0..{n_stacks - 1}")
+    if mapping is not None:
+        lo, hi = _as_range(mapping(index, n_stacks, num_time_steps))
+    elif cfg.depth_mapping == "custom":
+        assert cfg.depth_time_table is not None
+        lo, hi = _as_range(cfg.depth_time_table[index])
+    elif cfg.depth_mapping == "exponential":
+        g = cfg.depth_growth
+        total = g**n_stacks - 1.0
+        lo, hi = (g**index - 1.0) / total, (g ** (index + 1) - 1.0) / total
+    elif cfg.time_per_stack is not None and num_time_steps is not None:
+        w = cfg.time_per_stack
+        lo, hi = index * w / num_time_steps, (index + 1) * w / num_time_steps
+    else:
+        lo, hi = index / n_stacks, (index + 1) / n_stacks
+    if not 0.0 <= lo <= hi <= 1.0:
+        raise ValueError(
+            f"time mapping gave ({lo}, {hi}) for stack {index}; need 0 <= lo <= hi <= 1"
+        )
+    return lo, hi

@@ -1,0 +1,422 @@
+"""ProgressiveTrainer: grow a rack one stack at a time, each stage run by the foundation Trainer.
+
+For stack g (in growth order) it adds the stack, sets what trains (new stack; trunk per
+`trunk_strategy`; embeddings and head per `head_policy`), builds that stack's objective (its
+overrides, and its noise range when time is depth), and trains it for its budget. Each stage
+logs under `<run>/stack_<g>/` (so TensorBoard shows one curve per stack), saves the stack as it
+finishes, and adds a row to the per-stack history.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+
+from stackwise.config import Config, save_config, stack_config
+from stackwise.data.pack import PreparedData
+from stackwise.errors import StackWiseError
+from stackwise.model.rack import Rack, count_parameters
+from stackwise.model.stack_files import save_anchor_and_manifest, save_stack
+from stackwise.objectives import Diffusion, Objective, build_objective
+from stackwise.progressive.builder import ProgressiveRackBuilder
+from stackwise.progressive.cache import ActivationCache
+from stackwise.progressive.stage import KeyedSamples, StageModel, advance_cache
+from stackwise.progressive.timing import TimeMapping, depth_range
+from stackwise.train.checkpoint import save_model
+from stackwise.train.trainer import (
+    Trainer,
+    eval_generator,
+    evaluate_model,
+    make_accelerator,
+    prepare_output_dir,
+    resolve_output_dir,
+)
+
+HISTORY = "progressive_history.json"
+
+
+@dataclass
+class StackRecord:
+    index: int
+    position: int
+    steps: int
+    tokens: int
+    seconds: float
+    trainable_params: int
+    t_range: tuple[float, float] | None
+    train_loss: float | None
+    eval: dict[str, float]
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+@dataclass
+class ProgressiveResult:
+    rack: Rack
+    output_dir: Path
+    stacks: list[StackRecord]
+    final_eval: dict[str, float]
+    joint: dict[str, Any] | None = None
+
+
+def _with(config: Config, **sections: dict[str, Any]) -> Config:
+    data = config.model_dump(mode="json")
+    for sec, values in sections.items():
+        data[sec] = {**data[sec], **values}
+    return Config.model_validate(data)
+
+
+class ProgressiveTrainer:
+    def __init__(
+        self,
+        config: Config,
+        data: PreparedData,
+        output_dir: str | Path | None = None,
+        time_mapping: TimeMapping | None = None,
+        quiet: bool = False,
+    ) -> None:
+        if config.model.vocab_size is None:
+            raise ValueError("resolve model.vocab_size from the tokenizer first")
+        self.config, self.data, self.quiet = config, data, quiet
+        self.p = config.progressive
+        self.time_mapping = time_mapping
+        self.output_dir = Path(output_dir) if output_dir else resolve_output_dir(config)
+        self.accelerator: Accelerator = make_accelerator(config.train.mixed_precision)
+        if self.accelerator.is_main_process:
+            prepare_output_dir(self.output_dir, config.train.overwrite_output_dir)
+        self.accelerator.wait_for_everyone()
+        self.builder = ProgressiveRackBuilder(
+            config.model,
+            config.model.vocab_size,
+            config.objective.causal,
+            config.masking.num_time_steps,
+            self.p.building_mode,
+        )
+        self.builder.rack.to(self.accelerator.device)
+        self.cache: ActivationCache | None = None
+        self._cache_signature: Any = None
+        self.records: list[StackRecord] = []
+
+    # -- per-stack settings -------------------------------------------------------------------
+
+    def t_range(self, index: int, n_stacks: int) -> tuple[float, float] | None:
+        if self.config.objective.name != "diffusion" or self.p.time_interpretation != "depth":
+            return None
+        return depth_range(
+            index, n_stacks, self.p, self.config.masking.num_time_steps, self.time_mapping
+        )
+
+    def objective_for(self, cfg: Config, t_range: tuple[float, float] | None) -> Objective:
+        obj = build_objective(cfg, self.data.specials)
+        if t_range is not None:
+            assert isinstance(obj, Diffusion)
+            obj = obj.with_range(*t_range)
+        return obj
+
+    def budget(self, index: int, n_items: int, n_stacks: int) -> int:
+        over = self.p.stacks.get(index)
+        tc = self.config.train
+        per_step = tc.batch_size * tc.grad_accum_steps * self.accelerator.num_processes
+        epochs = over.epochs if over and over.epochs else self.p.epochs_per_stack
+        if over and over.steps:
+            return over.steps
+        if (over and over.epochs) or (self.p.epochs_per_stack and not self.p.steps_per_stack):
+            assert epochs is not None
+            return max(1, math.ceil(epochs * n_items / per_step))
+        if self.p.steps_per_stack:
+            return self.p.steps_per_stack
+        return max(1, tc.max_steps // n_stacks)
+
+    def set_roles(self, index: int) -> None:
+        b, p = self.builder, self.p
+        for stack in b.trunk:
+            b.set_trainable(stack, p.trunk_strategy == "full")
+        assert b.new_stack is not None
+        b.set_trainable(b.new_stack, True)
+        anchor = {"train_first": index == 0, "always": True, "frozen": False}[p.head_policy]
+        b.set_anchor_trainable(anchor)
+
+    # -- cache --------------------------------------------------------------------------------
+
+    def _variants(self, objective: Objective) -> tuple[int, list[float] | None]:
+        c = self.p.cache
+        if c.store_all_time_steps:
+            assert isinstance(objective, Diffusion) and objective.num_time_steps
+            steps = objective.grid_steps()
+            return len(steps), [(k + 1) / objective.num_time_steps for k in steps]
+        return c.time_step_cache_size, None
+
+    def prepare_cache(self, cfg: Config, objective: Objective, model: StageModel) -> int:
+        """Make the cache ready for this stage; returns entries carried over incrementally."""
+        c = self.p.cache
+        variants, _ = self._variants(objective)
+        n_keys = len(self.data.train) * variants
+        signature = (
+            cfg.objective.model_dump_json(),
+            cfg.masking.model_dump_json(),
+            getattr(objective, "t_range", None),
+            variants,
+            cfg.train.seed,
+        )
+        if self.cache is None:
+            folder = None
+            if c.storage == "disk":
+                folder = Path(c.dir) if c.dir else self.output_dir / "cache"
+                folder = folder / f"rank{self.accelerator.process_index}"
+            self.cache = ActivationCache(
+                n_keys,
+                cfg.data.seq_len,
+                cfg.model.d_model,
+                c.dtype,
+                c.storage,
+                folder,
+                c.max_bytes,
+                c.on_full,
+                c.mode,
+            )
+        carried = 0
+        b = model.boundary
+        if signature == self._cache_signature and b - 1 in self.cache.stores:
+            # same corrupted inputs as the last stage: push its entries through the new trunk
+            # stack instead of recomputing the whole trunk on the next misses
+            carried = advance_cache(
+                self.cache,
+                b - 1,
+                model.before[-1],
+                self.builder.rack,
+                self.accelerator.device,
+                self.accelerator.autocast,
+            )
+        else:  # other inputs (objective, noise range, seed): every stored state is stale
+            self.cache.drop_except(-1)
+        self._cache_signature = signature
+        return carried
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def _log(self, msg: str) -> None:
+        if not self.quiet and self.accelerator.is_main_process:
+            print(msg, flush=True)
+
+    def train_stage(self, index: int, n_stacks: int) -> StackRecord:
+        p, b, acc = self.p, self.builder, self.accelerator
+        new = b.add_stack(precision=p.new_stack_precision)
+        self.set_roles(index)
+        cfg = stack_config(self.config, index)
+        t_range = self.t_range(index, n_stacks)
+        objective = self.objective_for(cfg, t_range)
+        use_cache = p.cache.enabled and index > 0
+        cache = None
+        if use_cache:
+            probe = StageModel(b.rack, new)
+            carried = self.prepare_cache(cfg, objective, probe)
+            cache = self.cache
+            variants, times = self._variants(objective)
+            train_data: Any = KeyedSamples(self.data.train, variants, cfg.train.seed, times)
+        else:
+            carried = 0
+            train_data = self.data.train
+        steps = self.budget(index, len(train_data), n_stacks)
+        cfg = _with(
+            cfg,
+            train={
+                "max_steps": steps,
+                "seed": cfg.train.seed + index,
+                "output_dir": str(self.output_dir / f"stack_{index}"),
+                "overwrite_output_dir": True,
+            },
+            logging={"run_name": None},
+        )
+        model = StageModel(b.rack, new, cache, acc.mixed_precision)
+        before = cache.stats.as_dict() if cache else {}
+        calls_before = cache.trunk_calls if cache else 0
+        self._log(
+            f"stack {index + 1}/{n_stacks} at position {b.position(new)}: {steps} steps, "
+            f"{count_parameters(b.rack, trainable_only=True):,} trainable parameters"
+            + (f", t in ({t_range[0]:.3f}, {t_range[1]:.3f}]" if t_range else "")
+            + (f", cache carried {carried:,} entries" if use_cache else "")
+        )
+        trainer = Trainer(cfg, model, objective, train_data, self.data.val, accelerator=acc)
+        trainer.progress_desc = f"stack {index + 1}/{n_stacks}"
+        trainer.eval_seed = self.config.train.seed
+        start = time.perf_counter()
+        state = trainer.train()
+        seconds = time.perf_counter() - start
+        losses = [h for h in state.history if "loss" in h]
+        cache_info: dict[str, Any] = {}
+        if cache is not None:
+            now = cache.stats.as_dict()
+            cache_info = {k: now[k] - before.get(k, 0) for k in now}
+            cache_info["trunk_forwards"] = cache.trunk_calls - calls_before
+            cache_info["bytes"] = cache.nbytes
+            cache_info["carried"] = carried
+        record = StackRecord(
+            index=index,
+            position=b.position(new),
+            steps=state.step,
+            tokens=state.tokens_seen,
+            seconds=round(seconds, 3),
+            trainable_params=count_parameters(b.rack, trainable_only=True),
+            t_range=t_range,
+            train_loss=trainer.last_train_loss,
+            eval=losses[-1] if losses else {},
+            cache=cache_info,
+        )
+        if p.save_stacks and acc.is_main_process:
+            self.save_stacks(changed_only=p.trunk_strategy != "full")
+        acc.wait_for_everyone()
+        return record
+
+    def save_stacks(self, changed_only: bool) -> None:
+        """The new stack (and, when the trunk trains too, every stack) plus anchor/manifest."""
+        b = self.builder
+        order = [b.growth_index(s) for s in b.rack.stacks]
+        todo = [b.new_stack] if changed_only else list(b.rack.stacks)
+        for stack in todo:
+            assert stack is not None
+            g = b.growth_index(stack)
+            save_stack(
+                self.output_dir,
+                g,
+                stack,
+                {
+                    "position": b.position(stack),
+                    "precision": b.precisions[id(stack)],
+                    "t_range": self.t_range(g, self.config.model.n_stacks),
+                },
+            )
+        save_anchor_and_manifest(self.output_dir, b.rack, order)
+
+    def joint_tuning(self) -> dict[str, Any]:
+        """mode fused: every parameter trains together, ordinary backprop over the rack."""
+        rack = self.builder.rack
+        for p in rack.parameters():
+            p.requires_grad_(not getattr(p, "_stackwise_fixed", False))
+        steps = self.p.joint_tuning_steps
+        cfg = _with(
+            self.config,
+            train={
+                "max_steps": steps,
+                "seed": self.config.train.seed + 10_000,
+                "output_dir": str(self.output_dir / "joint"),
+                "overwrite_output_dir": True,
+            },
+            logging={"run_name": None},
+        )
+        self._log(f"joint tuning of the whole rack: {steps} steps")
+        objective = build_objective(self.config, self.data.specials)
+        trainer = Trainer(
+            cfg, rack, objective, self.data.train, self.data.val, accelerator=self.accelerator
+        )
+        trainer.progress_desc = "joint"
+        trainer.eval_seed = self.config.train.seed
+        start = time.perf_counter()
+        state = trainer.train()
+        evals = [h for h in state.history if "loss" in h]
+        return {
+            "steps": state.step,
+            "tokens": state.tokens_seen,
+            "seconds": round(time.perf_counter() - start, 3),
+            "eval": evals[-1] if evals else {},
+        }
+
+    def final_eval(self) -> dict[str, float]:
+        """The grown rack on the base objective (full noise range), like any other model."""
+        rack = self.builder.rack
+        objective = build_objective(self.config, self.data.specials)
+        acc = self.accelerator
+        gen = torch.Generator(device=acc.device)
+        seed = self.config.train.seed
+        out = evaluate_model(
+            rack,
+            objective,
+            self.data.val,
+            acc,
+            self.config.train,
+            rack.uses_time,
+            lambda i: eval_generator(gen, seed, i, acc.process_index),
+        )
+        rack.train()
+        return out
+
+    def train_progressively(self, target_stacks: int | None = None) -> ProgressiveResult:
+        n = target_stacks or self.config.model.n_stacks
+        if n > self.config.model.n_stacks:
+            raise StackWiseError(
+                f"target_stacks={n} exceeds model.n_stacks={self.config.model.n_stacks}, which "
+                "sets the depth used to scale initialisation and the noise mapping."
+            )
+        for index in range(len(self.builder.grown), n):
+            record = self.train_stage(index, n)
+            self.records.append(record)
+            self.write_history()
+        joint = self.joint_tuning() if self.p.mode == "fused" else None
+        final = self.final_eval()
+        self.joint = joint
+        self.final = final
+        self.write_history()
+        if self.cache is not None:
+            self.cache.close()
+        return ProgressiveResult(self.builder.rack, self.output_dir, self.records, final, joint)
+
+    def write_history(self) -> None:
+        if not self.accelerator.is_main_process:
+            return
+        data = {
+            "stacks": [r.as_dict() for r in self.records],
+            "joint": getattr(self, "joint", None),
+            "final_eval": getattr(self, "final", None),
+        }
+        (self.output_dir / HISTORY).write_text(json.dumps(data, indent=1))
+
+    def save(self, tokenizer: Any = None) -> Path:
+        """config.yaml, tokenizer/, the full rack (save_rack) and stacks/ (save_stacks)."""
+        acc = self.accelerator
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            out = self.output_dir
+            save_config(self.config, out / "config.yaml")
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(out / "tokenizer"))
+            if self.p.save_rack:
+                save_model(self.builder.rack, out)
+            if self.p.save_stacks:  # final positions (prepend shifts them) and joint tuning
+                self.save_stacks(changed_only=False)
+        acc.wait_for_everyone()
+        return self.output_dir
+
+
+def summary_table(result: ProgressiveResult) -> str:
+    """One row per stack: steps, tokens, time, its eval, the cache's work."""
+    head = (
+        f"{'stack':>5} {'pos':>3} {'steps':>6} {'tokens':>10} {'time s':>7} {'t range':>13} "
+        f"{'val loss':>8} {'nelbo/ppl':>9} {'cache hit%':>10}"
+    )
+    rows = [head, "-" * len(head)]
+    for r in result.stacks:
+        ev = r.eval
+        metric = ev.get("nelbo", ev.get("ppl", float("nan")))
+        tr = f"({r.t_range[0]:.2f},{r.t_range[1]:.2f}]" if r.t_range else "all"
+        c = r.cache
+        hit = f"{100 * c['hits'] / max(1, c['hits'] + c['misses']):.0f}%" if c else "-"
+        rows.append(
+            f"{r.index:>5} {r.position:>3} {r.steps:>6} {r.tokens:>10,} {r.seconds:>7.1f} "
+            f"{tr:>13} {ev.get('loss', float('nan')):>8.3f} {metric:>9.3f} {hit:>10}"
+        )
+    f = result.final_eval
+    if f:
+        metric = f.get("nelbo", f.get("ppl", float("nan")))
+        rows.append(
+            f"final rack (full noise range): val loss {f['loss']:.3f}, "
+            + (f"NELBO {metric:.3f}" if "nelbo" in f else f"ppl {metric:.2f}")
+        )
+    return "\n".join(rows)

@@ -1,0 +1,72 @@
+"""`stackwise train` with no config grows the default 4-stack diffusion preset (shortened here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from test_cli import ENV, explain
+
+from stackwise.cli import resolve_config_path
+from stackwise.config import load_config
+
+SHORT = [
+    "data.num_samples=64",
+    "train.batch_size=8",
+    "train.eval_batches=1",
+    "progressive.steps_per_stack=4",
+    "progressive.stacks.0.steps=4",
+    "logging.progress_bar=always",
+    "sample.max_new_tokens=8",
+    "sample.steps=4",
+]
+
+
+def test_default_train_grows_four_stacks_with_curves_saved_stacks_and_samples(tmp_path):
+    preset = load_config(resolve_config_path(None))  # the default preset
+    assert preset.progressive.strategy == "progressive" and preset.model.n_stacks == 4
+    assert preset.objective.name == "diffusion" and preset.progressive.cache.enabled
+    proc = subprocess.run(
+        [sys.executable, "-m", "stackwise.cli", "train", *SHORT],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, explain(proc)
+    (run,) = (tmp_path / "outputs").iterdir()
+    for k in range(4):
+        assert (run / "stacks" / f"stack_{k}.safetensors").is_file()
+        assert any((run / f"stack_{k}" / "tensorboard").iterdir())  # one TB curve per stack
+        assert f"stack {k + 1}/4" in proc.stderr  # a progress bar per stack
+    table = proc.stdout[proc.stdout.index("stack pos") :]
+    assert len([ln for ln in table.splitlines() if ln.strip()[:1].isdigit()]) == 4
+    assert "final rack (full noise range)" in proc.stdout
+    assert proc.stdout.count("--- sample") == 2
+    hist = json.loads((run / "progressive_history.json").read_text())
+    assert [s["steps"] for s in hist["stacks"]] == [4, 4, 4, 4]
+    assert hist["stacks"][3]["cache"]["hits"] > 0  # later stacks read the cached trunk
+
+    gen = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stackwise.cli",
+            "generate",
+            "--checkpoint",
+            str(run),
+            "--prompt",
+            "The king",
+            "--max-new-tokens",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+        check=False,
+    )
+    assert gen.returncode == 0 and gen.stdout.strip(), explain(gen)

@@ -1,0 +1,355 @@
+"""Data: the default corpus, local files in every format, packing, tokenizers, and data errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import make_corpus
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+import stackwise.data.tokenizer as tokmod
+from stackwise.config import DataConfig
+from stackwise.data.corpus import shakespeare_dir, shakespeare_documents
+from stackwise.data.pack import build_data, pack_stream, to_blocks
+from stackwise.data.sources import load_documents
+from stackwise.data.tokenizer import SPECIALS, corpus_tokenizer, train_bpe
+from stackwise.errors import StackWiseError
+
+DOCS = [make_corpus(40, seed=s) for s in range(3)]
+
+
+def files_cfg(files: list[Path], cache: Path, **kw: Any) -> DataConfig:
+    base: dict[str, Any] = {
+        "source": "files",
+        "files": [str(f) for f in files],
+        "seq_len": 32,
+        "bpe_vocab_size": 300,
+        "cache_dir": str(cache),
+    }
+    base.update(kw)
+    return DataConfig(**base)
+
+
+def texts_of(files: list[Path], cache: Path, **kw: Any) -> list[str]:
+    return [t for _, t in load_documents(files_cfg(files, cache, **kw))]
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def stream_of(data_texts: list[str], tok: Any) -> torch.Tensor:
+    ids = tok(data_texts, add_special_tokens=False)["input_ids"]
+    return pack_stream(ids, tok.eos_token_id)
+
+
+# --- the default corpus ----------------------------------------------------------------------
+
+
+def test_default_corpus_is_the_gutenberg_texts_only():
+    folder = shakespeare_dir()  # the real default cache: downloaded once per machine
+    names = sorted(p.name for p in folder.glob("*"))
+    assert len(names) >= 30
+    assert all(n.endswith("_gut.txt") for n in names), names
+    assert not any(n.endswith("_f.txt") or "_f_" in n for n in names)
+    assert "hamlet_gut.txt" in names and "sonnets_gut.txt" in names
+    hamlet = (folder / "hamlet_gut.txt").read_text(encoding="utf-8")
+    assert "Hamlet" in hamlet and len(hamlet) > 100_000
+    # a second call reuses the cache (same folder, no second download)
+    assert shakespeare_dir() == folder
+    docs = shakespeare_documents()
+    assert [n for n, _ in docs] == names
+
+
+def test_default_split_is_deterministic_and_val_is_the_stream_tail():
+    cfg = DataConfig()
+    a, b = build_data(cfg), build_data(cfg)
+    assert torch.equal(a.train.blocks, b.train.blocks)
+    assert torch.equal(a.val.blocks, b.val.blocks)
+    assert a.n_documents == 42
+
+    texts = [t for _, t in shakespeare_documents()]
+    stream = stream_of(texts, a.tokenizer)
+    assert stream.numel() == a.n_tokens
+    n_val = max(cfg.seq_len, int(stream.numel() * cfg.val_fraction))
+    n_train = a.train.blocks.numel()
+    # train is the head of the stream, val the tail, and they do not overlap
+    assert n_train <= stream.numel() - n_val
+    assert torch.equal(a.train.blocks.flatten(), stream[:n_train])
+    tail = stream[-n_val:]
+    assert torch.equal(a.val.blocks.flatten(), tail[: a.val.blocks.numel()])
+    assert a.val.blocks.numel() >= n_val - cfg.seq_len
+    assert a.train.blocks.shape[1] == a.val.blocks.shape[1] == cfg.seq_len
+
+
+# --- local files -----------------------------------------------------------------------------
+
+
+def test_txt_jsonl_json_and_parquet_all_load(tmp_path, cache_dir):
+    txt = tmp_path / "a.txt"
+    txt.write_text(DOCS[0], encoding="utf-8")
+    jsonl = write_jsonl(tmp_path / "b.jsonl", [{"text": d} for d in DOCS])
+    js = tmp_path / "c.json"
+    js.write_text(json.dumps([{"text": d, "n": i} for i, d in enumerate(DOCS)]), "utf-8")
+    pqt = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"text": DOCS, "id": [1, 2, 3]}), pqt)
+
+    # a .txt file is one document, kept whole
+    assert texts_of([txt], cache_dir) == [DOCS[0]]
+    assert texts_of([jsonl], cache_dir) == DOCS
+    assert texts_of([js], cache_dir) == DOCS
+    assert texts_of([pqt], cache_dir) == DOCS
+    # several files: in the order given, each document named by its file
+    docs = load_documents(files_cfg([pqt, txt], cache_dir))
+    assert [n for n, _ in docs] == [str(pqt)] * 3 + [str(txt)]
+    data = build_data(files_cfg([txt, jsonl, js, pqt], cache_dir))
+    assert data.n_documents == 1 + 3 + 3 + 3
+    assert len(data.train) > 0 and len(data.val) > 0
+
+
+def test_text_field_as_a_name_and_as_a_list(tmp_path, cache_dir):
+    rows = [
+        {"title": "Title one", "body": "Body one.", "other": 1},
+        {"title": "Title two", "body": "Body two."},
+        {"title": None, "body": "Only a body."},
+    ]
+    path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    assert texts_of([path], cache_dir, text_field="body") == [
+        "Body one.",
+        "Body two.",
+        "Only a body.",
+    ]
+    assert texts_of([path], cache_dir, text_field=["title", "body"]) == [
+        "Title one\n\nBody one.",
+        "Title two\n\nBody two.",
+        "Only a body.",
+    ]
+    pqt = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"q": ["a?", "b?"], "a": ["A.", "B."]}), pqt)
+    assert texts_of([pqt], cache_dir, text_field=["q", "a"]) == ["a?\n\nA.", "b?\n\nB."]
+
+
+def test_format_override_reads_an_odd_suffix(tmp_path, cache_dir):
+    odd = write_jsonl(tmp_path / "corpus.data", [{"text": d} for d in DOCS])
+    with pytest.raises(StackWiseError, match="format"):
+        texts_of([odd], cache_dir)
+    assert texts_of([odd], cache_dir, format="json") == DOCS
+    raw = tmp_path / "corpus.log"
+    raw.write_text(DOCS[1], encoding="utf-8")
+    assert texts_of([raw], cache_dir, format="text") == [DOCS[1]]
+
+
+# --- packing ---------------------------------------------------------------------------------
+
+
+def test_pack_stream_puts_eos_after_every_document():
+    stream = pack_stream([[5, 6], [], [7, 8, 9]], eos_id=2)
+    assert stream.tolist() == [5, 6, 2, 2, 7, 8, 9, 2]
+    assert to_blocks(stream, 3).tolist() == [[5, 6, 2], [2, 7, 8]]
+
+
+def test_documents_are_eos_separated_in_fixed_length_blocks(tmp_path, cache_dir):
+    path = write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in DOCS])
+    cfg = files_cfg([path], cache_dir, seq_len=16, val_fraction=0.1)
+    data = build_data(cfg)
+    tok = data.tokenizer
+    eos = tok.eos_token_id
+    ids = [tok(d, add_special_tokens=False)["input_ids"] for d in DOCS]
+    assert all(eos not in x for x in ids)
+    expected = torch.tensor(ids[0] + [eos] + ids[1] + [eos] + ids[2] + [eos])
+    assert data.n_tokens == expected.numel()
+    both = torch.cat([data.train.blocks.flatten(), data.val.blocks.flatten()])
+    # the head of the stream is exactly document, EOS, document, ...
+    assert torch.equal(data.train.blocks.flatten(), expected[: data.train.blocks.numel()])
+    assert int((both == eos).sum()) <= 3
+    assert int((data.train.blocks == eos).sum()) >= 2  # both boundaries fall in train
+    assert data.train.blocks.shape[1] == data.val.blocks.shape[1] == 16
+    item = data.train[0]["input_ids"]
+    assert item.shape == (16,) and item.dtype == torch.long
+
+
+def test_num_samples_caps_the_training_sequences(tmp_path, cache_dir):
+    path = tmp_path / "c.txt"
+    path.write_text(make_corpus(200), encoding="utf-8")
+    full = build_data(files_cfg([path], cache_dir))
+    assert len(full.train) > 10
+    capped = build_data(files_cfg([path], cache_dir, num_samples=10))
+    assert len(capped.train) == 10
+    assert torch.equal(capped.train.blocks, full.train.blocks[:10])
+    assert torch.equal(capped.val.blocks, full.val.blocks)  # the cap leaves validation alone
+    bigger = build_data(files_cfg([path], cache_dir, num_samples=10**6))
+    assert len(bigger.train) == len(full.train)
+
+
+# --- tokenizers ------------------------------------------------------------------------------
+
+
+def test_trained_bpe_has_distinct_special_tokens():
+    tok = train_bpe([make_corpus(100)], 300)
+    ids = {name: getattr(tok, f"{name}_id") for name in SPECIALS}
+    assert all(isinstance(i, int) for i in ids.values()), ids
+    assert len(set(ids.values())) == 4
+    assert {getattr(tok, name) for name in SPECIALS} == set(SPECIALS.values())
+    assert len(tok) <= 300
+    text = "The king hath a sweet crown."
+    assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
+
+
+def test_bpe_is_cached_by_corpus_hash_and_vocab_size(tmp_path, monkeypatch):
+    texts = [make_corpus(120, seed=7)]
+    cache = tmp_path / "cache"
+    first = corpus_tokenizer(texts, 300, str(cache))
+    entries = sorted((cache / "tokenizers").iterdir())
+    assert len(entries) == 1 and (entries[0] / "tokenizer.json").is_file()
+    assert entries[0].name.endswith("-300")
+
+    def no_training(*_: Any, **__: Any) -> Any:
+        raise AssertionError("retrained a cached tokenizer")
+
+    monkeypatch.setattr(tokmod, "train_bpe", no_training)
+    second = corpus_tokenizer(texts, 300, str(cache))  # must come from the cache
+    sample = texts[0][:500]
+    assert second(sample)["input_ids"] == first(sample)["input_ids"]
+    assert second.get_vocab() == first.get_vocab()
+    for name in SPECIALS:
+        assert getattr(second, f"{name}_id") == getattr(first, f"{name}_id")
+
+    # a different vocab size, or a different corpus, is a new entry: training is attempted
+    with pytest.raises(AssertionError, match="retrained"):
+        corpus_tokenizer(texts, 320, str(cache))
+    with pytest.raises(AssertionError, match="retrained"):
+        corpus_tokenizer([texts[0] + "x"], 300, str(cache))
+    monkeypatch.undo()
+    corpus_tokenizer(texts, 320, str(cache))
+    names = sorted(p.name for p in (cache / "tokenizers").iterdir())
+    assert len(names) == 2 and {n.rsplit("-", 1)[1] for n in names} == {"300", "320"}
+
+
+def test_build_data_uses_the_cache_dir_for_its_tokenizer(tmp_path, monkeypatch):
+    path = tmp_path / "c.txt"
+    path.write_text(make_corpus(80, seed=3), encoding="utf-8")
+    cfg = files_cfg([path], tmp_path / "cache")
+    a = build_data(cfg)
+    monkeypatch.setattr(tokmod, "train_bpe", lambda *_: pytest.fail("retrained"))
+    b = build_data(cfg)
+    assert torch.equal(a.train.blocks, b.train.blocks)
+
+
+def test_local_hf_tokenizer_dir_gets_missing_specials(tmp_path, cache_dir, monkeypatch):
+    raw = Tokenizer(models.BPE(unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    raw.train_from_iterator(
+        [make_corpus(100)],
+        trainer=trainers.BpeTrainer(vocab_size=200, special_tokens=["[UNK]", "</s>"]),
+    )
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", eos_token="</s>")
+    folder = tmp_path / "my-tokenizer"
+    tok.save_pretrained(str(folder))
+    n_before = len(tok)
+    eos_before = tok.eos_token_id
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(make_corpus(100), encoding="utf-8")
+    cfg = DataConfig(
+        source="files",
+        files=[str(corpus)],
+        seq_len=16,
+        tokenizer=str(folder),
+        cache_dir=str(cache_dir),
+    )
+    monkeypatch.setattr(tokmod, "train_bpe", lambda *_: pytest.fail("trained a BPE"))
+    data = build_data(cfg)
+    got = data.tokenizer
+    assert got.eos_token == "</s>" and got.eos_token_id == eos_before  # kept, not replaced
+    assert got.pad_token == "<pad>" and got.bos_token == "<bos>" and got.mask_token == "<mask>"
+    assert len(got) == n_before + 3
+    sp = data.specials
+    assert len({sp.pad_id, sp.bos_id, sp.eos_id, sp.mask_id}) == 4
+    assert sp.vocab_size == len(got)
+    # the corpus was encoded with this tokenizer (EOS between documents is its </s>)
+    ids = got(make_corpus(100), add_special_tokens=False)["input_ids"]
+    assert data.train.blocks.flatten()[:50].tolist() == ids[:50]
+
+
+# --- errors name the file --------------------------------------------------------------------
+
+
+def expect_error(cfg: DataConfig, *needles: str) -> str:
+    with pytest.raises(StackWiseError) as info:
+        build_data(cfg)
+    msg = str(info.value)
+    for n in needles:
+        assert n in msg, (n, msg)
+    return msg
+
+
+def test_missing_and_empty_files(tmp_path, cache_dir):
+    missing = tmp_path / "nope.txt"
+    expect_error(files_cfg([missing], cache_dir), str(missing), "does not exist")
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    expect_error(files_cfg([empty], cache_dir), str(empty), "empty")
+    blank = tmp_path / "blank.txt"
+    blank.write_text("  \n\n  \n", encoding="utf-8")
+    expect_error(files_cfg([blank], cache_dir), str(blank), "no text")
+    blank_rows = write_jsonl(tmp_path / "blank.jsonl", [{"text": None}, {"text": None}])
+    expect_error(files_cfg([blank_rows], cache_dir), str(blank_rows))
+
+
+def test_non_utf8_names_file_and_line(tmp_path, cache_dir):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes(b"first line\nsecond line\nthird caf\xe9 line\n")
+    expect_error(files_cfg([bad], cache_dir), str(bad), "UTF-8", "line 3")
+    bad_json = tmp_path / "latin1.jsonl"
+    bad_json.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+    expect_error(files_cfg([bad_json], cache_dir), str(bad_json), "UTF-8", "line 2")
+    truncated = tmp_path / "cut.txt"
+    truncated.write_bytes("fine text \u00e9".encode()[:-1])
+    expect_error(files_cfg([truncated], cache_dir), str(truncated), "UTF-8")
+
+
+def test_non_utf8_line_is_right_past_the_first_read_chunk(tmp_path, cache_dir):
+    bad = tmp_path / "big.txt"
+    line = b"x" * 99 + b"\n"  # 100 bytes a line; the decoder reads 1 MiB at a time
+    bad.write_bytes(line * 15_000 + b"bad \xff byte\n" + line * 10)
+    expect_error(files_cfg([bad], cache_dir), str(bad), "line 15001", "offset 1500004")
+
+
+def test_invalid_jsonl_names_the_file(tmp_path, cache_dir):
+    bad = tmp_path / "broken.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": "unterminated\n', encoding="utf-8")
+    expect_error(files_cfg([bad], cache_dir), str(bad), "json")
+
+
+def test_missing_text_field_lists_the_fields(tmp_path, cache_dir):
+    path = write_jsonl(tmp_path / "rows.jsonl", [{"body": "a", "title": "b"}])
+    msg = expect_error(files_cfg([path], cache_dir), str(path), "'text'")
+    assert "body" in msg and "title" in msg
+    expect_error(
+        files_cfg([path], cache_dir, text_field=["title", "summary"]), str(path), "'summary'"
+    )
+
+
+def test_non_string_field_is_refused(tmp_path, cache_dir):
+    path = write_jsonl(tmp_path / "nums.jsonl", [{"text": 1}, {"text": 2}])
+    expect_error(files_cfg([path], cache_dir), str(path), "'text'", "int", "row 1")
+    nested = write_jsonl(tmp_path / "nested.jsonl", [{"text": {"a": "b"}}])
+    expect_error(files_cfg([nested], cache_dir), str(nested), "not text")
+
+
+def test_corpus_too_small_for_one_block(tmp_path, cache_dir):
+    small = tmp_path / "small.txt"
+    small.write_text("The king hath a crown.\n", encoding="utf-8")
+    expect_error(
+        files_cfg([small], cache_dir, seq_len=32, bpe_vocab_size=300),
+        str(small),
+        "seq_len",
+    )

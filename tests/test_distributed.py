@@ -1,0 +1,78 @@
+"""`torchrun --nproc_per_node 2 -m stackwise.cli train`: two CPU processes (gloo) train one rack."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from conftest import make_corpus, tiny_dict
+
+from stackwise.train.checkpoint import load_trained
+
+STEPS, BATCH, SEQ_LEN, WORLD = 4, 4, 32, 2
+
+
+def torchrun(root: Path, name: str, **env: str) -> tuple[subprocess.CompletedProcess, Path]:
+    corpus = root / "corpus.txt"
+    if not corpus.exists():
+        corpus.write_text(make_corpus(), encoding="utf-8")
+    out = root / name
+    config = root / f"{name}.yaml"
+    config.write_text(yaml.safe_dump(tiny_dict(corpus, root / "cache", out)))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(WORLD),
+        "-m",
+        "stackwise.cli",
+        "train",
+        str(config),
+        f"train.max_steps={STEPS}",
+        f"train.batch_size={BATCH}",
+        "sample.num_samples=1",
+    ]
+    full_env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")},
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+        **env,
+    }
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=full_env, timeout=180, check=False, cwd=root
+    )
+    return proc, out
+
+
+def check_one_run_in_two_processes(proc: subprocess.CompletedProcess, out: Path) -> None:
+    report = f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    assert proc.returncode == 0, report
+    assert list(out.parent.rglob("model.safetensors")) == [out / "model.safetensors"]
+    history = json.loads((out / "history.json").read_text())
+    assert history["steps"] == STEPS
+    # each optimizer step consumed one batch on each of the two ranks
+    assert history["tokens_seen"] == STEPS * BATCH * SEQ_LEN * WORLD, report
+    assert "device cpu" in proc.stdout
+    # rank 0 alone reports, logs and samples
+    assert proc.stdout.count("StackWise: clm rack") == 1, report
+    assert proc.stdout.count("Saved the trained rack") == 1, report
+    assert proc.stdout.count("--- sample 1 ---") == 1, report
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "val/loss" in r] == [0, 2, 4], rows
+    config, rack, _ = load_trained(out)  # the single checkpoint is whole and loadable
+    assert config.train.max_steps == STEPS
+    assert sum(p.numel() for p in rack.parameters()) > 0
+
+
+def test_plain_torchrun_on_cpu_trains_one_model_in_two_processes(tmp_path):
+    """Plain torchrun, no Accelerate env: the ranks must join one DDP run over gloo."""
+    proc, out = torchrun(tmp_path, "run")
+    check_one_run_in_two_processes(proc, out)
