@@ -11,15 +11,26 @@ from stackwise.model import Block, Rack, Stack
 from stackwise.model.hf import export_llama
 from stackwise.objectives import Objective, Specials, build_objective
 from stackwise.pipeline import RunResult, train_from_config
+from stackwise.progressive import (
+    ActivationCache,
+    LocalLossTrainer,
+    ProgressiveRackBuilder,
+    ProgressiveTrainer,
+    depth_range,
+)
 from stackwise.train import Trainer, build_rack, load_trained
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ActivationCache",
     "Block",
     "Config",
+    "LocalLossTrainer",
     "Objective",
     "PreparedData",
+    "ProgressiveRackBuilder",
+    "ProgressiveTrainer",
     "Rack",
     "RunResult",
     "Specials",
@@ -30,6 +41,7 @@ __all__ = [
     "build_data",
     "build_objective",
     "build_rack",
+    "depth_range",
     "export_llama",
     "load_config",
     "load_trained",
