@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import multiprocessing as mp
 import os
 import platform
 import resource
@@ -53,7 +52,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +61,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 import torch.nn.functional as F
+from _forked import in_fork
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -369,42 +368,11 @@ def run_once(
     return result
 
 
-def _child(
-    conn: Connection,
-    method: str,
-    shape: Shape,
-    plan: Plan,
-    workdir: Path,
-    patches: tuple[str, ...],
-) -> None:
-    try:
-        conn.send((True, run_once(method, shape, plan, workdir, patches)))
-    except BaseException as err:  # report any failure to the parent, then exit
-        conn.send((False, f"{type(err).__name__}: {err}"))
-    finally:
-        conn.close()
-
-
 def run_forked(
     method: str, shape: Shape, plan: Plan, workdir: Path, patches: tuple[str, ...]
 ) -> RunResult:
-    """One repetition in a forked child of the (imports-only) parent, so that every run starts
-    from the same clean process state, heap and allocator thresholds included, as a real
-    training run would, instead of inheriting the memory layout left by the run before it."""
-    ctx = mp.get_context("fork")
-    receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, method, shape, plan, workdir, patches))
-    proc.start()
-    send.close()
-    try:
-        ok, value = receive.recv()
-    except EOFError:
-        proc.join()
-        raise RuntimeError(f"{method} run died (exit code {proc.exitcode})") from None
-    proc.join()
-    if not ok:
-        raise RuntimeError(f"{method} run failed: {value}")
-    return value
+    """One repetition in a fresh forked child (see benchmarks/_forked.py)."""
+    return in_fork(f"{method} run", run_once, method, shape, plan, workdir, patches)
 
 
 Results = dict[str, list[RunResult]]

@@ -18,6 +18,8 @@ from stackwise.progressive import (
     ProgressiveTrainer,
     depth_range,
 )
+from stackwise.quant import add_adapter, merge_adapters, quantize_linears, weight_bytes
+from stackwise.quant.merge import merge_checkpoint
 from stackwise.train import Trainer, build_rack, load_trained
 
 __version__ = "0.1.0"
@@ -38,6 +40,7 @@ __all__ = [
     "StackWiseError",
     "Trainer",
     "__version__",
+    "add_adapter",
     "build_data",
     "build_objective",
     "build_rack",
@@ -45,7 +48,11 @@ __all__ = [
     "export_llama",
     "load_config",
     "load_trained",
+    "merge_adapters",
+    "merge_checkpoint",
+    "quantize_linears",
     "sample_texts",
     "save_config",
     "train_from_config",
+    "weight_bytes",
 ]

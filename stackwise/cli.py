@@ -1,4 +1,4 @@
-"""`stackwise train | generate | config`.
+"""`stackwise train | generate | merge-lora | config`.
 
 User mistakes (StackWiseError) print one paragraph and exit 2; there is no traceback for them.
 """
@@ -87,6 +87,27 @@ def cmd_generate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_merge_lora(ns: argparse.Namespace) -> int:
+    import warnings
+
+    from stackwise.quant.merge import merge_checkpoint
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = merge_checkpoint(ns.checkpoint, ns.out, requantize=ns.requantize)
+    for w in caught:
+        if "merged logits" in str(w.message):
+            print(f"stackwise: warning: {w.message}", file=sys.stderr)
+    kinds = ", ".join(sorted(set(report.storages)))
+    print(
+        f"Merged the adapters of {report.adapters} stack(s) (bases stored as {kinds}) into "
+        f"{ns.out}{' (requantized)' if report.requantized else ''}.\n"
+        f"Logits vs the adapted model: max |diff| {report.max_abs_error:.3g}, relative "
+        f"{report.rel_error:.3g}."
+    )
+    return 0
+
+
 def cmd_config(ns: argparse.Namespace) -> int:
     config = _load(ns.args)
     if ns.action == "show":
@@ -122,6 +143,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, default=None, help="unmasking rounds (mlm/diffusion)")
     g.add_argument("--seed", type=int, default=0)
     g.set_defaults(func=cmd_generate)
+    m = sub.add_parser(
+        "merge-lora",
+        help="fold LoRA adapters into their base and save a plain rack",
+        description=(
+            "Merge every adapter of CHECKPOINT (an output dir of `stackwise train`) into its "
+            "dequantized base and save full-precision safetensors to OUT."
+        ),
+    )
+    m.add_argument("checkpoint", metavar="CHECKPOINT")
+    m.add_argument("out", metavar="OUT")
+    m.add_argument(
+        "--requantize",
+        action="store_true",
+        help="store stacks whose base was quantized in that format again (smaller, lossy)",
+    )
+    m.set_defaults(func=cmd_merge_lora)
     c = sub.add_parser("config", help="show or validate a config")
     c.add_argument("action", choices=["show", "validate"])
     c.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]")

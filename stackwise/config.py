@@ -7,6 +7,7 @@ never silently does nothing.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import itertools
 import json
@@ -211,10 +212,13 @@ class GroupLR(Section):
     blocks: PositiveFloat | None = None
     head: PositiveFloat | None = None
     time: PositiveFloat | None = None
+    lora: PositiveFloat | None = Field(None, description="Every LoRA adapter (the lora_lr).")
 
 
 class TrainConfig(Section):
-    seed: int = 0
+    seed: int = Field(
+        0, ge=0, le=2**31 - 1, description="Below 2^31: stages offset it modulo 2^31."
+    )
     max_steps: PositiveInt = 600
     batch_size: PositiveInt = 16
     grad_accum_steps: PositiveInt = 1
@@ -285,6 +289,93 @@ class SampleConfig(Section):
     steps: PositiveInt = Field(32, description="mlm/diffusion: unmasking iterations.")
 
 
+PrecisionName = Literal["full", "bf16", "fp16", "nf4", "fp8", "nvfp4", "qlora"]
+QUANTIZED = ("nf4", "fp8", "nvfp4", "qlora")
+RankPattern = Literal["constant", "increasing", "decreasing", "linear"]
+
+
+class LoraStackSetting(Section):
+    rank: PositiveInt
+    alpha: PositiveFloat | None = Field(None, description="Default: 2 x rank.")
+
+
+class LoraConfig(Section):
+    """LoRA through PEFT on every linear of a stack (q, k, v, o, gate, up, down)."""
+
+    enabled: bool = False
+    rank: PositiveInt = 8
+    alpha: PositiveFloat = 16.0
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    strategy: Literal["simplified", "progressive", "variable"] = Field(
+        "simplified",
+        description="simplified: one rank; progressive: rank_pattern over stacks; variable: "
+        "per_stack table.",
+    )
+    rank_pattern: RankPattern = Field(
+        "constant",
+        description="progressive: constant r, increasing r*2^k, decreasing r*2^(n-1-k), "
+        "linear r*(k+1).",
+    )
+    alpha_pattern: RankPattern = "constant"
+    per_stack: dict[int, LoraStackSetting] = Field(default_factory=dict)
+    trunk_adapters: bool = Field(
+        False, description="progressive_qlora: one trainable adapter per trunk stack."
+    )
+    trunk_rank: PositiveInt = 4
+    trunk_alpha: PositiveFloat = 8.0
+
+    @model_validator(mode="after")
+    def _relevance(self) -> LoraConfig:
+        if not self.enabled:
+            for name in type(self).model_fields:
+                if name != "enabled" and self.changed(name):
+                    raise ValueError(f"lora.{name} needs lora.enabled: true")
+        if self.strategy != "progressive":
+            for name in ("rank_pattern", "alpha_pattern"):
+                if self.changed(name):
+                    raise ValueError(f"lora.{name} needs lora.strategy: progressive")
+        if self.strategy != "variable" and self.per_stack:
+            raise ValueError("lora.per_stack needs lora.strategy: variable")
+        if self.strategy == "variable" and not self.per_stack:
+            raise ValueError("lora.strategy 'variable' needs lora.per_stack: {stack: {rank: r}}")
+        if not self.trunk_adapters:
+            for name in ("trunk_rank", "trunk_alpha"):
+                if self.changed(name):
+                    raise ValueError(f"lora.{name} needs lora.trunk_adapters: true")
+        return self
+
+
+class QuantConfig(Section):
+    """How frozen weights are stored; adapters (LoRA) stay trainable on top."""
+
+    enabled: bool = Field(False, description="quantization_enabled")
+    type: Literal["nf4", "fp8", "nvfp4", "fp16", "bf16", "fp32"] = Field(
+        "nf4", description="quantization_type; 'nf_fp8' is accepted as an alias of fp8."
+    )
+    double_quant: bool = Field(False, description="nf4: quantize the block scales too.")
+    backbone_quantized: bool = Field(
+        True, description="Quantize each trunk stack to `type` once it is frozen."
+    )
+    adapters_full_precision: bool = Field(
+        True, description="Keep LoRA weights in fp32 (false: bf16)."
+    )
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _alias(cls, v: Any) -> Any:
+        return "fp8" if v == "nf_fp8" else v
+
+    @model_validator(mode="after")
+    def _relevance(self) -> QuantConfig:
+        if not self.enabled:
+            for name in type(self).model_fields:
+                if name != "enabled" and self.changed(name):
+                    raise ValueError(f"quant.{name} needs quant.enabled: true")
+        if self.type != "nf4" and self.changed("double_quant"):
+            raise ValueError("quant.double_quant applies to type nf4 only")
+        return self
+
+
 class CacheConfig(Section):
     """Trunk activation cache: append mode with a frozen trunk (the memory-light path)."""
 
@@ -337,7 +428,11 @@ class ProgressiveConfig(Section):
     building_mode: Literal["append", "prepend"] = "append"
     trunk_strategy: Literal["frozen", "full", "qlora"] = "frozen"
     head_policy: Literal["train_first", "always", "frozen"] = "train_first"
-    new_stack_precision: Literal["full", "bf16"] = "full"
+    new_stack_precision: PrecisionName = Field(
+        "full",
+        description="qlora = nf4 + a LoRA adapter; nf4/fp8/nvfp4 train only LoRA. The seeds' "
+        "'half' and 'bfloat16' are accepted for fp16 and bf16.",
+    )
     steps_per_stack: PositiveInt | None = Field(
         None, description="Default: train.max_steps split evenly over the stacks."
     )
@@ -356,15 +451,10 @@ class ProgressiveConfig(Section):
     save_rack: bool = True
     cache: CacheConfig = Field(default_factory=CacheConfig)
 
-    @field_validator("trunk_strategy")
+    @field_validator("new_stack_precision", mode="before")
     @classmethod
-    def _qlora(cls, v: str) -> str:
-        if v == "qlora":
-            raise ValueError(
-                "trunk_strategy 'qlora' (a quantized trunk adapted with LoRA) is not available "
-                "yet; use 'frozen' (with cache.enabled for the memory-light path) or 'full'"
-            )
-        return v
+    def _precision_alias(cls, v: Any) -> Any:
+        return {"half": "fp16", "bfloat16": "bf16", "float16": "fp16"}.get(v, v)
 
     @field_validator("depth_time_table")
     @classmethod
@@ -400,6 +490,15 @@ class ProgressiveConfig(Section):
                     )
         elif self.changed("end_to_end_scope"):
             raise ValueError("progressive.end_to_end_scope only applies to strategy: end_to_end")
+        if (
+            self.strategy == "progressive"
+            and not self.save_stacks
+            and (self.new_stack_precision != "full" or self.trunk_strategy == "qlora")
+        ):
+            raise ValueError(
+                "stacks stored as bf16/fp16 or quantized are rebuilt from their stack files on "
+                "load; keep save_stacks: true"
+            )
         if not (self.save_rack or self.save_stacks):
             raise ValueError(
                 "with save_rack and save_stacks both false nothing would be saved; keep one"
@@ -434,7 +533,9 @@ class ProgressiveConfig(Section):
             if self.building_mode != "append" or self.trunk_strategy != "frozen":
                 raise ValueError(
                     "the activation cache stores a frozen trunk's output before the new stack, "
-                    "so it needs building_mode: append and trunk_strategy: frozen"
+                    "so it needs building_mode: append and trunk_strategy: frozen (frozen + "
+                    "cache is the memory-light path; 'qlora' and 'full' keep adapting the trunk, "
+                    "so its activations cannot be cached)"
                 )
             if self.head_policy == "always":
                 raise ValueError(
@@ -464,6 +565,8 @@ class Config(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     sample: SampleConfig = Field(default_factory=SampleConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    quant: QuantConfig = Field(default_factory=QuantConfig)
     progressive: ProgressiveConfig = Field(default_factory=ProgressiveConfig)
 
     @model_validator(mode="before")
@@ -497,6 +600,130 @@ class Config(Section):
                 "time_interpretation 'depth' ties the diffusion time step to the stack; it "
                 f"needs objective 'diffusion', not '{name}'"
             )
+        lo, q = self.lora, self.quant
+        budget = p.steps_per_stack or p.epochs_per_stack
+        if p.strategy == "progressive" and budget and self.train.changed("max_steps"):
+            raise ValueError(
+                "train.max_steps has no effect when progressive.steps_per_stack or "
+                "epochs_per_stack sets each stack's budget; change those (or "
+                "progressive.stacks.<k>.steps) instead"
+            )
+        if (lo.enabled or q.enabled) and not p.save_stacks:
+            raise ValueError(
+                "quantized or LoRA stacks are rebuilt from their stack files on load; keep "
+                "progressive.save_stacks: true"
+            )
+        if p.end_to_end_scope == "stackwise" and self.train.compile:
+            raise ValueError(
+                "train.compile does not apply to end_to_end_scope 'stackwise', which runs the "
+                "stacks one by one; remove one of them"
+            )
+        if p.strategy == "end_to_end" and (lo.enabled or q.enabled):
+            raise ValueError(
+                "lora and quant apply to the stacks of a progressive run (progressive.strategy: "
+                "progressive); an end-to-end rack trains all its weights"
+            )
+        prec = p.new_stack_precision
+        if prec in ("nf4", "fp8", "nvfp4", "qlora") and not lo.enabled:
+            raise ValueError(
+                f"new_stack_precision '{prec}' stores the new stack's weights frozen and trains "
+                "a LoRA adapter on them; set lora.enabled: true (rank, alpha) or use full/bf16"
+            )
+        fp16_store = prec == "fp16" or (q.enabled and q.type == "fp16")
+        if fp16_store and (p.trunk_strategy == "full" or p.mode == "fused"):
+            raise ValueError(
+                "fp16 storage (new_stack_precision or quant.type) applies to stacks once they "
+                "are trained, but trunk_strategy 'full' or mode 'fused' keeps training them, and "
+                "fp16 weights diverge without loss scaling; use bf16 there"
+            )
+        stack_adapters = prec in QUANTIZED
+        if lo.enabled and not (stack_adapters or lo.trunk_adapters):
+            raise ValueError(
+                f"lora.enabled adapts frozen weights, but new stacks of precision '{prec}' train "
+                "all their weights and no trunk adapters are on, so LoRA would do nothing: set "
+                "progressive.new_stack_precision to qlora/nf4/fp8/nvfp4 (stack adapters) or "
+                "lora.trunk_adapters: true"
+            )
+        if lo.enabled and not stack_adapters:
+            for name in ("rank", "alpha", "strategy"):
+                if lo.changed(name):
+                    raise ValueError(
+                        f"lora.{name} sets the stack adapters, which only quantized new stacks "
+                        f"(new_stack_precision qlora/nf4/fp8/nvfp4) have; with '{prec}' use "
+                        "lora.trunk_rank / trunk_alpha"
+                    )
+        if p.trunk_strategy == "qlora" and not (lo.enabled and lo.trunk_adapters):
+            raise ValueError(
+                "trunk_strategy 'qlora' quantizes the frozen trunk and trains one LoRA adapter "
+                "per trunk stack: set lora.enabled: true and lora.trunk_adapters: true (use "
+                "'frozen' with cache.enabled for the memory-light path)"
+            )
+        if lo.trunk_adapters and p.cache.enabled:
+            raise ValueError(
+                "lora.trunk_adapters keeps adapting the trunk, so its activations cannot be "
+                "cached; disable progressive.cache or the trunk adapters"
+            )
+        if lo.trunk_adapters and p.trunk_strategy == "full":
+            raise ValueError("lora.trunk_adapters adapt a frozen trunk; trunk_strategy is 'full'")
+        if q.enabled and p.trunk_strategy == "full" and q.backbone_quantized:
+            raise ValueError(
+                "quant.backbone_quantized stores frozen trunk stacks quantized, but "
+                "trunk_strategy 'full' keeps training them; use frozen or qlora"
+            )
+        if (
+            q.enabled
+            and not q.backbone_quantized
+            and p.trunk_strategy != "qlora"
+            and (prec not in ("nf4", "fp8", "nvfp4"))
+        ):
+            raise ValueError(
+                "quant.enabled with backbone_quantized: false quantizes nothing here; "
+                "set backbone_quantized, trunk_strategy: qlora, or a quantized "
+                "new_stack_precision"
+            )
+        new_storage = {"full": "fp32", "qlora": "nf4"}.get(prec, prec)
+        if q.enabled and q.backbone_quantized and p.strategy == "progressive":
+            if new_storage in ("nf4", "fp8", "nvfp4") and q.type != new_storage:
+                raise ValueError(
+                    f"new stacks are stored as {new_storage} from birth and are not "
+                    f"re-quantized, so quant.type '{q.type}' would never apply; set quant.type: "
+                    f"{new_storage} or another new_stack_precision"
+                )
+            same = q.type == new_storage and not (q.type == "nf4" and q.double_quant)
+            if same and p.trunk_strategy != "qlora":  # qlora: type is the trunk's format
+                raise ValueError(
+                    f"new stacks are already stored as {new_storage}, so quant.type "
+                    f"'{q.type}' changes nothing when they freeze; pick another quant.type or "
+                    "disable quant"
+                )
+        if p.trunk_strategy == "qlora" and q.enabled and not q.backbone_quantized:
+            raise ValueError(
+                "trunk_strategy 'qlora' stores the trunk quantized by definition, so "
+                "quant.backbone_quantized: false contradicts it; for an unquantized trunk "
+                "adapted by LoRA use trunk_strategy: frozen with lora.trunk_adapters: true"
+            )
+        if p.strategy == "progressive" and self.model.n_stacks == 1:
+            trunk_bits = {
+                "trunk_strategy 'qlora'": p.trunk_strategy == "qlora",
+                "lora.trunk_adapters": lo.trunk_adapters,
+                "quant.backbone_quantized": q.enabled and q.backbone_quantized,
+            }
+            on = [k for k, v in trunk_bits.items() if v]
+            if on:
+                raise ValueError(
+                    f"{on[0]} acts on the trunk, but with model.n_stacks 1 there never is one; "
+                    "grow more stacks or remove it"
+                )
+        if self.train.group_lr.lora is not None and not lo.enabled:
+            raise ValueError("train.group_lr.lora (the lora_lr) needs lora.enabled: true")
+        if q.changed("adapters_full_precision") and not lo.enabled:
+            raise ValueError("quant.adapters_full_precision needs lora.enabled: true")
+        if lo.strategy == "variable":
+            bad = [k for k in lo.per_stack if not 0 <= k < self.model.n_stacks]
+            if bad:
+                raise ValueError(
+                    f"lora.per_stack has stack {bad[0]}; stacks are 0..{self.model.n_stacks - 1}"
+                )
         if p.end_to_end_scope == "stackwise" and self.model.n_stacks < 2:
             raise ValueError(
                 "end_to_end_scope 'stackwise' gives each stack its own loss; with one stack it "
@@ -664,6 +891,59 @@ def _format_validation(err: ValidationError, origin: str) -> str:
     return f"Invalid config in {origin}: " + "; ".join(parts) + ". Fix the value and rerun."
 
 
+# The seeds' flat names, accepted at the top level or inside `progressive:` (where the seeds put
+# them) and moved to their section. Giving both the alias and the real key is refused.
+SEED_ALIASES: dict[str, str] = {
+    "quantization_enabled": "quant.enabled",
+    "quantization_type": "quant.type",
+    "backbone_quantized": "quant.backbone_quantized",
+    "adapters_full_precision": "quant.adapters_full_precision",
+    "mixed_precision": "train.mixed_precision",
+    "new_stack_precision": "progressive.new_stack_precision",
+    "qlora_enabled": "lora.enabled",
+    "use_lora": "lora.enabled",
+    "qlora_rank": "lora.rank",
+    "lora_r": "lora.rank",
+    "qlora_alpha": "lora.alpha",
+    "lora_alpha": "lora.alpha",
+    "lora_dropout": "lora.dropout",
+    "qlora_strategy": "lora.strategy",
+    "qlora_rank_pattern": "lora.rank_pattern",
+    "qlora_alpha_pattern": "lora.alpha_pattern",
+    "qlora_configs": "lora.per_stack",
+    "progressive_qlora": "lora.trunk_adapters",
+    "progressive_qlora_rank": "lora.trunk_rank",
+    "progressive_qlora_alpha": "lora.trunk_alpha",
+    "lora_lr": "train.group_lr.lora",
+}
+
+
+def _apply_aliases(data: dict[str, Any]) -> dict[str, Any]:
+    data = copy.deepcopy(data)  # never write into the caller's nested dicts
+    for where in ("", "progressive."):
+        holder = data if not where else data.get("progressive")
+        if not isinstance(holder, dict):
+            continue
+        for alias in [k for k in holder if k in SEED_ALIASES]:
+            target = SEED_ALIASES[alias]
+            if where and target == f"{where}{alias}":
+                continue  # already its real place
+            value = holder.pop(alias)
+            *sections, leaf = target.split(".")
+            node = data
+            for sec in sections:
+                if not isinstance(node.get(sec), dict):
+                    node[sec] = {}
+                node = node[sec]
+            if leaf in node:
+                raise StackWiseError(
+                    f"Config sets both '{where}{alias}' and '{target}' (its documented alias); "
+                    "keep one of them."
+                )
+            node[leaf] = value
+    return data
+
+
 def from_dict(data: Any, origin: str = "config") -> Config:
     if data is None:
         data = {}
@@ -672,6 +952,7 @@ def from_dict(data: Any, origin: str = "config") -> Config:
             f"{origin} must be a mapping of sections (model:, data:, train: ...), "
             f"but it holds a {type(data).__name__}."
         )
+    data = _apply_aliases(data)
     _check_keys(data, Config)
     try:
         return Config.model_validate(data)

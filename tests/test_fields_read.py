@@ -136,6 +136,23 @@ GENERIC: dict[str, tuple[Any, dict]] = {
     "progressive.cache.store_all_time_steps": (True, "PGC_GRID"),
     "progressive.cache.time_step_cache_size": (2, "PGC"),
     "progressive.cache.mode": ("rack", "PGC"),
+    "train.group_lr.lora": (0.5, "PGL"),
+    "lora.enabled": (True, PG),  # no frozen weights to adapt there: refused
+    "lora.rank": (2, "PGL"),
+    "lora.alpha": (4.0, "PGL"),
+    "lora.dropout": (0.5, "PGL"),
+    "lora.strategy": ("variable", "PGL"),  # without a per_stack table: refused
+    "lora.rank_pattern": ("increasing", "PGL_PROG"),
+    "lora.alpha_pattern": ("linear", "PGL_PROG"),
+    "lora.per_stack": ({1: {"rank": 2}}, "PGL_VAR"),
+    "lora.trunk_adapters": (True, "PGL"),
+    "lora.trunk_rank": (2, "PGL_TRUNK"),
+    "lora.trunk_alpha": (2.0, "PGL_TRUNK"),
+    "quant.enabled": (True, PG),
+    "quant.type": ("fp8", "PGQ"),
+    "quant.double_quant": (True, "PGQ"),
+    "quant.backbone_quantized": (False, "PGQ"),  # then nothing is quantized: refused
+    "quant.adapters_full_precision": (False, "PGQL"),
 }
 
 CUSTOM = {
@@ -157,7 +174,7 @@ CUSTOM = {
 
 
 def named_context(name: str) -> dict:
-    """Contexts built from PG: depth time, and an enabled cache over a few samples."""
+    """Contexts built from PG: depth time, an enabled cache over a few samples, LoRA, quant."""
     depth = merge(PG, {"progressive": {"time_interpretation": "depth"}})
     cache = merge(
         PG,
@@ -168,7 +185,17 @@ def named_context(name: str) -> dict:
             "progressive": {"cache": {"enabled": True}},
         },
     )
+    lora = merge(
+        PG, {"progressive": {"new_stack_precision": "fp8"}, "lora": {"enabled": True, "rank": 4}}
+    )
+    quant = merge(PG, {"quant": {"enabled": True}})
     return {
+        "PGL": lora,
+        "PGL_PROG": merge(lora, {"lora": {"strategy": "progressive"}}),
+        "PGL_VAR": merge(lora, {"lora": {"strategy": "variable", "per_stack": {0: {"rank": 2}}}}),
+        "PGL_TRUNK": merge(lora, {"lora": {"trunk_adapters": True}}),
+        "PGQ": quant,
+        "PGQL": merge(lora, {"quant": {"enabled": True, "backbone_quantized": False}}),
         "PGD": depth,
         "PGD_EXP": merge(depth, {"progressive": {"depth_mapping": "exponential"}}),
         "PGD_GRID": merge(depth, {"masking": {"num_time_steps": 8}}),

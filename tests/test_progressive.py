@@ -33,6 +33,8 @@ def grown(tiny, n_stacks=3, prog=None, **sections):
     """A Config for a progressive diffusion run of `n_stacks` one-block stacks."""
     model = {"n_stacks": n_stacks, "blocks_per_stack": 1, **sections.pop("model", {})}
     sections.setdefault("objective", {"name": "diffusion"})
+    # stack budgets come from steps_per_stack; train.max_steps stays at its default
+    sections["train"] = {"max_steps": 600, **sections.get("train", {})}
     return tiny(model=model, progressive={**PROG, **(prog or {})}, **sections)
 
 
@@ -92,8 +94,10 @@ def test_builder_bf16_precision_and_lora_freeze(tiny):
     assert s.blocks[0].attn.q_proj.weight.grad.dtype == torch.bfloat16
     b.freeze_all_but_lora()
     assert b.trainable_names() == set()  # no adapters yet: nothing trains
-    with pytest.raises(ValueError, match="precision"):
+    with pytest.raises(ValueError, match="give it an adapter"):
         b.append_stack(precision="nf4")
+    with pytest.raises(ValueError, match="precision"):
+        b.append_stack(precision="int3")
 
 
 # -- 2. trainer -------------------------------------------------------------------------------
@@ -147,8 +151,10 @@ def test_head_policy_and_trunk_strategy(tiny, policy, trunk, embed_changes_late,
     tr.train_stage(0, 2)
     mid_embed = state_of(tr.builder.rack.embed_tokens)
     stack0 = state_of(tr.builder.rack.stacks[0])
+    mid_norm = state_of(tr.builder.rack.norm)
     tr.train_stage(1, 2)
     assert same(start_embed, mid_embed) == (policy == "frozen")
+    assert (not same(mid_norm, state_of(tr.builder.rack.norm))) == embed_changes_late
     assert (not same(mid_embed, state_of(tr.builder.rack.embed_tokens))) == embed_changes_late
     assert (not same(stack0, state_of(tr.builder.rack.stacks[0]))) == trunk_changes
 
@@ -276,7 +282,8 @@ def test_cache_is_read_and_disk_equals_memory(tiny, tmp_path):
     assert last["carried"] == 16 and last["hits"] == 64 and last["trunk_forwards"] == 0
     first = mem.progressive.stacks[1].cache
     assert first["misses"] == 16 and first["hits"] == 48
-    assert (tmp_path / "cdir" / "rank0").is_dir()
+    # disk mode wrote under cache.dir (which it created) and removed its files when done
+    assert (tmp_path / "cdir").is_dir() and not any((tmp_path / "cdir").iterdir())
 
 
 def test_cache_without_hits_trains_like_no_cache(tiny, tmp_path):
@@ -560,3 +567,117 @@ def test_end_to_end_config_refuses_progressive_only_keys(tiny):
         tiny(progressive={"head_policy": "always"})
     cfg = from_dict({"progressive": {"strategy": "progressive"}})
     assert cfg.progressive.save_stacks
+
+
+# -- review fixes -----------------------------------------------------------------------------
+
+
+def test_bf16_stacks_reload_identically_with_an_untied_head(tiny):
+    res = run(grown(tiny, 2, {"new_stack_precision": "bf16"}, model={"tie_embeddings": False}))
+    _, rack, _ = load_trained(res.output_dir)
+    assert all(p.dtype == torch.bfloat16 for p in rack.stacks[1].parameters())
+    ids = torch.randint(0, res.rack.vocab_size, (2, 16))
+    assert torch.equal(rack(ids), res.rack.eval()(ids))
+
+
+def test_partial_growth_saves_a_loadable_rack_and_keeps_the_depth_mapping(tiny):
+    cfg = grown(tiny, 4, {"time_interpretation": "depth"})
+    data = build_data(cfg.data)
+    cfg = resolve_vocab(cfg, len(data.tokenizer))
+    tr = ProgressiveTrainer(cfg, data, quiet=True)
+    res = tr.train_progressively(target_stacks=2)
+    assert [r.t_range for r in res.stacks] == [(0.0, 0.25), (0.25, 0.5)]  # over 4 stacks
+    tr.save(data.tokenizer)
+    _, rack, _ = load_trained(tr.output_dir)
+    assert len(rack.stacks) == 2
+    ids = torch.randint(0, cfg.model.vocab_size, (1, 8))
+    assert torch.equal(rack(ids), res.rack.eval()(ids))
+
+
+def test_epoch_budgets_count_samples_not_cached_variants(tiny):
+    on = grown(
+        tiny,
+        2,
+        {
+            "steps_per_stack": None,
+            "epochs_per_stack": 0.5,
+            "cache": {"enabled": True, "time_step_cache_size": 4},
+        },
+    )
+    data = build_data(on.data)
+    on = resolve_vocab(on, len(data.tokenizer))
+    tr = ProgressiveTrainer(on, data, quiet=True)
+    assert tr.budget(1, len(data.train), 2) == math.ceil(0.5 * len(data.train) / 4)
+
+
+def test_max_steps_beside_a_per_stack_budget_is_refused(tiny):
+    with pytest.raises(StackWiseError, match="max_steps has no effect"):
+        grown(tiny, 2, train={"max_steps": 100, "eval_every": 2})
+
+
+def test_finished_progressive_run_is_not_overwritten(tiny):
+    cfg = grown(tiny, 2, {"save_rack": False})
+    run(cfg)
+    with pytest.raises(StackWiseError, match="already holds"):
+        run(cfg)
+
+
+def test_depth_stages_are_evaluated_on_the_full_noise_range(tiny):
+    cfg = grown(tiny, 2, {"time_interpretation": "depth"})
+    data = build_data(cfg.data)
+    cfg = resolve_vocab(cfg, len(data.tokenizer))
+    tr = ProgressiveTrainer(cfg, data, quiet=True)
+    import stackwise.progressive.trainer as ptr
+
+    seen = []
+    real = ptr.Trainer
+
+    class Spy(real):
+        def train(self):
+            seen.append((self.objective.t_range, self.eval_objective.t_range))
+            return super().train()
+
+    ptr.Trainer = Spy
+    try:
+        tr.train_stage(0, 2)
+    finally:
+        ptr.Trainer = real
+    assert seen == [((0.0, 0.5), (0.0, 1.0))]
+
+
+def test_rack_mode_misses_start_from_the_deepest_cached_boundary(tiny):
+    cfg, data, b, model, samples = _stage(tiny, {"mode": "rack", "boundaries": 2})
+    obj = build_objective(cfg, data.specials)
+    batch = _batch(samples, [0, 1])
+    prep = obj.prepare(batch, torch.Generator())
+    with torch.no_grad():
+        h1 = b.rack.run_stacks(b.rack.embed(prep.inputs), None, b.trunk[:1])
+    model.cache.write(1, batch["cache_key"].tolist(), h1)  # boundary 1 known, boundary 2 not
+    calls = {"n": 0}
+    b.trunk[0].register_forward_hook(lambda *a: calls.__setitem__("n", calls["n"] + 1))
+    model(prep.inputs, None, None, cache_key=batch["cache_key"])
+    assert calls["n"] == 0 and model.cache.trunk_calls == 0  # only trunk stack 1 ran
+    assert sorted(model.cache.stores) == [1, 2]
+
+
+def test_fixed_shards_keep_each_rank_on_its_own_keys():
+    from stackwise.train.trainer import EpochSampler
+
+    seen = {}
+    for rank in (0, 1):
+        s = EpochSampler(10, 3, rank, 2, fixed_shard=True)
+        orders = []
+        for epoch in range(3):
+            s.epoch = epoch
+            orders.append(s.order())
+        assert all(sorted(o) == sorted(orders[0]) for o in orders)
+        assert orders[0] != orders[1]  # still shuffled within the shard
+        seen[rank] = set(orders[0])
+    assert seen[0].isdisjoint(seen[1]) and len(seen[0] | seen[1]) == 10
+
+
+def test_huge_seeds_do_not_overflow_mask_keys(tiny):
+    res = run(grown(tiny, 2, {"cache": {"enabled": True}}, train={"seed": 2**31 - 1}))
+    assert math.isfinite(res.progressive.final_eval["nelbo"])
+    with pytest.raises(StackWiseError, match=r"train\.seed"):
+        grown(tiny, 2, train={"seed": 2**40})

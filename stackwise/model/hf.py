@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig
 
+from stackwise.errors import StackWiseError
 from stackwise.model.rack import Rack
 
 _RENAME = {
@@ -54,7 +55,14 @@ def llama_state_dict(rack: Rack) -> dict[str, torch.Tensor]:
     layer = 0
     for stack in rack.stacks:
         for block in stack.blocks:
-            for name, tensor in block.state_dict().items():
+            state = block.state_dict()
+            if any(name not in _RENAME for name in state):
+                raise StackWiseError(
+                    "This rack has LoRA adapters or quantized stacks, which a Llama checkpoint "
+                    "cannot hold. Run `stackwise merge-lora CHECKPOINT OUT` first and export the "
+                    "merged rack."
+                )
+            for name, tensor in state.items():
                 out[f"model.layers.{layer}.{_RENAME[name]}"] = tensor
             layer += 1
     if rack.lm_head is not None:

@@ -151,7 +151,8 @@ class Stack(nn.Module):
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
     ) -> torch.Tensor:
-        dtype = self.blocks[0].attn.q_proj.weight.dtype if len(self.blocks) else x.dtype
+        # the norms carry the stack's storage dtype (linears may be quantized or LoRA-wrapped)
+        dtype = self.blocks[0].attn_norm.weight.dtype if len(self.blocks) else x.dtype
         if dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
             # a stack stored in another precision (new_stack_precision: bf16) runs in it
             return self._run(x.to(dtype), rope, mask).to(x.dtype)

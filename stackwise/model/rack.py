@@ -110,15 +110,18 @@ class Rack(nn.Module):
         return self.logits(self.run_stacks(self.embed(input_ids, t), attention_mask))
 
     def param_groups(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
-        """Named groups for per-group learning rates: embeddings, time, blocks, head."""
+        """Named groups for per-group learning rates: embeddings, time, blocks, head, lora."""
         groups: dict[str, list[tuple[str, nn.Parameter]]] = {
             "embeddings": [],
             "time": [],
             "blocks": [],
             "head": [],
+            "lora": [],
         }
         for name, p in self.named_parameters():
-            if name.startswith("embed_tokens"):
+            if "lora_" in name:
+                groups["lora"].append((name, p))
+            elif name.startswith("embed_tokens"):
                 groups["embeddings"].append((name, p))
             elif name.startswith("time_embed"):
                 groups["time"].append((name, p))
@@ -130,4 +133,12 @@ class Rack(nn.Module):
 
 
 def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:
-    return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
+    """Weights, not storage elements: a packed 4-bit tensor of n bytes holds 2n weights."""
+    total = 0
+    for m in module.modules():
+        for name, p in m.named_parameters(recurse=False):
+            if trainable_only and not p.requires_grad:
+                continue
+            packed = not p.is_floating_point() and name == "weight" and hasattr(m, "in_features")
+            total += m.in_features * m.out_features if packed else p.numel()
+    return total

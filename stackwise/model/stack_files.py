@@ -18,7 +18,6 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
-from torch import nn
 
 from stackwise.config import Config
 from stackwise.errors import StackWiseError
@@ -79,26 +78,53 @@ def _load(path: Path) -> dict[str, torch.Tensor]:
         ) from None
 
 
-def _strict_load(module: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
-    own = module.state_dict()
-    if set(own) != set(state) or any(own[k].shape != state[k].shape for k in own):
-        raise StackWiseError(
-            f"'{path}' does not match the model built from config.yaml (other shape or "
-            "names). Use the config saved with these stacks."
-        )
-    module.load_state_dict(state)
-
-
-def rack_from_stacks(config: Config, vocab_size: int, folder: Path) -> Rack:
-    """Rebuild the rack from stacks/ alone: anchor first, then each stack at its position."""
+def read_manifest(folder: Path) -> list[dict[str, Any]] | None:
+    """Per rack position, the saved stack's metadata; None when there is no stacks/ dir."""
     root = folder / STACKS_DIR
     manifest = root / MANIFEST
     if not manifest.is_file():
+        return None
+    order = json.loads(manifest.read_text())["order"]
+    return [json.loads((root / f"stack_{g}.json").read_text()) for g in order]
+
+
+def needs_structure(metas: list[dict[str, Any]] | None) -> bool:
+    """True when some stack is stored quantized, in another dtype, or carries adapters."""
+    return bool(metas) and any(
+        m.get("storage", "full") != "full" or m.get("adapters") for m in metas or []
+    )
+
+
+def restructure_stack(stack: Stack, meta: dict[str, Any]) -> Stack:
+    """Give a fresh stack the storage and adapters recorded in its metadata."""
+    from stackwise.quant.layers import quantize_linears
+    from stackwise.quant.lora import add_adapter
+
+    storage = meta.get("storage", "full")
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    if storage in dtypes:
+        stack.to(dtypes[storage])
+    elif storage in ("nf4", "fp8", "nvfp4"):
+        quantize_linears(stack, storage)
+    for name, (rank, alpha, dtype) in sorted(meta.get("adapters", {}).items()):
+        add_adapter(stack, name, rank, alpha, 0.0, getattr(torch, dtype))
+    return stack
+
+
+def rack_from_stacks(
+    config: Config, vocab_size: int, folder: Path, weights: Path | None = None
+) -> Rack:
+    """Rebuild the rack from stacks/: anchor, then each stack at its position with its storage
+    and adapters. With `weights` (a full model.safetensors) those weights are loaded instead."""
+    from stackwise.quant.layers import load_quantized_state
+
+    root = folder / STACKS_DIR
+    metas = read_manifest(folder)
+    if metas is None:
         raise StackWiseError(
             f"'{folder}' has neither model.safetensors nor {STACKS_DIR}/{MANIFEST}. Pass a "
             "folder written by `stackwise train`."
         )
-    order = json.loads(manifest.read_text())["order"]
     rack = Rack(
         config.model,
         vocab_size,
@@ -106,16 +132,22 @@ def rack_from_stacks(config: Config, vocab_size: int, folder: Path) -> Rack:
         config.masking.num_time_steps,
         n_stacks=0,
     )
-    _strict_load_partial(rack, _load(root / ANCHOR), root / ANCHOR)
-    for g in order:
-        meta = json.loads((root / f"stack_{g}.json").read_text())
+    for meta in metas:
         stack = Stack(config.model, config.objective.causal, meta["n_blocks"])
-        path = root / f"stack_{g}.safetensors"
-        state = _load(path)
-        dtype = next(iter(state.values())).dtype if state else torch.float32
-        stack.to(dtype)
-        _strict_load(stack, state, path)
-        rack.stacks.append(stack)
+        rack.stacks.append(restructure_stack(stack, meta))
+    try:
+        if weights is not None:
+            load_quantized_state(rack, _load(weights))
+            return rack
+        _strict_load_partial(rack, _load(root / ANCHOR), root / ANCHOR)
+        for meta, stack in zip(metas, rack.stacks, strict=True):
+            path = root / f"stack_{meta['growth_index']}.safetensors"
+            load_quantized_state(stack, _load(path))
+    except (KeyError, RuntimeError) as err:
+        raise StackWiseError(
+            f"The saved weights in '{folder}' do not match the model built from its config "
+            f"and stack files ({str(err)[:200]}). Use the config saved with them."
+        ) from None
     return rack
 
 

@@ -8,6 +8,7 @@ shifts every index) never confuses the new stack with the trunk.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -16,9 +17,24 @@ from torch import nn
 from stackwise.config import ModelConfig
 from stackwise.model.layers import Stack, init_weights
 from stackwise.model.rack import Rack
+from stackwise.quant.layers import quantize_linears
+from stackwise.quant.lora import STACK, TRUNK, adapter_names, add_adapter, set_adapter_trainable
 
-Precision = Literal["full", "bf16"]
-PRECISIONS: dict[str, torch.dtype] = {"full": torch.float32, "bf16": torch.bfloat16}
+Precision = Literal["full", "bf16", "fp16", "nf4", "fp8", "nvfp4", "qlora"]
+PRECISIONS: dict[str, torch.dtype] = {
+    "full": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+QUANTIZED = {"nf4": "nf4", "fp8": "fp8", "nvfp4": "nvfp4", "qlora": "nf4"}
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    rank: int
+    alpha: float
+    dropout: float = 0.0
+    dtype: torch.dtype = torch.float32
 
 
 def _fixed(p: nn.Parameter) -> bool:
@@ -34,48 +50,112 @@ class ProgressiveRackBuilder:
         causal: bool,
         num_time_steps: int | None = None,
         building_mode: Literal["append", "prepend"] = "append",
+        double_quant: bool = False,
     ) -> None:
         self.cfg = cfg
+        self.double_quant = double_quant  # nf4: quantize the block scales too
         self.causal = causal
         self.building_mode = building_mode
         self.rack = Rack(cfg, vocab_size, causal, num_time_steps, n_stacks=0)
         self.new_stack: Stack | None = None
         self.grown: list[Stack] = []  # in the order they were grown (growth index)
         self.precisions: dict[int, str] = {}  # id(stack) -> precision
+        self.storage: dict[int, str] = {}  # id(stack) -> how its base weights are stored now
+        self.adapters: dict[int, dict[str, AdapterSpec]] = {}  # id(stack) -> its adapters
 
     # -- growing ------------------------------------------------------------------------------
 
-    def _make_stack(self, n_blocks: int | None, precision: Precision) -> Stack:
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision '{precision}' is not one of {sorted(PRECISIONS)}")
+    def _make_stack(
+        self, n_blocks: int | None, precision: Precision, adapter: AdapterSpec | None
+    ) -> Stack:
+        if precision not in PRECISIONS and precision not in QUANTIZED:
+            known = sorted([*PRECISIONS, *QUANTIZED])
+            raise ValueError(f"precision '{precision}' is not one of {known}")
+        if precision in QUANTIZED and adapter is None:
+            raise ValueError(
+                f"a '{precision}' stack stores frozen weights; give it an adapter to train"
+            )
         stack = Stack(self.cfg, self.causal, n_blocks)
         init_weights(stack, self.cfg.init_std, self.cfg.n_layers, self.cfg.d_model)
         for p in stack.parameters():
             if not p.requires_grad:
                 p._stackwise_fixed = True  # type: ignore[attr-defined]
         device = self.rack.embed_tokens.weight.device
-        stack.to(device=device, dtype=PRECISIONS[precision])
+        stack.to(device=device)
         self.precisions[id(stack)] = precision
+        self.storage[id(stack)] = "full"
+        self.adapters[id(stack)] = {}
+        self.store_as(stack, QUANTIZED.get(precision, precision))
+        if adapter is not None:
+            self.add_adapter(stack, STACK, adapter)
         self.grown.append(stack)
         self.new_stack = stack
         return stack
 
-    def append_stack(self, n_blocks: int | None = None, precision: Precision = "full") -> Stack:
+    def append_stack(
+        self,
+        n_blocks: int | None = None,
+        precision: Precision = "full",
+        adapter: AdapterSpec | None = None,
+    ) -> Stack:
         """A new stack after the trunk (next to the head): the trunk's output feeds it."""
-        stack = self._make_stack(n_blocks, precision)
+        stack = self._make_stack(n_blocks, precision, adapter)
         self.rack.stacks.append(stack)
         return stack
 
-    def prepend_stack(self, n_blocks: int | None = None, precision: Precision = "full") -> Stack:
+    def prepend_stack(
+        self,
+        n_blocks: int | None = None,
+        precision: Precision = "full",
+        adapter: AdapterSpec | None = None,
+    ) -> Stack:
         """A new stack before the trunk (next to the embeddings): it feeds the trunk."""
-        stack = self._make_stack(n_blocks, precision)
+        stack = self._make_stack(n_blocks, precision, adapter)
         self.rack.stacks.insert(0, stack)
         return stack
 
-    def add_stack(self, n_blocks: int | None = None, precision: Precision = "full") -> Stack:
+    def add_stack(
+        self,
+        n_blocks: int | None = None,
+        precision: Precision = "full",
+        adapter: AdapterSpec | None = None,
+    ) -> Stack:
         if self.building_mode == "append":
-            return self.append_stack(n_blocks, precision)
-        return self.prepend_stack(n_blocks, precision)
+            return self.append_stack(n_blocks, precision, adapter)
+        return self.prepend_stack(n_blocks, precision, adapter)
+
+    # -- storage and adapters -----------------------------------------------------------------
+
+    def store_as(self, stack: Stack, fmt: str) -> None:
+        """Store the stack's base weights as `fmt`: full/bf16/fp16/fp32 (a cast, norms
+        included) or nf4/fp8/nvfp4 (frozen quantized linears; norms stay fp32)."""
+        fmt = "full" if fmt == "fp32" else fmt
+        current = self.storage[id(stack)]
+        if fmt == current:
+            return
+        if current in QUANTIZED:
+            raise ValueError(f"this stack is already stored as {current}; it cannot become {fmt}")
+        if fmt in PRECISIONS:
+            for name, p in stack.named_parameters():
+                if "lora_" not in name:
+                    p.data = p.data.to(PRECISIONS[fmt])
+        else:
+            for p in stack.parameters():
+                p.data = p.data.float()
+            quantize_linears(stack, fmt, self.double_quant)  # type: ignore[arg-type]
+        self.storage[id(stack)] = fmt
+
+    def add_adapter(self, stack: Stack, name: str, spec: AdapterSpec) -> None:
+        """A PEFT LoRA adapter on every linear of the stack; at most one per name."""
+        add_adapter(stack, name, spec.rank, spec.alpha, spec.dropout, spec.dtype)
+        self.adapters[id(stack)][name] = spec
+
+    def ensure_trunk_adapter(self, stack: Stack, spec: AdapterSpec) -> bool:
+        """Give a trunk stack its trunk adapter once; later stages reuse it. True if created."""
+        if TRUNK in adapter_names(stack):
+            return False
+        self.add_adapter(stack, TRUNK, spec)
+        return True
 
     # -- roles --------------------------------------------------------------------------------
 
@@ -105,21 +185,30 @@ class ProgressiveRackBuilder:
     @staticmethod
     def _set(module: nn.Module, trainable: bool) -> None:
         for p in module.parameters():
-            p.requires_grad_(trainable and not _fixed(p))
+            # integer tensors are packed quantized codes: never trainable
+            p.requires_grad_(trainable and not _fixed(p) and p.is_floating_point())
 
     def set_trainable(self, stack: Stack, trainable: bool) -> None:
-        self._set(stack, trainable)
+        """A stack with a stack adapter trains through it (its base stays frozen)."""
+        if STACK in self.adapters.get(id(stack), {}):
+            self._set(stack, False)
+            set_adapter_trainable(stack, STACK, trainable)
+        else:
+            self._set(stack, trainable)
+
+    def set_trunk_adapter_trainable(self, stack: Stack, trainable: bool) -> None:
+        set_adapter_trainable(stack, TRUNK, trainable)
 
     def set_anchor_trainable(self, trainable: bool) -> None:
         for mod in self.anchor_modules():
             self._set(mod, trainable)
 
     def freeze_trunk(self) -> None:
-        """Trunk stacks get no gradients; the new stack trains."""
+        """Trunk stacks get no gradients (adapters included); the new stack trains."""
         for stack in self.trunk:
             self._set(stack, False)
         if self.new_stack is not None:
-            self._set(self.new_stack, True)
+            self.set_trainable(self.new_stack, True)
 
     def freeze_all_but_lora(self) -> None:
         """Only LoRA adapter weights (PEFT's `lora_` parameters) stay trainable."""

@@ -12,6 +12,7 @@ every boundary, so each earlier stack's input stays available too.
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,7 +82,9 @@ class ActivationCache:
         max_bytes: int | None = None,
         on_full: str = "evict",
         mode: str = "stack",
+        boundaries: int = 1,
     ) -> None:
+        """`boundaries`: how many stores mode 'rack' may hold; max_bytes is shared by all."""
         if storage == "disk" and folder is None:
             raise ValueError("disk storage needs a folder")
         self.n_keys, self.shape = n_keys, (seq_len, d_model)
@@ -89,7 +92,8 @@ class ActivationCache:
         self.storage, self.folder = storage, Path(folder) if folder is not None else None
         self.max_bytes, self.on_full, self.mode = max_bytes, on_full, mode
         entry = seq_len * d_model * self.dtype.itemsize
-        self.capacity = n_keys if max_bytes is None else min(n_keys, max_bytes // entry)
+        shares = max(1, boundaries) if mode == "rack" else 1
+        self.capacity = n_keys if max_bytes is None else min(n_keys, max_bytes // entry // shares)
         if self.capacity < 1:
             raise StackWiseError(
                 f"progressive.cache.max_bytes={max_bytes} is smaller than one cached sample "
@@ -115,6 +119,13 @@ class ActivationCache:
         """Release every boundary but one (mode 'stack' once the next boundary is built)."""
         for old in [b for b in self.stores if b != boundary]:
             self.stores.pop(old).close()
+
+    def deepest(self, key: int, below: int) -> int | None:
+        """The deepest boundary under `below` that holds `key` (mode 'rack' keeps several)."""
+        for b in sorted((b for b in self.stores if b < below), reverse=True):
+            if key in self.stores[b].slot_of:
+                return b
+        return None
 
     def entries(self, boundary: int) -> list[int]:
         store = self.stores.get(boundary)
@@ -175,3 +186,7 @@ class ActivationCache:
         for store in self.stores.values():
             store.close()
         self.stores.clear()
+        if self.folder is not None:  # remove the (now empty) rank folder and its parent
+            for d in (self.folder, self.folder.parent):
+                with contextlib.suppress(OSError):
+                    d.rmdir()

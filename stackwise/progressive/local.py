@@ -19,6 +19,15 @@ class LocalLossTrainer(Trainer):
     # are averaged over ranks by hand (Trainer.sync_gradients)
     wrap_model = False
 
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        if self.accelerator.num_processes > 1:  # without DDP, start every rank from rank 0
+            import torch.distributed as dist
+
+            with torch.no_grad():
+                for p in self.raw_model.parameters():
+                    dist.broadcast(p.data, src=0)
+
     def micro_step(
         self, batch: dict[str, torch.Tensor], gen: torch.Generator, scale: float
     ) -> torch.Tensor:

@@ -38,6 +38,7 @@ class KeyedSamples(Dataset):
         if times is not None and len(times) != variants:
             raise ValueError("one time per variant")
         self.base, self.variants, self.seed, self.times = base, variants, seed, times
+        self.fixed_shard = True  # per-rank caches: each rank keeps its own keys
 
     def __len__(self) -> int:
         return len(self.base) * self.variants  # type: ignore[arg-type]
@@ -45,7 +46,7 @@ class KeyedSamples(Dataset):
     def __getitem__(self, j: int) -> dict[str, Any]:
         item = dict(self.base[j // self.variants])
         item["cache_key"] = j
-        item["mask_key"] = j + self.seed * KEY_SEED_STRIDE
+        item["mask_key"] = j + (self.seed % (1 << 22)) * KEY_SEED_STRIDE  # stays in int64
         if self.times is not None:
             item["t"] = torch.tensor(self.times[j % self.variants])
         return item
@@ -128,13 +129,21 @@ class StageModel(nn.Module):
         if hits:
             read = cache.read(b, [key_list[i] for i in hits])
             out[torch.tensor(hits, device=ids.device)] = read.to(ids.device)
-        if misses:
-            rows = torch.tensor(misses, device=ids.device)
-            sub_t = t[rows] if t is not None else None
+        groups: dict[int | None, list[int]] = {}
+        for i in misses:  # start each miss from the deepest boundary that has it (mode rack)
+            groups.setdefault(cache.deepest(key_list[i], b), []).append(i)
+        for start, rows_list in groups.items():
+            rows = torch.tensor(rows_list, device=ids.device)
+            keys = [key_list[i] for i in rows_list]
             with torch.no_grad():
-                h = self._trunk_from_embeddings(ids[rows], None, sub_t)
-            cache.trunk_calls += 1
-            cache.write(b, [key_list[i] for i in misses], h)
+                if start is None:
+                    sub_t = t[rows] if t is not None else None
+                    h = self._trunk_from_embeddings(ids[rows], None, sub_t)
+                    cache.trunk_calls += 1
+                else:
+                    h = cache.read(start, keys).to(ids.device).float()
+                    h = self.rack.run_stacks(h, None, self.before[start:])
+            cache.write(b, keys, h)
             out[rows] = h.to(cache.dtype)
         return out.float()
 

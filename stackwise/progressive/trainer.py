@@ -25,18 +25,18 @@ from stackwise.errors import StackWiseError
 from stackwise.model.rack import Rack, count_parameters
 from stackwise.model.stack_files import save_anchor_and_manifest, save_stack
 from stackwise.objectives import Diffusion, Objective, build_objective
-from stackwise.progressive.builder import ProgressiveRackBuilder
+from stackwise.progressive.builder import QUANTIZED, AdapterSpec, ProgressiveRackBuilder
 from stackwise.progressive.cache import ActivationCache
 from stackwise.progressive.stage import KeyedSamples, StageModel, advance_cache
 from stackwise.progressive.timing import TimeMapping, depth_range
+from stackwise.quant.lora import rank_for
 from stackwise.train.checkpoint import save_model
 from stackwise.train.trainer import (
     Trainer,
+    claim_output_dir,
     eval_generator,
     evaluate_model,
     make_accelerator,
-    prepare_output_dir,
-    resolve_output_dir,
 )
 
 HISTORY = "progressive_history.json"
@@ -70,6 +70,8 @@ class ProgressiveResult:
 
 def _with(config: Config, **sections: dict[str, Any]) -> Config:
     data = config.model_dump(mode="json")
+    # a stage's budget is its train.max_steps: the per-stack budget keys have been resolved
+    data["progressive"].update(steps_per_stack=None, epochs_per_stack=None)
     for sec, values in sections.items():
         data[sec] = {**data[sec], **values}
     return Config.model_validate(data)
@@ -89,17 +91,15 @@ class ProgressiveTrainer:
         self.config, self.data, self.quiet = config, data, quiet
         self.p = config.progressive
         self.time_mapping = time_mapping
-        self.output_dir = Path(output_dir) if output_dir else resolve_output_dir(config)
         self.accelerator: Accelerator = make_accelerator(config.train.mixed_precision)
-        if self.accelerator.is_main_process:
-            prepare_output_dir(self.output_dir, config.train.overwrite_output_dir)
-        self.accelerator.wait_for_everyone()
+        self.output_dir = claim_output_dir(self.accelerator, config, output_dir)
         self.builder = ProgressiveRackBuilder(
             config.model,
             config.model.vocab_size,
             config.objective.causal,
             config.masking.num_time_steps,
             self.p.building_mode,
+            double_quant=config.quant.enabled and config.quant.double_quant,
         )
         self.builder.rack.to(self.accelerator.device)
         self.cache: ActivationCache | None = None
@@ -108,11 +108,17 @@ class ProgressiveTrainer:
 
     # -- per-stack settings -------------------------------------------------------------------
 
-    def t_range(self, index: int, n_stacks: int) -> tuple[float, float] | None:
+    def t_range(self, index: int) -> tuple[float, float] | None:
+        """Stack `index`'s noise range, always mapped over model.n_stacks (the full depth),
+        so growing in several calls or stopping early never changes a stack's range."""
         if self.config.objective.name != "diffusion" or self.p.time_interpretation != "depth":
             return None
         return depth_range(
-            index, n_stacks, self.p, self.config.masking.num_time_steps, self.time_mapping
+            index,
+            self.config.model.n_stacks,
+            self.p,
+            self.config.masking.num_time_steps,
+            self.time_mapping,
         )
 
     def objective_for(self, cfg: Config, t_range: tuple[float, float] | None) -> Objective:
@@ -136,10 +142,30 @@ class ProgressiveTrainer:
             return self.p.steps_per_stack
         return max(1, tc.max_steps // n_stacks)
 
+    def adapter_spec(self, rank: int, alpha: float) -> AdapterSpec:
+        lo, q = self.config.lora, self.config.quant
+        full = not q.enabled or q.adapters_full_precision
+        return AdapterSpec(rank, alpha, lo.dropout, torch.float32 if full else torch.bfloat16)
+
+    def backbone_format(self) -> str | None:
+        """How a stack is stored once it is trunk: quantized when the config says so."""
+        q = self.config.quant
+        if self.p.trunk_strategy == "qlora":
+            return q.type if q.enabled else "nf4"
+        if q.enabled and q.backbone_quantized:
+            return q.type
+        return None
+
     def set_roles(self, index: int) -> None:
-        b, p = self.builder, self.p
+        b, p, lo = self.builder, self.p, self.config.lora
+        fmt = self.backbone_format()
         for stack in b.trunk:
+            if fmt is not None and b.storage[id(stack)] not in QUANTIZED:
+                b.store_as(stack, fmt)  # once: stacks already quantized keep their format
             b.set_trainable(stack, p.trunk_strategy == "full")
+            if lo.trunk_adapters:  # one adapter per trunk stack, created once, then reused
+                b.ensure_trunk_adapter(stack, self.adapter_spec(lo.trunk_rank, lo.trunk_alpha))
+                b.set_trunk_adapter_trainable(stack, True)
         assert b.new_stack is not None
         b.set_trainable(b.new_stack, True)
         anchor = {"train_first": index == 0, "always": True, "frozen": False}[p.head_policy]
@@ -170,8 +196,8 @@ class ProgressiveTrainer:
         if self.cache is None:
             folder = None
             if c.storage == "disk":
-                folder = Path(c.dir) if c.dir else self.output_dir / "cache"
-                folder = folder / f"rank{self.accelerator.process_index}"
+                root = Path(c.dir) / self.output_dir.name if c.dir else self.output_dir / "cache"
+                folder = root / f"rank{self.accelerator.process_index}"
             self.cache = ActivationCache(
                 n_keys,
                 cfg.data.seq_len,
@@ -182,6 +208,7 @@ class ProgressiveTrainer:
                 c.max_bytes,
                 c.on_full,
                 c.mode,
+                boundaries=max(1, self.config.model.n_stacks - 1),
             )
         carried = 0
         b = model.boundary
@@ -209,10 +236,19 @@ class ProgressiveTrainer:
 
     def train_stage(self, index: int, n_stacks: int) -> StackRecord:
         p, b, acc = self.p, self.builder, self.accelerator
-        new = b.add_stack(precision=p.new_stack_precision)
+        lo = self.config.lora
+        spec = (
+            self.adapter_spec(*rank_for(index, self.config.model.n_stacks, lo))
+            if lo.enabled and p.new_stack_precision in QUANTIZED
+            else None
+        )
+        # fp16 weights cannot train without loss scaling (Adam's state underflows), so an fp16
+        # stack trains in fp32 and is stored as fp16 once its stage ends and it is frozen
+        train_as = "full" if p.new_stack_precision == "fp16" else p.new_stack_precision
+        new = b.add_stack(precision=train_as, adapter=spec)
         self.set_roles(index)
         cfg = stack_config(self.config, index)
-        t_range = self.t_range(index, n_stacks)
+        t_range = self.t_range(index)
         objective = self.objective_for(cfg, t_range)
         use_cache = p.cache.enabled and index > 0
         cache = None
@@ -225,12 +261,12 @@ class ProgressiveTrainer:
         else:
             carried = 0
             train_data = self.data.train
-        steps = self.budget(index, len(train_data), n_stacks)
+        steps = self.budget(index, len(self.data.train), n_stacks)  # epochs over samples
         cfg = _with(
             cfg,
             train={
                 "max_steps": steps,
-                "seed": cfg.train.seed + index,
+                "seed": (cfg.train.seed + index) % 2**31,
                 "output_dir": str(self.output_dir / f"stack_{index}"),
                 "overwrite_output_dir": True,
             },
@@ -246,8 +282,10 @@ class ProgressiveTrainer:
             + (f", cache carried {carried:,} entries" if use_cache else "")
         )
         trainer = Trainer(cfg, model, objective, train_data, self.data.val, accelerator=acc)
+        self.last_trainer = trainer  # inspected by tests (optimizer membership)
         trainer.progress_desc = f"stack {index + 1}/{n_stacks}"
         trainer.eval_seed = self.config.train.seed
+        trainer.eval_objective = build_objective(self.config, self.data.specials)
         start = time.perf_counter()
         state = trainer.train()
         seconds = time.perf_counter() - start
@@ -271,8 +309,16 @@ class ProgressiveTrainer:
             eval=losses[-1] if losses else {},
             cache=cache_info,
         )
+        if train_as != p.new_stack_precision:
+            b.store_as(new, p.new_stack_precision)
+            b.precisions[id(new)] = p.new_stack_precision
         if p.save_stacks and acc.is_main_process:
-            self.save_stacks(changed_only=p.trunk_strategy != "full")
+            # a trunk that trains, gains adapters or is quantized on freezing is saved again
+            self.save_stacks(
+                changed_only=p.trunk_strategy == "frozen"
+                and self.backbone_format() is None
+                and not self.config.lora.trunk_adapters
+            )
         acc.wait_for_everyone()
         return record
 
@@ -291,7 +337,12 @@ class ProgressiveTrainer:
                 {
                     "position": b.position(stack),
                     "precision": b.precisions[id(stack)],
-                    "t_range": self.t_range(g, self.config.model.n_stacks),
+                    "storage": b.storage[id(stack)],
+                    "adapters": {
+                        k: [v.rank, v.alpha, str(v.dtype).removeprefix("torch.")]
+                        for k, v in b.adapters[id(stack)].items()
+                    },
+                    "t_range": self.t_range(g),
                 },
             )
         save_anchor_and_manifest(self.output_dir, b.rack, order)
@@ -299,14 +350,16 @@ class ProgressiveTrainer:
     def joint_tuning(self) -> dict[str, Any]:
         """mode fused: every parameter trains together, ordinary backprop over the rack."""
         rack = self.builder.rack
-        for p in rack.parameters():
-            p.requires_grad_(not getattr(p, "_stackwise_fixed", False))
+        adapters_only = self.p.trunk_strategy == "qlora"  # qlora: only LoRA ever trains
+        for name, p in rack.named_parameters():  # packed quantized codes (integers) stay frozen
+            trainable = p.is_floating_point() and not getattr(p, "_stackwise_fixed", False)
+            p.requires_grad_(trainable and ("lora_" in name or not adapters_only))
         steps = self.p.joint_tuning_steps
         cfg = _with(
             self.config,
             train={
                 "max_steps": steps,
-                "seed": self.config.train.seed + 10_000,
+                "seed": (self.config.train.seed + 10_000) % 2**31,
                 "output_dir": str(self.output_dir / "joint"),
                 "overwrite_output_dir": True,
             },

@@ -17,7 +17,7 @@ from stackwise.config import Config, load_config
 from stackwise.data.tokenizer import load_tokenizer_dir
 from stackwise.errors import StackWiseError
 from stackwise.model.rack import Rack
-from stackwise.model.stack_files import STACKS_DIR, rack_from_stacks
+from stackwise.model.stack_files import needs_structure, rack_from_stacks, read_manifest
 
 WEIGHTS = "model.safetensors"
 
@@ -76,7 +76,12 @@ def load_trained(
     config = load_config(folder / "config.yaml")
     tokenizer = load_tokenizer_dir(folder / "tokenizer")
     vocab = config.model.vocab_size or len(tokenizer)
-    if (folder / WEIGHTS).is_file() or not (folder / STACKS_DIR).is_dir():
+    metas = read_manifest(folder)
+    partial = metas is not None and len(metas) != config.model.n_stacks  # grown short of n
+    if needs_structure(metas) or partial:  # quantized/LoRA/bf16 stacks: structure first
+        full = folder / WEIGHTS
+        rack = rack_from_stacks(config, vocab, folder, full if full.is_file() else None)
+    elif (folder / WEIGHTS).is_file() or metas is None:
         rack = build_rack(config, vocab)
         load_weights(rack, folder / WEIGHTS)
     else:  # a progressive run saved with save_rack: false

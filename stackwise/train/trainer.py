@@ -36,12 +36,30 @@ from stackwise.train.optim import build_optimizer, build_param_groups, build_sch
 class EpochSampler(Sampler[int]):
     """A permutation seeded by (seed, epoch), this rank's share of it, from `start` on."""
 
-    def __init__(self, n: int, seed: int, rank: int = 0, world: int = 1, shuffle: bool = True):
+    def __init__(
+        self,
+        n: int,
+        seed: int,
+        rank: int = 0,
+        world: int = 1,
+        shuffle: bool = True,
+        fixed_shard: bool = False,
+    ):
         self.n, self.seed, self.rank, self.world, self.shuffle = n, seed, rank, world, shuffle
+        # fixed_shard: each rank always sees the same items (shuffled within), so a per-rank
+        # activation cache holds 1/world of the data and keeps hitting across epochs
+        self.fixed_shard = fixed_shard
         self.epoch = 0
         self.start = 0
 
     def order(self) -> list[int]:
+        if self.fixed_shard:
+            usable = self.n - self.n % self.world
+            mine = torch.arange(self.rank, usable, self.world)
+            if self.shuffle:
+                g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+                mine = mine[torch.randperm(len(mine), generator=g)]
+            return mine.tolist()
         if self.shuffle:
             g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
             perm = torch.randperm(self.n, generator=g).tolist()
@@ -70,7 +88,8 @@ def resolve_output_dir(config: Config) -> Path:
 
 def prepare_output_dir(path: Path, overwrite: bool) -> None:
     """Refuse to clobber a finished run; check that we can write before any training."""
-    if (path / "model.safetensors").exists() and not overwrite:
+    finished = ("model.safetensors", "stacks/manifest.json", "progressive_history.json")
+    if any((path / f).exists() for f in finished) and not overwrite:
         raise StackWiseError(
             f"Output dir '{path}' already holds a trained model. Choose another "
             "train.output_dir, or set train.overwrite_output_dir=true to replace it."
@@ -87,6 +106,25 @@ def prepare_output_dir(path: Path, overwrite: bool) -> None:
         ) from None
 
 
+def claim_output_dir(acc: Accelerator, config: Config, output_dir: str | Path | None) -> Path:
+    """Rank 0 picks the (time-stamped) dir and checks it; every rank gets the same path and
+    raises the same verdict, so none waits on a dead peer."""
+    shared: list[Any] = [str(output_dir) if output_dir else None, None]
+    if acc.is_main_process:
+        shared[0] = shared[0] or str(resolve_output_dir(config))
+        try:
+            prepare_output_dir(Path(shared[0]), config.train.overwrite_output_dir)
+        except StackWiseError as err:
+            shared[1] = str(err)
+    if acc.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(shared, from_process=0)
+    if shared[1] is not None:
+        raise StackWiseError(shared[1])
+    return Path(shared[0])
+
+
 @dataclass
 class TrainState:
     step: int = 0
@@ -98,7 +136,9 @@ class TrainState:
 
 def eval_generator(gen: torch.Generator, seed: int, batch: int, rank: int) -> torch.Generator:
     """The generator for validation batch `batch`: the same masks at every evaluation."""
-    return gen.manual_seed((seed * 1_000_003 + 99_991) * 1_000_003 + batch * 131 + rank)
+    return gen.manual_seed(
+        ((seed * 1_000_003 + 99_991) * 1_000_003 + batch * 131 + rank) % (2**63 - 1)
+    )
 
 
 @torch.no_grad()
@@ -194,9 +234,11 @@ class Trainer:
         acc = self.accelerator
         if acc.device.type == "cpu":
             keep_freed_memory()
-        self.output_dir = Path(output_dir) if output_dir else resolve_output_dir(config)
-        self._prepare_output_dir_once()
+        self.output_dir = claim_output_dir(acc, config, output_dir)
         self.objective = objective
+        # what evaluation scores; a depth-mapped stage trains on a noise range but is scored
+        # on the full range, so stages are comparable
+        self.eval_objective = objective
         self.train_data, self.val_data = train_data, val_data
         if len(train_data) < tc.batch_size * acc.num_processes:
             raise StackWiseError(
@@ -214,7 +256,13 @@ class Trainer:
             self.model = model.to(acc.device)
             self.optimizer = acc.prepare(opt)
         self.scheduler = build_scheduler(self.optimizer.optimizer, tc)
-        self.sampler = EpochSampler(len(train_data), tc.seed, acc.process_index, acc.num_processes)
+        self.sampler = EpochSampler(
+            len(train_data),
+            tc.seed,
+            acc.process_index,
+            acc.num_processes,
+            fixed_shard=bool(getattr(train_data, "fixed_shard", False)),
+        )
         self.state = TrainState()
         self.uses_time = bool(getattr(self.raw_model, "uses_time", False))
         lc = config.logging
@@ -225,22 +273,6 @@ class Trainer:
         self.last_train_loss: float | None = None
         # evaluation masks depend on this seed only, so stages of one run score the same inputs
         self.eval_seed = tc.seed
-
-    def _prepare_output_dir_once(self) -> None:
-        """Rank 0 checks the dir; every rank raises its verdict, so none waits on a dead peer."""
-        acc = self.accelerator
-        verdict: list[str | None] = [None]
-        if acc.is_main_process:
-            try:
-                prepare_output_dir(self.output_dir, self.config.train.overwrite_output_dir)
-            except StackWiseError as err:
-                verdict[0] = str(err)
-        if acc.num_processes > 1:
-            from accelerate.utils import broadcast_object_list
-
-            broadcast_object_list(verdict, from_process=0)
-        if verdict[0] is not None:
-            raise StackWiseError(verdict[0])
 
     @staticmethod
     def _groups(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
@@ -333,7 +365,7 @@ class Trainer:
         """Loss, perplexity (or the NELBO bound) and masked-token accuracy on fixed batches."""
         out = evaluate_model(
             self.model,
-            self.objective,
+            self.eval_objective,
             self.val_data,
             self.accelerator,
             self.config.train,

@@ -1,0 +1,194 @@
+"""Frozen quantized linears, and turning a stack's linears into them.
+
+`nf4` is bitsandbytes' `Linear4bit` (it runs on the CPU); `fp8` and `nvfp4` are ours
+(`stackwise.quant.formats`). Our layers subclass `nn.Linear` so that PEFT wraps them with LoRA
+like any linear; their `weight` is the packed codes as a frozen uint8 tensor (an integer dtype,
+so PEFT never casts adapters to it) and forward dequantizes to the input's dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stackwise.quant.formats import (
+    dequantize_fp8,
+    dequantize_nvfp4,
+    quantize_fp8,
+    quantize_nvfp4,
+)
+
+QuantFormat = Literal["nf4", "fp8", "nvfp4"]
+FLOAT_PRECISIONS = {"full": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+QUANT_FORMATS = ("nf4", "fp8", "nvfp4")
+
+
+class QuantLinear(nn.Linear):
+    """Base of our frozen compressed linears: no fp weight is kept, only codes and scales."""
+
+    fmt = ""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.bias = None
+        if linear.bias is not None:
+            self.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled() else x.dtype
+        bias = self.bias.to(dtype) if self.bias is not None else None
+        return F.linear(x.to(dtype), self.dequantize(dtype), bias)
+
+    def stored_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.state_dict().values())
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, format={self.fmt}"
+
+
+class FP8Linear(QuantLinear):
+    fmt = "fp8"
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear)
+        codes, scale = quantize_fp8(linear.weight)
+        self.weight = nn.Parameter(codes.view(torch.uint8), requires_grad=False)
+        self.register_buffer("scale", scale)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return dequantize_fp8(self.weight.view(torch.float8_e4m3fn), self.scale, dtype)
+
+
+class NVFP4Linear(QuantLinear):
+    fmt = "nvfp4"
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear)
+        packed, block_scale, tensor_scale = quantize_nvfp4(linear.weight)
+        self.weight = nn.Parameter(packed, requires_grad=False)
+        self.register_buffer("block_scale", block_scale.view(torch.uint8))
+        self.register_buffer("tensor_scale", tensor_scale.reshape(1))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        scales = self.block_scale.view(torch.float8_e4m3fn)
+        return dequantize_nvfp4(self.weight, scales, self.tensor_scale[0], dtype, self.in_features)
+
+
+def nf4_linear(linear: nn.Linear, double_quant: bool = False) -> nn.Module:
+    """bitsandbytes NF4: quantized when moved to its device (`.to` runs the quantizer)."""
+    import bitsandbytes as bnb
+
+    q = bnb.nn.Linear4bit(
+        linear.in_features,
+        linear.out_features,
+        bias=linear.bias is not None,
+        compute_dtype=torch.float32,
+        quant_type="nf4",
+        compress_statistics=double_quant,
+        device="meta",
+    )
+    q.weight = bnb.nn.Params4bit(
+        linear.weight.detach().float().cpu(),
+        requires_grad=False,
+        quant_type="nf4",
+        compress_statistics=double_quant,
+    )
+    if linear.bias is not None:
+        q.bias = nn.Parameter(linear.bias.detach().float().cpu(), requires_grad=False)
+    return q.to(linear.weight.device)
+
+
+def dequantized_weight(module: nn.Module) -> torch.Tensor:
+    """The fp32 weight a (possibly quantized) linear computes with."""
+    if isinstance(module, QuantLinear):
+        return module.dequantize(torch.float32)
+    weight = module.weight
+    if getattr(weight, "quant_state", None) is not None:  # bitsandbytes 4-bit
+        import bitsandbytes.functional as bf
+
+        return bf.dequantize_4bit(weight.data, weight.quant_state).float()
+    return weight.detach().float()
+
+
+def quantize_linears(module: nn.Module, fmt: QuantFormat, double_quant: bool = False) -> int:
+    """Replace every nn.Linear inside `module` by its frozen `fmt` version; returns the count."""
+    if fmt not in QUANT_FORMATS:
+        raise ValueError(f"unknown quantization format '{fmt}'; use one of {QUANT_FORMATS}")
+    count = 0
+    for name, child in list(module.named_children()):
+        if name.startswith("lora_"):  # PEFT's adapter linears stay trainable fp
+            continue
+        if type(child) is nn.Linear:
+            if fmt == "nf4":
+                new: nn.Module = nf4_linear(child, double_quant)
+            elif fmt == "fp8":
+                new = FP8Linear(child)
+            else:
+                new = NVFP4Linear(child)
+            setattr(module, name, new)
+            count += 1
+        else:
+            count += quantize_linears(child, fmt, double_quant)
+    return count
+
+
+def weight_bytes(module: nn.Module) -> tuple[int, int]:
+    """(bytes stored for linear weights incl. scales, number of weights they represent)."""
+    stored = params = 0
+    for name, m in module.named_modules():
+        # PEFT's adapter weights are trainable extras, and its wrapper only points at base_layer
+        if "lora_" in name or hasattr(m, "base_layer"):
+            continue
+        if isinstance(m, QuantLinear):
+            stored += sum(
+                t.numel() * t.element_size() for n, t in m.state_dict().items() if n != "bias"
+            )
+            params += m.in_features * m.out_features
+        elif type(m) is nn.Linear:
+            stored += m.weight.numel() * m.weight.element_size()
+            params += m.weight.numel()
+        elif getattr(getattr(m, "weight", None), "quant_state", None) is not None:
+            w = m.weight
+            qs = w.quant_state
+            stored += w.data.numel() * w.data.element_size()
+            stored += qs.absmax.numel() * qs.absmax.element_size()
+            if getattr(qs, "state2", None) is not None:
+                stored += qs.state2.absmax.numel() * qs.state2.absmax.element_size()
+                stored += qs.state2.code.numel() * qs.state2.code.element_size()
+            params += m.in_features * m.out_features
+    return stored, params
+
+
+def load_quantized_state(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """`module.load_state_dict(state)` that also restores bitsandbytes 4-bit weights, whose
+    quantization statistics are saved as extra `weight.*` keys that torch does not load."""
+    import bitsandbytes as bnb
+
+    state = dict(state)
+    for prefix, m in module.named_modules():
+        if not isinstance(m, bnb.nn.Linear4bit):
+            continue
+        key = f"{prefix}.weight" if prefix else "weight"
+        stats = {k[len(key) + 1 :]: state.pop(k) for k in list(state) if k.startswith(key + ".")}
+        device = m.weight.device if m.weight.device.type != "meta" else torch.device("cpu")
+        m.weight = bnb.nn.Params4bit.from_prequantized(
+            state.pop(key), stats, requires_grad=False, device=device, module=m
+        )
+    loaded = {
+        f"{p}.weight" if p else "weight"
+        for p, m in module.named_modules()
+        if isinstance(m, bnb.nn.Linear4bit)
+    }
+    result = module.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if k not in loaded]
+    if missing or result.unexpected_keys:
+        raise KeyError(
+            f"state mismatch: missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}"
+        )

@@ -1,0 +1,119 @@
+"""LoRA adapters on a stack through PEFT, and merging them back into plain linears.
+
+A stack can carry two adapters: `stack` (added with the stack, trained while it is new) and
+`trunk` (added once when it joins a trunk that keeps adapting). Both stay active in forward;
+which one trains is just `requires_grad`.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from stackwise.quant.layers import dequantized_weight
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+STACK, TRUNK = "stack", "trunk"
+
+
+def rank_for(index: int, n_stacks: int, cfg: object) -> tuple[int, float]:
+    """(rank, alpha) of stack `index`'s adapter under lora.strategy."""
+    rank, alpha = cfg.rank, cfg.alpha  # type: ignore[attr-defined]
+    strategy = cfg.strategy  # type: ignore[attr-defined]
+    if strategy == "variable":
+        setting = cfg.per_stack.get(index)  # type: ignore[attr-defined]
+        if setting is not None:
+            return setting.rank, setting.alpha if setting.alpha is not None else 2.0 * setting.rank
+        return rank, alpha
+    if strategy == "progressive":
+        factor = {
+            "constant": lambda: 1,
+            "increasing": lambda: 2**index,
+            "decreasing": lambda: 2 ** (n_stacks - 1 - index),
+            "linear": lambda: index + 1,
+        }
+        return (
+            rank * factor[cfg.rank_pattern](),  # type: ignore[attr-defined]
+            alpha * factor[cfg.alpha_pattern](),  # type: ignore[attr-defined]
+        )
+    return rank, alpha
+
+
+def adapter_names(module: nn.Module) -> set[str]:
+    from peft.tuners.lora import LoraLayer
+
+    names: set[str] = set()
+    for m in module.modules():
+        if isinstance(m, LoraLayer):
+            names |= set(m.lora_A.keys())
+    return names
+
+
+def add_adapter(
+    module: nn.Module,
+    name: str,
+    rank: int,
+    alpha: float,
+    dropout: float = 0.0,
+    dtype: torch.dtype = torch.float32,
+) -> list[nn.Parameter]:
+    """Inject adapter `name` into every target linear of `module`; every adapter stays active.
+
+    Returns the new adapter's parameters (trainable).
+    """
+    from peft import LoraConfig, inject_adapter_in_model
+    from peft.tuners.lora import LoraLayer
+
+    if name in adapter_names(module):
+        raise ValueError(f"this stack already has a '{name}' adapter")
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=TARGETS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "already found a peft_config": a second adapter
+        inject_adapter_in_model(config, module, adapter_name=name)
+    params = []
+    for m in module.modules():
+        if isinstance(m, LoraLayer):
+            m.set_adapter(sorted(m.lora_A.keys()))  # keep every adapter active
+            for layer in (m.lora_A[name], m.lora_B[name]):
+                layer.to(dtype)
+                params += list(layer.parameters())
+    for p in module.parameters():  # set_adapter toggles grads; the caller decides roles
+        p.requires_grad_(False)
+    return params
+
+
+def set_adapter_trainable(module: nn.Module, name: str, trainable: bool) -> None:
+    for n, p in module.named_parameters():
+        if "lora_" in n and f".{name}." in n:
+            p.requires_grad_(trainable)
+
+
+def merge_adapters(module: nn.Module) -> float:
+    """Replace every LoRA-wrapped linear by a plain fp32 nn.Linear holding dequantized base +
+    every adapter's delta. Returns the largest |delta| merged (0 when adapters are untrained)."""
+    from peft.tuners.lora import LoraLayer
+
+    largest = 0.0
+    for parent in list(module.modules()):
+        for child_name, child in list(parent.named_children()):
+            if not isinstance(child, LoraLayer):
+                continue
+            base = child.get_base_layer()
+            weight = dequantized_weight(base).clone()
+            for name in child.lora_A:
+                a = child.lora_A[name].weight.float()
+                b = child.lora_B[name].weight.float()
+                delta = (b @ a) * child.scaling[name]
+                largest = max(largest, float(delta.abs().max()))
+                weight += delta
+            merged = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None)
+            merged.weight.data.copy_(weight)
+            if base.bias is not None:
+                merged.bias.data.copy_(base.bias.detach().float())
+            merged.to(weight.device)
+            setattr(parent, child_name, merged)
+    if hasattr(module, "peft_config"):
+        del module.peft_config
+    return largest

@@ -1,0 +1,161 @@
+"""`stackwise merge-lora`: fold every adapter into its (dequantized) base and save a plain rack.
+
+The merged rack has ordinary fp32 linears, so it loads, trains and exports like any rack. With
+`requantize`, stacks whose base was quantized are stored in that format again (smaller, but the
+rounding changes the logits; the report says by how much).
+"""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from pydantic import ValidationError
+
+from stackwise.config import Config, save_config
+from stackwise.errors import StackWiseError
+from stackwise.model.rack import Rack
+from stackwise.model.stack_files import read_manifest, save_anchor_and_manifest, save_stack
+from stackwise.quant.layers import QUANT_FORMATS, quantize_linears
+from stackwise.quant.lora import adapter_names, merge_adapters
+from stackwise.train.checkpoint import WEIGHTS, load_trained, save_model
+
+FP32_TOLERANCE = 1e-4
+
+
+@dataclass
+class MergeReport:
+    adapters: int  # stacks that carried adapters
+    storages: list[str]  # per rack position, how the base was stored before merging
+    max_abs_error: float  # merged vs unmerged logits
+    rel_error: float  # ||merged - unmerged|| / ||unmerged||
+    requantized: bool
+
+    fp32_adapters: bool = True
+
+    @property
+    def exact_base(self) -> bool:
+        """fp32 base and fp32 adapters, not requantized: merging must not move the logits."""
+        return (
+            all(s == "full" for s in self.storages) and self.fp32_adapters and not self.requantized
+        )
+
+
+def probe_logits(config: Config, rack: Rack, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    vocab = rack.embed_tokens.num_embeddings
+    ids = torch.randint(0, vocab, (2, min(32, config.data.seq_len)), generator=gen)
+    t = torch.full((2,), 0.5) if rack.uses_time else None
+    with torch.no_grad():
+        return rack(ids, t=t).float()
+
+
+def _plain_config(config: Config, n_stacks: int) -> Config:
+    """The merged rack's config: no adapters, nothing quantized, full-precision stacks."""
+    data = config.model_dump(mode="json")
+    data["lora"], data["quant"] = {}, {}
+    data["train"]["group_lr"]["lora"] = None
+    data["model"]["n_stacks"] = n_stacks
+    prog = data["progressive"]
+    prog["new_stack_precision"] = "full"
+    if prog["trunk_strategy"] == "qlora":
+        prog["trunk_strategy"] = "frozen"
+    return Config.model_validate(data)
+
+
+def merge_checkpoint(src: str | Path, out: str | Path, requantize: bool = False) -> MergeReport:
+    src, out = Path(src).expanduser(), Path(out).expanduser()
+    if out.exists() and any(out.iterdir()):
+        raise StackWiseError(
+            f"'{out}' already exists and is not empty; merge-lora never overwrites. Pick a new "
+            "output folder."
+        )
+    config, rack, tokenizer = load_trained(src)
+    metas = read_manifest(src) or []
+    storages = [m.get("storage", "full") for m in metas] or ["full"] * len(rack.stacks)
+    with_adapters = sum(1 for s in rack.stacks if adapter_names(s))
+    if with_adapters == 0:
+        raise StackWiseError(
+            f"'{src}' has no LoRA adapters to merge (it was trained without lora.enabled). "
+            "Use it as it is."
+        )
+    try:  # validated before any work is done
+        plain = _plain_config(config, len(rack.stacks))
+    except ValidationError as err:
+        raise StackWiseError(
+            f"The config of '{src}' cannot be turned into a plain rack's config ({err}). Edit "
+            "its config.yaml to drop adapter-only settings, then rerun."
+        ) from None
+    fp32_adapters = all(
+        p.dtype == torch.float32 for n, p in rack.named_parameters() if "lora_" in n
+    )
+    before = probe_logits(config, rack)
+    for stack in rack.stacks:
+        merge_adapters(stack)
+    rack.float()  # bf16/fp16-stored stacks become plain fp32 too
+    if requantize:
+        for stack, storage in zip(rack.stacks, storages, strict=True):
+            if storage in QUANT_FORMATS:
+                quantize_linears(stack, storage, config.quant.double_quant)  # type: ignore[arg-type]
+    after = probe_logits(config, rack)
+    diff = (after - before).abs()
+    report = MergeReport(
+        adapters=with_adapters,
+        storages=storages,
+        max_abs_error=float(diff.max()),
+        rel_error=float((after - before).norm() / before.norm().clamp(min=1e-12)),
+        requantized=requantize and any(s in QUANT_FORMATS for s in storages),
+        fp32_adapters=fp32_adapters,
+    )
+    if not report.exact_base:
+        warnings.warn(
+            f"the base weights were stored as {sorted(set(storages))}"
+            + (" and were requantized" if report.requantized else "")
+            + f"; merged logits differ from the adapted model by up to {report.max_abs_error:.3g}"
+            f" (relative {report.rel_error:.3g})",
+            stacklevel=2,
+        )
+    elif report.max_abs_error > FP32_TOLERANCE:
+        raise StackWiseError(
+            f"merging changed the logits by {report.max_abs_error:.3g} (> {FP32_TOLERANCE}) on an "
+            "fp32 base; this is a bug, please report it. Nothing was written."
+        )
+    _save(out, plain, rack, tokenizer, storages if report.requantized else None)
+    return report
+
+
+def _save(
+    out: Path, config: Config, rack: Rack, tokenizer: object, storages: list[str] | None
+) -> None:
+    """Everything goes to OUT.merging first and is renamed at the end: no half-written OUT."""
+    tmp = out.with_name(out.name + ".merging")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        _write(tmp, config, rack, tokenizer, storages)
+        if out.exists():
+            out.rmdir()  # empty (checked before merging)
+        tmp.rename(out)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise StackWiseError(
+            f"Could not write the merged rack to '{out}' ({err}). Check the folder is writable "
+            "and has space; nothing was written."
+        ) from None
+
+
+def _write(
+    tmp: Path, config: Config, rack: Rack, tokenizer: object, storages: list[str] | None
+) -> None:
+    save_config(config, tmp / "config.yaml")
+    tokenizer.save_pretrained(str(tmp / "tokenizer"))  # type: ignore[attr-defined]
+    save_model(rack, tmp)
+    if storages is not None:  # quantized stacks need their structure to load
+        for pos, (stack, storage) in enumerate(zip(rack.stacks, storages, strict=True)):
+            info = {"position": pos, "precision": storage, "storage": storage, "adapters": {}}
+            save_stack(tmp, pos, stack, info)
+        save_anchor_and_manifest(tmp, rack, list(range(len(rack.stacks))))
+    assert (tmp / WEIGHTS).is_file()
