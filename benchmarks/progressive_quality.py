@@ -151,6 +151,9 @@ def make_config(plan: Plan, v: Variant, output_dir: Path) -> Config:
             prog["joint_tuning_steps"] = plan.joint
         if v.cache:
             prog["cache"] = {"enabled": True, "storage": "memory", "dtype": "bf16"}
+    train: dict[str, Any] = {}
+    if v.strategy == "end_to_end":  # progressive budgets come from steps_per_stack
+        train["max_steps"] = plan.steps
     data: dict[str, Any] = {"seq_len": plan.seq_len}
     if plan.samples:
         data["num_samples"] = plan.samples
@@ -167,7 +170,7 @@ def make_config(plan: Plan, v: Variant, output_dir: Path) -> Config:
             "objective": {"name": v.objective},
             "train": {
                 "seed": SEED,
-                "max_steps": plan.steps,
+                **train,
                 "batch_size": plan.batch_size,
                 "mixed_precision": "no",
                 "eval_every": plan.steps + 1,  # only the start and end evaluations

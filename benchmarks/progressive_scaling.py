@@ -120,7 +120,6 @@ def make_config(plan: Plan, cache: bool, output_dir: Path) -> Config:
             "objective": {"name": "diffusion"},
             "train": {
                 "seed": SEED,
-                "max_steps": plan.steps_per_stack * plan.n_stacks,
                 "batch_size": plan.batch_size,
                 "mixed_precision": "no",
                 "eval_every": plan.steps_per_stack + 1,  # only the start/end evals of a stage

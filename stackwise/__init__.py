@@ -21,6 +21,7 @@ from stackwise.progressive import (
 from stackwise.quant import add_adapter, merge_adapters, quantize_linears, weight_bytes
 from stackwise.quant.merge import merge_checkpoint
 from stackwise.train import Trainer, build_rack, load_trained
+from stackwise.train.extensions import Extension, register_extension
 
 __version__ = "0.1.0"
 
@@ -28,6 +29,7 @@ __all__ = [
     "ActivationCache",
     "Block",
     "Config",
+    "Extension",
     "LocalLossTrainer",
     "Objective",
     "PreparedData",
@@ -51,6 +53,7 @@ __all__ = [
     "merge_adapters",
     "merge_checkpoint",
     "quantize_linears",
+    "register_extension",
     "sample_texts",
     "save_config",
     "train_from_config",

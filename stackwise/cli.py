@@ -1,4 +1,4 @@
-"""`stackwise train | generate | merge-lora | config`.
+"""`stackwise train | generate | merge-lora | lr-find | config`.
 
 User mistakes (StackWiseError) print one paragraph and exit 2; there is no traceback for them.
 """
@@ -108,6 +108,37 @@ def cmd_merge_lora(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lr_find(ns: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from stackwise.pipeline import build_trainer
+    from stackwise.train.lr_find import lr_find
+
+    if not (0 < ns.min_lr < ns.max_lr) or ns.steps < 2:
+        raise StackWiseError(
+            f"lr-find needs 0 < --min-lr < --max-lr and --steps >= 2 (got {ns.min_lr}, "
+            f"{ns.max_lr}, {ns.steps})."
+        )
+    config = _load(ns.args)
+    if config.train.output_dir is None:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        config = config.model_copy(
+            update={
+                "train": config.train.model_copy(update={"output_dir": f"outputs/lr-find-{stamp}"})
+            }
+        )
+    trainer = build_trainer(config)
+    result = lr_find(trainer, ns.min_lr, ns.max_lr, ns.steps)
+    plot = result.plot(Path(ns.plot) if ns.plot else trainer.output_dir / "lr_find.png")
+    print(
+        f"swept {len(result.lrs)} steps from {ns.min_lr:.1e} to {result.lrs[-1]:.1e}"
+        + (" (stopped: the loss diverged)" if result.stopped_early else "")
+    )
+    print(f"plot: {plot}")
+    print(f"suggested lr: {result.suggestion:.2e}")
+    return 0
+
+
 def cmd_config(ns: argparse.Namespace) -> int:
     config = _load(ns.args)
     if ns.action == "show":
@@ -159,6 +190,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="store stacks whose base was quantized in that format again (smaller, lossy)",
     )
     m.set_defaults(func=cmd_merge_lora)
+    f = sub.add_parser(
+        "lr-find",
+        help="LR range test: suggest a learning rate, plot loss against LR",
+        description=(
+            "Train briefly from CONFIG while the LR grows exponentially, print the LR where the "
+            "loss falls fastest and save a plot. The model is restored afterwards; progressive "
+            "configs are swept on the whole rack."
+        ),
+    )
+    f.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]")
+    f.add_argument("--steps", type=int, default=100)
+    f.add_argument("--min-lr", type=float, default=1e-6)
+    f.add_argument("--max-lr", type=float, default=1.0)
+    f.add_argument("--plot", default=None, help="PNG path (default OUTPUT_DIR/lr_find.png)")
+    f.set_defaults(func=cmd_lr_find)
     c = sub.add_parser("config", help="show or validate a config")
     c.add_argument("action", choices=["show", "validate"])
     c.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]")

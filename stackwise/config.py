@@ -242,6 +242,34 @@ class TrainConfig(Section):
     eval_batches: PositiveInt = 10
     output_dir: str | None = Field(None, description="Default: outputs/<run_name>.")
     overwrite_output_dir: bool = False
+    save_steps: NonNegativeInt = Field(
+        0, description="Write output_dir/checkpoint-<step> every N steps; 0: none."
+    )
+    save_total_limit: PositiveInt | None = Field(
+        None, description="Keep the N newest checkpoints (never deleting the best)."
+    )
+    resume_from_checkpoint: str | None = Field(
+        None, description="'latest' (output_dir's pointer) or a checkpoint-<step> folder."
+    )
+    save_best_model: bool = Field(
+        False, description="Checkpoint at every eval that improves metric_for_best."
+    )
+    metric_for_best: Literal["loss", "nelbo", "ppl", "ppl_bound", "accuracy"] = "loss"
+    greater_is_better: bool | None = Field(
+        None, description="Default: true for accuracy, false otherwise."
+    )
+    early_stopping_patience: PositiveInt | None = Field(
+        None, description="Stop after N evals without improvement of metric_for_best."
+    )
+    early_stopping_threshold: NonNegativeFloat = Field(
+        0.0, description="An improvement must exceed this to count."
+    )
+    skip_nonfinite_steps: bool = Field(
+        False, description="Skip the update of a step whose loss or gradient is NaN/inf."
+    )
+    enabled_extensions: list[str] = Field(
+        default_factory=list, description="Registered extensions to run (by name)."
+    )
 
     @field_validator("betas")
     @classmethod
@@ -265,6 +293,46 @@ class TrainConfig(Section):
             raise ValueError(f"min_lr_ratio has no effect with scheduler '{self.scheduler}'")
         if self.scheduler != "polynomial" and self.changed("poly_power"):
             raise ValueError("poly_power only applies to scheduler: polynomial")
+        tracks = self.save_best_model or self.early_stopping_patience is not None
+        for name in ("metric_for_best", "greater_is_better"):
+            if self.changed(name) and not tracks:
+                raise ValueError(
+                    f"{name} is read by save_best_model and early stopping; turn one of them on"
+                )
+        if self.changed("early_stopping_threshold") and self.early_stopping_patience is None:
+            raise ValueError("early_stopping_threshold needs early_stopping_patience")
+        if self.save_total_limit is not None and not (self.save_steps or self.save_best_model):
+            raise ValueError(
+                "save_total_limit rotates checkpoints, but none are written: set save_steps "
+                "(or save_best_model)"
+            )
+        if self.save_steps > self.max_steps:
+            raise ValueError(
+                f"save_steps ({self.save_steps}) exceeds max_steps ({self.max_steps}), so no "
+                "checkpoint would ever be written; lower it (0 turns checkpoints off)"
+            )
+        builtin = {
+            "best_model": "save_best_model: true",
+            "early_stopping": "early_stopping_patience",
+            "console": "logging.console",
+            "jsonl": "logging.jsonl",
+            "tensorboard": "logging.tensorboard",
+            "wandb": "logging.log_to_wandb",
+            "progress_bar": "logging.progress_bar",
+        }
+        for name in self.enabled_extensions:
+            if name in builtin:
+                raise ValueError(
+                    f"enabled_extensions lists the built-in '{name}', which its own setting "
+                    f"turns on ({builtin[name]}); remove it from the list"
+                )
+        if len(set(self.enabled_extensions)) != len(self.enabled_extensions):
+            raise ValueError("enabled_extensions lists an extension twice")
+        if tracks and self.eval_every > self.max_steps:
+            raise ValueError(
+                f"save_best_model / early stopping act on evaluations, but eval_every "
+                f"({self.eval_every}) exceeds max_steps ({self.max_steps}); lower eval_every"
+            )
         return self
 
 
@@ -275,6 +343,22 @@ class LoggingConfig(Section):
     jsonl: bool = True
     tensorboard: bool = True
     progress_bar: Literal["auto", "always", "never"] = "auto"
+    log_to_wandb: bool = Field(False, description="W&B; WANDB_MODE=offline works without login.")
+    wandb_project: str = "stackwise"
+
+    @model_validator(mode="after")
+    def _wandb(self) -> LoggingConfig:
+        if self.changed("wandb_project") and not self.log_to_wandb:
+            raise ValueError("wandb_project needs log_to_wandb: true")
+        if self.log_to_wandb:
+            import importlib.util
+
+            if importlib.util.find_spec("wandb") is None:
+                raise ValueError(
+                    "log_to_wandb is on but wandb is not installed: pip install wandb (set "
+                    "WANDB_MODE=offline to log without an account), or turn it off"
+                )
+        return self
 
 
 class SampleConfig(Section):
@@ -426,7 +510,11 @@ class ProgressiveConfig(Section):
     block_size: PositiveInt | None = Field(None, description="blockwise/fused: blocks per stack.")
     joint_tuning_steps: NonNegativeInt = 0
     building_mode: Literal["append", "prepend"] = "append"
-    trunk_strategy: Literal["frozen", "full", "qlora"] = "frozen"
+    trunk_strategy: Literal["frozen", "full", "qlora"] = Field(
+        "frozen",
+        description="frozen (+ cache.enabled): the memory-light path; qlora: quantized trunk "
+        "adapted by LoRA, the adaptable path (no cache); full: the trunk trains too.",
+    )
     head_policy: Literal["train_first", "always", "frozen"] = "train_first"
     new_stack_precision: PrecisionName = Field(
         "full",
@@ -814,6 +902,36 @@ class Config(Section):
                 "logging.run_name names the default output dir outputs/<run_name>; with "
                 "train.output_dir set it would have no effect. Set one of them"
             )
+        resume, p = self.train.resume_from_checkpoint, self.progressive
+        if resume is not None and p.strategy == "progressive" and not p.save_stacks:
+            raise ValueError(
+                "resuming a progressive run regrows its finished stacks from their stack files; "
+                "it needs progressive.save_stacks: true"
+            )
+        if resume is not None and p.strategy == "progressive" and resume != "latest":
+            raise ValueError(
+                "a progressive run resumes as a whole: set train.resume_from_checkpoint: latest "
+                "with train.output_dir naming the run (each stage resumes from its own latest "
+                "checkpoint)"
+            )
+        if resume not in (None, "latest") and self.logging.run_name is not None:
+            raise ValueError(
+                "resuming from a checkpoint folder continues that run in its own folder, so "
+                "logging.run_name would have no effect; remove it"
+            )
+        if resume == "latest" and self.train.output_dir is None and self.logging.run_name is None:
+            raise ValueError(
+                "train.resume_from_checkpoint 'latest' looks in the run's output dir; set "
+                "train.output_dir (or logging.run_name) to the run to resume"
+            )
+        metric = self.train.metric_for_best
+        diffusion_only = metric in ("nelbo", "ppl_bound")
+        if (diffusion_only and name != "diffusion") or (metric == "ppl" and name == "diffusion"):
+            raise ValueError(
+                f"train.metric_for_best '{metric}' is not reported for objective '{name}' "
+                "(diffusion reports nelbo and ppl_bound; clm and mlm report ppl; all report loss "
+                "and accuracy)"
+            )
         if self.data.seq_len > self.model.max_seq_len:
             raise ValueError(
                 f"data.seq_len ({self.data.seq_len}) exceeds model.max_seq_len "
@@ -915,13 +1033,15 @@ SEED_ALIASES: dict[str, str] = {
     "progressive_qlora_rank": "lora.trunk_rank",
     "progressive_qlora_alpha": "lora.trunk_alpha",
     "lora_lr": "train.group_lr.lora",
+    "eval_steps": "train.eval_every",
+    "log_to_wandb": "logging.log_to_wandb",
 }
 
 
 def _apply_aliases(data: dict[str, Any]) -> dict[str, Any]:
     data = copy.deepcopy(data)  # never write into the caller's nested dicts
-    for where in ("", "progressive."):
-        holder = data if not where else data.get("progressive")
+    for where in ("", "progressive.", "train."):
+        holder = data if not where else data.get(where[:-1])
         if not isinstance(holder, dict):
             continue
         for alias in [k for k in holder if k in SEED_ALIASES]:

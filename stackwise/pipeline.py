@@ -49,6 +49,16 @@ def resolve_vocab(config: Config, tokenizer_size: int) -> Config:
     return config
 
 
+def build_trainer(config: Config) -> Trainer:
+    """The end-to-end Trainer of a config (its whole rack), e.g. for the LR finder."""
+    set_seed(config.train.seed)
+    data = build_data(config.data)
+    config = resolve_vocab(config, len(data.tokenizer))
+    rack = build_rack(config, config.model.vocab_size or len(data.tokenizer))
+    objective = build_objective(config, data.specials)
+    return Trainer(config, rack, objective, data.train, data.val)
+
+
 def train_from_config(config: Config, quiet: bool = False) -> RunResult:
     if config.objective.name == "custom":
         raise StackWiseError(

@@ -189,6 +189,16 @@ yaml_values = st.recursive(
                     "n_heads",
                     "objective",
                     "name",
+                    "progressive",
+                    "lora",
+                    "quant",
+                    "qlora_rank",
+                    "lora_lr",
+                    "eval_steps",
+                    "quantization_type",
+                    "save_steps",
+                    "resume_from_checkpoint",
+                    "enabled_extensions",
                 ]
             )
             | st.text(max_size=5),

@@ -153,6 +153,9 @@ GENERIC: dict[str, tuple[Any, dict]] = {
     "quant.double_quant": (True, "PGQ"),
     "quant.backbone_quantized": (False, "PGQ"),  # then nothing is quantized: refused
     "quant.adapters_full_precision": (False, "PGQL"),
+    "train.save_steps": (2, {}),
+    "train.save_total_limit": (1, {"train": {"save_steps": 1}}),
+    "train.save_best_model": (True, {}),
 }
 
 CUSTOM = {
@@ -170,6 +173,17 @@ CUSTOM = {
     "train.compile",
     "train.output_dir",
     "train.overwrite_output_dir",
+    # tested in test_checkpoints.py: resume, best-model metric and direction, early stopping,
+    # NaN skipping, extensions by name, W&B (offline) and its project
+    "train.resume_from_checkpoint",
+    "train.metric_for_best",
+    "train.greater_is_better",
+    "train.early_stopping_patience",
+    "train.early_stopping_threshold",
+    "train.skip_nonfinite_steps",
+    "train.enabled_extensions",
+    "logging.log_to_wandb",
+    "logging.wandb_project",
 }
 
 

@@ -195,8 +195,9 @@ def test_per_stack_budget_lr_and_objective_overrides(tiny):
     assert seen[2] == (per_epoch, cfg.train.lr, "mlm")
 
 
-def test_qlora_trunk_is_refused_until_quantization_lands(tiny):
-    with pytest.raises(StackWiseError, match="qlora"):
+def test_qlora_trunk_without_trunk_adapters_is_refused(tiny):
+    """qlora trains only trunk adapters: without them the setting would do nothing."""
+    with pytest.raises(StackWiseError, match=r"lora\.trunk_adapters: true"):
         grown(tiny, 2, {"trunk_strategy": "qlora"})
 
 

@@ -150,6 +150,28 @@ def test_lora_trains_through_a_frozen_quantized_layer(fmt):
         assert torch.equal(after[k.removeprefix("q_proj.")], v), k  # frozen codes untouched
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4", "nf4"])
+def test_backward_never_keeps_a_dequantized_weight(fmt):
+    """The memory saving must hold while training: autograd may save activations and codes,
+    but no full-precision copy of the frozen weight."""
+    m = Attn()
+    quantize_linears(m, fmt)
+    add_adapter(m, "stack", rank=4, alpha=8)
+    set_adapter_trainable(m, "stack", True)
+    saved: list[torch.Tensor] = []
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    x = torch.randn(3, 32, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        m(x).sum().backward()
+    weight_sized = [t for t in saved if t.is_floating_point() and t.numel() == 32 * 32]
+    assert weight_sized == []
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
 # -- 2/3. config keys, dual LoRA, ranks ------------------------------------------------------
 
 QLORA = {

@@ -74,10 +74,15 @@ class StageModel(nn.Module):
         pos = next(i for i, s in enumerate(rack.stacks) if s is new_stack)
         self.before = list(rack.stacks)[:pos]  # plain lists: the rack already registers them
         self.after = list(rack.stacks)[pos + 1 :]
+        self.train()  # from the first step, not only after an evaluation switched modes
 
     @property
     def uses_time(self) -> bool:
         return self.rack.uses_time
+
+    def checkpoint_module(self) -> nn.Module:
+        """What a stage checkpoint saves and restores: the whole rack (new stack included)."""
+        return self.rack
 
     @property
     def boundary(self) -> int:

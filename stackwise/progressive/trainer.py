@@ -18,12 +18,19 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 from stackwise.config import Config, save_config, stack_config
 from stackwise.data.pack import PreparedData
 from stackwise.errors import StackWiseError
 from stackwise.model.rack import Rack, count_parameters
-from stackwise.model.stack_files import save_anchor_and_manifest, save_stack
+from stackwise.model.stack_files import (
+    ANCHOR,
+    STACKS_DIR,
+    save_anchor_and_manifest,
+    save_stack,
+)
 from stackwise.objectives import Diffusion, Objective, build_objective
 from stackwise.progressive.builder import QUANTIZED, AdapterSpec, ProgressiveRackBuilder
 from stackwise.progressive.cache import ActivationCache
@@ -31,6 +38,7 @@ from stackwise.progressive.stage import KeyedSamples, StageModel, advance_cache
 from stackwise.progressive.timing import TimeMapping, depth_range
 from stackwise.quant.lora import rank_for
 from stackwise.train.checkpoint import save_model
+from stackwise.train.checkpointing import rng_state, set_rng_state, write_atomic
 from stackwise.train.trainer import (
     Trainer,
     claim_output_dir,
@@ -40,6 +48,7 @@ from stackwise.train.trainer import (
 )
 
 HISTORY = "progressive_history.json"
+LATEST = "latest"
 
 
 @dataclass
@@ -234,19 +243,32 @@ class ProgressiveTrainer:
         if not self.quiet and self.accelerator.is_main_process:
             print(msg, flush=True)
 
-    def train_stage(self, index: int, n_stacks: int) -> StackRecord:
-        p, b, acc = self.p, self.builder, self.accelerator
-        lo = self.config.lora
+    def grow(self, index: int) -> Any:
+        """Add stack `index` with its precision and adapter, and set every role for its stage."""
+        p, lo = self.p, self.config.lora
         spec = (
             self.adapter_spec(*rank_for(index, self.config.model.n_stacks, lo))
             if lo.enabled and p.new_stack_precision in QUANTIZED
             else None
         )
         # fp16 weights cannot train without loss scaling (Adam's state underflows), so an fp16
-        # stack trains in fp32 and is stored as fp16 once its stage ends and it is frozen
-        train_as = "full" if p.new_stack_precision == "fp16" else p.new_stack_precision
-        new = b.add_stack(precision=train_as, adapter=spec)
+        # stack trains in fp32 and is stored as fp16 once its stage ends (see finish_stack)
+        new = self.builder.add_stack(precision=self.train_precision(), adapter=spec)
         self.set_roles(index)
+        return new
+
+    def train_precision(self) -> str:
+        return "full" if self.p.new_stack_precision == "fp16" else self.p.new_stack_precision
+
+    def finish_stack(self, stack: Any) -> None:
+        """A stack whose stage ended takes its final storage (fp16 stacks trained in fp32)."""
+        if self.train_precision() != self.p.new_stack_precision:
+            self.builder.store_as(stack, self.p.new_stack_precision)
+            self.builder.precisions[id(stack)] = self.p.new_stack_precision
+
+    def train_stage(self, index: int, n_stacks: int) -> StackRecord:
+        p, b, acc = self.p, self.builder, self.accelerator
+        new = self.grow(index)
         cfg = stack_config(self.config, index)
         t_range = self.t_range(index)
         objective = self.objective_for(cfg, t_range)
@@ -269,6 +291,7 @@ class ProgressiveTrainer:
                 "seed": (cfg.train.seed + index) % 2**31,
                 "output_dir": str(self.output_dir / f"stack_{index}"),
                 "overwrite_output_dir": True,
+                "resume_from_checkpoint": self.stage_resume(self.output_dir / f"stack_{index}"),
             },
             logging={"run_name": None},
         )
@@ -283,6 +306,8 @@ class ProgressiveTrainer:
         )
         trainer = Trainer(cfg, model, objective, train_data, self.data.val, accelerator=acc)
         self.last_trainer = trainer  # inspected by tests (optimizer membership)
+        trainer.stack_index, trainer.progressive = index, self
+        trainer._call("on_stack_begin", index)
         trainer.progress_desc = f"stack {index + 1}/{n_stacks}"
         trainer.eval_seed = self.config.train.seed
         trainer.eval_objective = build_objective(self.config, self.data.specials)
@@ -309,9 +334,7 @@ class ProgressiveTrainer:
             eval=losses[-1] if losses else {},
             cache=cache_info,
         )
-        if train_as != p.new_stack_precision:
-            b.store_as(new, p.new_stack_precision)
-            b.precisions[id(new)] = p.new_stack_precision
+        self.finish_stack(new)
         if p.save_stacks and acc.is_main_process:
             # a trunk that trains, gains adapters or is quantized on freezing is saved again
             self.save_stacks(
@@ -362,6 +385,7 @@ class ProgressiveTrainer:
                 "seed": (self.config.train.seed + 10_000) % 2**31,
                 "output_dir": str(self.output_dir / "joint"),
                 "overwrite_output_dir": True,
+                "resume_from_checkpoint": self.stage_resume(self.output_dir / "joint"),
             },
             logging={"run_name": None},
         )
@@ -408,10 +432,13 @@ class ProgressiveTrainer:
                 f"target_stacks={n} exceeds model.n_stacks={self.config.model.n_stacks}, which "
                 "sets the depth used to scale initialisation and the noise mapping."
             )
+        if self.config.train.resume_from_checkpoint and not self.builder.grown:
+            self.restore_progress(n)
         for index in range(len(self.builder.grown), n):
             record = self.train_stage(index, n)
             self.records.append(record)
             self.write_history()
+            self.last_trainer._call("on_stack_end", index, record)
         joint = self.joint_tuning() if self.p.mode == "fused" else None
         final = self.final_eval()
         self.joint = joint
@@ -422,14 +449,76 @@ class ProgressiveTrainer:
         return ProgressiveResult(self.builder.rack, self.output_dir, self.records, final, joint)
 
     def write_history(self) -> None:
+        states = [rng_state()]  # every rank's, gathered: ranks may draw differently (dropout)
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            states = gather_object(states)
         if not self.accelerator.is_main_process:
             return
         data = {
             "stacks": [r.as_dict() for r in self.records],
             "joint": getattr(self, "joint", None),
             "final_eval": getattr(self, "final", None),
+            # where the global RNG stood when the last stage ended: a resumed run grows the
+            # next stack from the same random state
+            "rng_states": states,
         }
-        (self.output_dir / HISTORY).write_text(json.dumps(data, indent=1))
+        write_atomic(self.output_dir / HISTORY, json.dumps(data, indent=1))
+
+    # -- resuming -------------------------------------------------------------------------
+
+    def stage_resume(self, stage_dir: Path) -> str | None:
+        """A stage restarts from its own latest checkpoint when this run resumes."""
+        if self.config.train.resume_from_checkpoint and (stage_dir / LATEST).is_file():
+            return "latest"
+        return None
+
+    def restore_progress(self, n: int) -> None:
+        """Regrow the stacks whose stages finished (as history.json records them), load their
+        saved weights, and restore the RNG as it stood when the last of them ended. The
+        interrupted stage then resumes from its own checkpoint (or starts over); the activation
+        cache is rebuilt as stages run."""
+        from stackwise.quant.layers import load_quantized_state
+
+        path = self.output_dir / HISTORY
+        if not path.is_file():
+            if (self.output_dir / "stack_0" / LATEST).is_file():
+                return  # interrupted during the first stage: it resumes on its own
+            raise StackWiseError(
+                f"train.resume_from_checkpoint is 'latest', but '{self.output_dir}' holds neither "
+                f"{HISTORY} nor a stage checkpoint (stack_0/{LATEST}): nothing was saved there "
+                "yet. Check train.output_dir, set train.save_steps, or start without resuming."
+            )
+        saved = json.loads(path.read_text())
+        done = saved["stacks"][:n]
+        b = self.builder
+        for index in range(len(done)):
+            self.finish_stack(self.grow(index))
+        root = self.output_dir / STACKS_DIR
+        try:
+            anchor = load_file(str(root / ANCHOR))
+            b.rack.load_state_dict(anchor, strict=False)
+            for stack in b.rack.stacks:
+                g = b.growth_index(stack)
+                load_quantized_state(stack, load_file(str(root / f"stack_{g}.safetensors")))
+        except (OSError, KeyError, RuntimeError, SafetensorError) as err:
+            raise StackWiseError(
+                f"Cannot restore the finished stacks from '{root}' ({str(err)[:160]}). The run "
+                "was made with another config, or its stack files are damaged."
+            ) from None
+        self.records = [
+            StackRecord(**{**r, "t_range": tuple(r["t_range"]) if r["t_range"] else None})
+            for r in done
+        ]
+        states = saved["rng_states"]
+        if len(states) != self.accelerator.num_processes:
+            raise StackWiseError(
+                f"'{path}' was written by {len(states)} processes and this run has "
+                f"{self.accelerator.num_processes}; resume with the same number of processes."
+            )
+        set_rng_state(states[self.accelerator.process_index])
+        self._log(f"resuming after {len(done)} finished stage(s) of {n}")
 
     def save(self, tokenizer: Any = None) -> Path:
         """config.yaml, tokenizer/, the full rack (save_rack) and stacks/ (save_stacks)."""

@@ -8,7 +8,7 @@ so PEFT never casts adapters to it) and forward dequantizes to the input's dtype
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +24,20 @@ from stackwise.quant.formats import (
 QuantFormat = Literal["nf4", "fp8", "nvfp4"]
 FLOAT_PRECISIONS = {"full": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 QUANT_FORMATS = ("nf4", "fp8", "nvfp4")
+
+
+class _FrozenDequantMatmul(torch.autograd.Function):
+    """x @ W.T with W dequantized on the fly in forward AND backward, so autograd keeps only
+    the compressed codes, never a full-precision copy of the weight (W is frozen: no dW)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, layer: QuantLinear) -> torch.Tensor:
+        ctx.layer = layer
+        return F.linear(x, layer.dequantize(x.dtype))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad @ ctx.layer.dequantize(grad.dtype), None
 
 
 class QuantLinear(nn.Linear):
@@ -43,8 +57,8 @@ class QuantLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled() else x.dtype
-        bias = self.bias.to(dtype) if self.bias is not None else None
-        return F.linear(x.to(dtype), self.dequantize(dtype), bias)
+        out = _FrozenDequantMatmul.apply(x.to(dtype), self)
+        return out + self.bias.to(dtype) if self.bias is not None else out
 
     def stored_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.state_dict().values())

@@ -1,62 +1,189 @@
-"""Where metrics go: console, metrics.jsonl and TensorBoard, on the main process only."""
+"""Where metrics go: console, metrics.jsonl, TensorBoard, W&B and the progress bar.
+
+Each is an extension (see `stackwise.train.extensions`), turned on by the `logging` section and
+active on the main process only. On resume, rows logged after the checkpoint's step are dropped
+from metrics.jsonl and TensorBoard, so a crashed-and-resumed run reads like one run.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
+
+from stackwise.errors import StackWiseError
+from stackwise.train.checkpointing import write_atomic
+from stackwise.train.extensions import Extension, register_extension
+
+if TYPE_CHECKING:
+    from stackwise.train.trainer import Trainer
 
 
 def _fmt(key: str, value: Any) -> str:
     if isinstance(value, float):
-        if key == "lr" or (value != 0 and abs(value) < 1e-3):
+        if key.endswith("lr") or (value != 0 and abs(value) < 1e-3):
             return f"{key}={value:.2e}"
         return f"{key}={value:.4g}"
     return f"{key}={value}"
 
 
-class MetricsLogger:
-    def __init__(
-        self,
-        out_dir: Path,
-        console: bool,
-        jsonl: bool,
-        tensorboard: bool,
-        enabled: bool = True,
-    ) -> None:
-        self.enabled = enabled
-        self.console = console and enabled
-        self.jsonl_path = out_dir / "metrics.jsonl" if jsonl and enabled else None
-        self.tb = None
-        if tensorboard and enabled:
+def _main(trainer: Trainer) -> bool:
+    return trainer.accelerator.is_main_process
+
+
+@register_extension("console")
+class ConsoleLogger(Extension):
+    def on_log(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        if _main(trainer):
+            shown = " ".join(_fmt(k, v) for k, v in metrics.items())
+            tqdm.write(f"step {trainer.state.step}: {shown}")
+
+
+@register_extension("jsonl")
+class JsonlLogger(Extension):
+    def on_train_begin(self, trainer: Trainer) -> None:
+        self.path = trainer.output_dir / "metrics.jsonl"
+        if _main(trainer) and trainer.resumed_from is None and self.path.is_file():
+            self.path.unlink()  # a fresh start (the dir held no finished run): begin anew
+        if _main(trainer) and trainer.resumed_from is not None and self.path.is_file():
+            keep = []
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    if json.loads(line).get("step", 0) <= trainer.state.step:
+                        keep.append(line)
+                except ValueError:  # a line torn by the crash
+                    continue
+            write_atomic(self.path, "".join(f"{line}\n" for line in keep))
+
+    def on_log(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        if _main(trainer):
+            record = {"step": trainer.state.step, "time": time.time(), **metrics}
+            with self.path.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(record) + "\n")
+
+
+@register_extension("tensorboard")
+class TensorBoardLogger(Extension):
+    writer: Any = None
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        if _main(trainer):
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
+            purge = trainer.state.step + 1 if trainer.resumed_from is not None else None
+            self.writer = SummaryWriter(
+                log_dir=str(trainer.output_dir / "tensorboard"), purge_step=purge
+            )
 
-    def log(self, step: int, metrics: dict[str, Any], prefix: str = "") -> None:
-        if not self.enabled:
-            return
-        record = {
-            "step": step,
-            "time": time.time(),
-            **{f"{prefix}{k}": v for k, v in metrics.items()},
-        }
-        if self.jsonl_path is not None:
-            with self.jsonl_path.open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps(record) + "\n")
-        if self.tb is not None:
+    def on_log(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        if self.writer is not None:
             for k, v in metrics.items():
                 if isinstance(v, int | float) and math.isfinite(v):
-                    self.tb.add_scalar(f"{prefix}{k}", v, step)
-        if self.console:
-            shown = " ".join(_fmt(f"{prefix}{k}", v) for k, v in metrics.items())
-            tqdm.write(f"step {step}: {shown}")
+                    self.writer.add_scalar(k, v, trainer.state.step)
 
-    def close(self) -> None:
-        if self.tb is not None:
-            self.tb.flush()
-            self.tb.close()
+    def on_train_end(self, trainer: Trainer) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()
+            self.writer = None
+
+
+@register_extension("wandb")
+class WandbLogger(Extension):
+    """Weights & Biases; `WANDB_MODE=offline` writes the run under output_dir/wandb."""
+
+    run: Any = None
+
+    def __init__(self) -> None:
+        self.run_id: str | None = None
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        if not _main(trainer) or self.run is not None:
+            return
+        try:
+            import wandb
+        except ImportError:
+            raise StackWiseError(
+                "logging.log_to_wandb is on but wandb is not installed. `pip install wandb` "
+                "(set WANDB_MODE=offline to log without an account), or turn it off."
+            ) from None
+        lc = trainer.config.logging
+        self.run = wandb.init(
+            project=lc.wandb_project,
+            name=trainer.output_dir.name,
+            dir=str(trainer.output_dir),
+            config=trainer.config.model_dump(mode="json"),
+            id=self.run_id,  # a resumed run continues the same W&B run
+            resume="allow",
+            reinit="create_new",
+        )
+        self.run_id = self.run.id
+
+    def on_log(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        if self.run is not None:
+            self.run.log(metrics, step=trainer.state.step)
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.run_id = state.get("run_id")
+
+
+@register_extension("progress_bar")
+class ProgressBar(Extension):
+    """tqdm with loss, LR and tokens/s; on rank 0, and (mode auto) only on a terminal."""
+
+    bar: Any = None
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        mode = trainer.config.logging.progress_bar
+        show = mode == "always" or (mode == "auto" and sys.stdout.isatty())
+        self.bar = tqdm(
+            total=trainer.config.train.max_steps,
+            initial=trainer.state.step,
+            disable=not (show and _main(trainer)),
+            dynamic_ncols=True,
+            desc=trainer.progress_desc,
+        )
+
+    def on_step_end(self, trainer: Trainer) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def on_log(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        if self.bar is not None and "train/loss" in metrics:
+            self.bar.set_postfix(
+                loss=f"{metrics['train/loss']:.3f}",
+                lr=f"{metrics['train/lr']:.1e}",
+                tok_s=f"{metrics['train/tokens_per_s']:,.0f}",
+            )
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def logging_extensions(trainer: Trainer) -> list[Extension]:
+    """The built-in loggers the `logging` section turns on, progress bar first."""
+    lc = trainer.config.logging
+    out: list[Extension] = [ProgressBar()]
+    if lc.console:
+        out.append(ConsoleLogger())
+    if lc.jsonl:
+        out.append(JsonlLogger())
+    if lc.tensorboard:
+        out.append(TensorBoardLogger())
+    if lc.log_to_wandb:
+        out.append(WandbLogger())
+    return out

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import sys
+import os
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,8 +29,16 @@ from tqdm.auto import tqdm
 from stackwise.config import Config, save_config
 from stackwise.errors import StackWiseError
 from stackwise.objectives.base import Objective
+from stackwise.train import checkpointing as ckpt
+from stackwise.train.extensions import (
+    HOOKS,
+    BestModel,
+    EarlyStopping,
+    Extension,
+    build_extensions,
+)
 from stackwise.train.hardware import keep_freed_memory, resolve_precision
-from stackwise.train.metrics import MetricsLogger
+from stackwise.train.metrics import logging_extensions
 from stackwise.train.optim import build_optimizer, build_param_groups, build_scheduler
 
 
@@ -86,19 +95,33 @@ def resolve_output_dir(config: Config) -> Path:
     return Path("outputs") / name
 
 
-def prepare_output_dir(path: Path, overwrite: bool) -> None:
-    """Refuse to clobber a finished run; check that we can write before any training."""
-    finished = ("model.safetensors", "stacks/manifest.json", "progressive_history.json")
+def prepare_output_dir(path: Path, overwrite: bool, resuming: bool = False) -> None:
+    """Refuse to clobber a finished run; check that we can write before any training.
+
+    A run being resumed has stacks and history already (written as stages end); only a final
+    model.safetensors marks it finished."""
+    finished = ("model.safetensors",)
+    if not resuming:
+        finished += ("stacks/manifest.json", "progressive_history.json")
     if any((path / f).exists() for f in finished) and not overwrite:
         raise StackWiseError(
             f"Output dir '{path}' already holds a trained model. Choose another "
             "train.output_dir, or set train.overwrite_output_dir=true to replace it."
+        )
+    unfinished = not resuming and (path / ckpt.LATEST).is_file()
+    if unfinished and not overwrite:
+        raise StackWiseError(
+            f"Output dir '{path}' holds checkpoints of an unfinished run. Resume it with "
+            "train.resume_from_checkpoint=latest, choose another train.output_dir, or set "
+            "train.overwrite_output_dir=true to start over."
         )
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".write-test"
         probe.write_text("ok")
         probe.unlink()
+        if unfinished:  # overwrite: the earlier run's checkpoints go first
+            ckpt.clear_run(path)
     except OSError as err:
         raise StackWiseError(
             f"Cannot write to output dir '{path}': {err.strerror or err}. Pick a writable "
@@ -113,7 +136,11 @@ def claim_output_dir(acc: Accelerator, config: Config, output_dir: str | Path | 
     if acc.is_main_process:
         shared[0] = shared[0] or str(resolve_output_dir(config))
         try:
-            prepare_output_dir(Path(shared[0]), config.train.overwrite_output_dir)
+            prepare_output_dir(
+                Path(shared[0]),
+                config.train.overwrite_output_dir,
+                resuming=config.train.resume_from_checkpoint is not None,
+            )
         except StackWiseError as err:
             shared[1] = str(err)
     if acc.num_processes > 1:
@@ -227,13 +254,18 @@ class Trainer:
         output_dir: str | Path | None = None,
         accelerator: Accelerator | None = None,
         param_groups: dict[str, list[tuple[str, nn.Parameter]]] | None = None,
+        extensions: list[Extension] | None = None,
     ) -> None:
         self.config = config
         tc = config.train
+        user_extensions = build_extensions(tc.enabled_extensions)  # unknown names: fail first
         self.accelerator = accelerator or make_accelerator(tc.mixed_precision)
         acc = self.accelerator
         if acc.device.type == "cpu":
             keep_freed_memory()
+        resume = tc.resume_from_checkpoint
+        if output_dir is None and tc.output_dir is None and resume and resume != "latest":
+            output_dir = Path(resume).expanduser().parent  # continue the checkpoint's run
         self.output_dir = claim_output_dir(acc, config, output_dir)
         self.objective = objective
         # what evaluation scores; a depth-mapped stage trains on a noise range but is scored
@@ -265,10 +297,23 @@ class Trainer:
         )
         self.state = TrainState()
         self.uses_time = bool(getattr(self.raw_model, "uses_time", False))
-        lc = config.logging
-        self.logger = MetricsLogger(
-            self.output_dir, lc.console, lc.jsonl, lc.tensorboard, enabled=acc.is_main_process
+        self.should_stop = False  # set by extensions (early stopping)
+        self.save_requested = False  # set by extensions (best model): saved after on_eval
+        self._saved_steps: set[int] = set()
+        self.last_eval_step: int | None = None
+        self.resumed_from: Path | None = None
+        self.skipped_steps = 0
+        self.greater_is_better = (
+            tc.greater_is_better
+            if tc.greater_is_better is not None
+            else tc.metric_for_best == "accuracy"
         )
+        builtin: list[Extension] = logging_extensions(self)
+        if tc.save_best_model:
+            builtin.append(BestModel())
+        if tc.early_stopping_patience is not None:
+            builtin.append(EarlyStopping())
+        self.extensions = builtin + user_extensions + (extensions or [])
         self.gen = torch.Generator(device=acc.device)
         self.last_train_loss: float | None = None
         # evaluation masks depend on this seed only, so stages of one run score the same inputs
@@ -291,6 +336,9 @@ class Trainer:
             sampler=self.sampler,
             drop_last=True,
             num_workers=self.config.data.num_workers,
+            # its own generator: creating an iterator draws a worker seed, which must not move
+            # the global RNG (dropout), or a resumed run would diverge from an uninterrupted one
+            generator=torch.Generator().manual_seed(self.config.train.seed + self.state.epoch),
         )
 
     def _batches(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -327,7 +375,8 @@ class Trainer:
         self.accelerator.backward(loss)
         return loss.detach()
 
-    def train_step(self, batches: Iterator[dict[str, torch.Tensor]]) -> torch.Tensor:
+    def train_step(self, batches: Iterator[dict[str, torch.Tensor]]) -> torch.Tensor | None:
+        """One optimizer step; None when a non-finite loss/gradient was skipped."""
         tc, acc = self.config.train, self.accelerator
         if not self.model.training:
             self.model.train()
@@ -341,8 +390,26 @@ class Trainer:
             with ctx:
                 total += self.micro_step(batch, gen, 1.0 / tc.grad_accum_steps)
         self.sync_gradients()
+        norm = None
         if tc.max_grad_norm > 0:
-            acc.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm)
+            norm = acc.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm)
+        # NaN/inf in the loss or the gradient norm (inf * 0 is NaN) poisons this sum
+        check = total.detach().float() + (norm.detach().float() * 0 if norm is not None else 0)
+        # fp16 (GPU): the GradScaler skips overflowing steps itself and adapts its scale
+        finite = acc.scaler is not None or bool(torch.isfinite(acc.reduce(check, "sum")))
+        if not finite:  # every rank decides alike
+            self.optimizer.zero_grad(set_to_none=True)
+            self.state.step += 1
+            if not tc.skip_nonfinite_steps:
+                raise StackWiseError(
+                    f"The training loss or gradient became NaN/inf at step {self.state.step}; "
+                    "no update was applied and nothing after the last checkpoint was saved. "
+                    "Lower train.lr, keep train.max_grad_norm > 0, use mixed_precision bf16/no, "
+                    "or set train.skip_nonfinite_steps: true to skip such steps."
+                )
+            self.skipped_steps += 1
+            self.scheduler.step()  # keep the schedule aligned with the step count
+            return None
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -379,52 +446,61 @@ class Trainer:
 
     # -- loop -------------------------------------------------------------------------------
 
-    def _progress(self) -> tqdm:
-        mode = self.config.logging.progress_bar
-        show = mode == "always" or (mode == "auto" and sys.stdout.isatty())
-        return tqdm(
-            total=self.config.train.max_steps,
-            initial=self.state.step,
-            disable=not (show and self.accelerator.is_main_process),
-            dynamic_ncols=True,
-            desc=self.progress_desc,
-        )
+    def _call(self, hook: str, *args: Any) -> None:
+        assert hook in HOOKS
+        for ext in self.extensions:
+            getattr(ext, hook)(self, *args)
+
+    def logger_note(self, message: str) -> None:
+        """A one-line notice (early stop, new best) on the main process."""
+        if self.accelerator.is_main_process:
+            tqdm.write(message)
 
     def _eval_and_log(self) -> dict[str, float]:
         metrics = self.evaluate()
+        self.last_eval_step = self.state.step
         if metrics:
-            self.logger.log(self.state.step, metrics, prefix="val/")
+            self._call("on_log", {f"val/{k}": v for k, v in metrics.items()})
             self.state.history.append({"step": self.state.step, **metrics})
+            self._call("on_eval", metrics)
+            if self.save_requested:  # after every extension has seen this eval
+                self.save_requested = False
+                self.save_checkpoint()
         return metrics
 
     def train(self) -> TrainState:
         tc, lc = self.config.train, self.config.logging
+        if tc.resume_from_checkpoint:
+            spec = tc.resume_from_checkpoint
+            self.load_checkpoint(ckpt.resolve_checkpoint(spec, self.output_dir))
         batches = self._batches()
-        bar = self._progress()
-        self._eval_and_log()
+        self._call("on_train_begin")
+        if self.resumed_from is None:
+            self._eval_and_log()
         running = torch.zeros((), device=self.accelerator.device)
         window_start, window_tokens, window_steps = time.perf_counter(), self.state.tokens_seen, 0
         try:
-            while self.state.step < tc.max_steps:
-                running += self.train_step(batches)
-                window_steps += 1
-                bar.update(1)
+            while self.state.step < tc.max_steps and not self.should_stop:
+                self._call("on_step_begin")
+                loss = self.train_step(batches)
+                if loss is not None:
+                    running += loss
+                    window_steps += 1
+                self._call("on_step_end")
                 step = self.state.step
-                if step % lc.log_every == 0 or step == tc.max_steps:
-                    loss = float(self.accelerator.reduce(running, "mean")) / window_steps
-                    if not math.isfinite(loss):
-                        raise StackWiseError(
-                            f"The training loss became {loss} at step {step}. Lower train.lr, "
-                            "keep train.max_grad_norm > 0, or use mixed_precision=bf16/no."
-                        )
-                    self.last_train_loss = loss
+                if (step % lc.log_every == 0 or step == tc.max_steps) and window_steps:
+                    mean = float(self.accelerator.reduce(running, "mean")) / window_steps
+                    self.last_train_loss = mean
                     elapsed = time.perf_counter() - window_start
                     tps = (self.state.tokens_seen - window_tokens) / max(elapsed, 1e-9)
-                    lr = self.scheduler.get_last_lr()[0]
-                    self.logger.log(
-                        step, {"loss": loss, "lr": lr, "tokens_per_s": tps}, prefix="train/"
-                    )
-                    bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tps:,.0f}")
+                    metrics = {
+                        "train/loss": mean,
+                        "train/lr": self.scheduler.get_last_lr()[0],
+                        "train/tokens_per_s": tps,
+                    }
+                    if self.skipped_steps:
+                        metrics["train/skipped_steps"] = self.skipped_steps
+                    self._call("on_log", metrics)
                     running.zero_()
                     window_start, window_tokens, window_steps = (
                         time.perf_counter(),
@@ -433,11 +509,176 @@ class Trainer:
                     )
                 if step % tc.eval_every == 0 and step != tc.max_steps:
                     self._eval_and_log()
-            self._eval_and_log()
+                if tc.save_steps and step % tc.save_steps == 0:
+                    self.save_checkpoint()
+            if self.last_eval_step != self.state.step:
+                self._eval_and_log()
         finally:
-            bar.close()
-            self.logger.close()
+            self._call("on_train_end")
         return self.state
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def _unwrapped(self) -> nn.Module:
+        model = self.accelerator.unwrap_model(self.model)
+        return getattr(model, "_orig_mod", model)
+
+    def _checkpointed(self) -> nn.Module:
+        model = self._unwrapped()
+        return model.checkpoint_module() if hasattr(model, "checkpoint_module") else model
+
+    def _protected(self) -> set[str]:
+        return {
+            e.best_checkpoint
+            for e in self.extensions
+            if isinstance(e, BestModel) and e.best_checkpoint
+        }
+
+    def _agree(self, error: str | None) -> None:
+        """Every rank learns whether any rank failed, then all raise the same error together:
+        no rank is left waiting at a barrier for a peer that gave up."""
+        errors = [error]
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            errors = gather_object([error])
+        failed = next((e for e in errors if e is not None), None)
+        if failed is not None:
+            raise StackWiseError(failed)
+
+    def save_checkpoint(self) -> Path:
+        """outputs/<run>/checkpoint-<step>, atomically; see stackwise.train.checkpointing."""
+        from stackwise.train.checkpoint import save_model
+
+        acc, step = self.accelerator, self.state.step
+        final = self.output_dir / f"checkpoint-{step}"
+        tmp = self.output_dir / f".checkpoint-{step}.tmp"
+        if step in self._saved_steps:  # best and periodic saves of one step coincide
+            return final
+
+        def failure(err: Exception) -> str:
+            reason = getattr(err, "strerror", None) or str(err)[:200]
+            return (
+                f"Could not write checkpoint '{final}' at step {step}: {reason}. Free disk space "
+                "or pick another train.output_dir; the previous checkpoints are intact."
+            )
+
+        def attempt(action: Any) -> None:
+            error = None
+            try:
+                action()
+            except Exception as err:  # disk full shows up as OSError or RuntimeError
+                error = failure(err)
+            if error is not None and acc.is_main_process:
+                shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                self._agree(error)
+            except StackWiseError:
+                if acc.is_main_process:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                raise
+
+        def prepare() -> None:
+            if acc.is_main_process:
+                ckpt.clean_partial(self.output_dir)
+                tmp.mkdir(parents=True)
+
+        def rng() -> None:
+            (tmp / f"rng_state_{acc.process_index}.json").write_text(json.dumps(ckpt.rng_state()))
+
+        def write() -> None:
+            if not acc.is_main_process:
+                return
+            save_model(self._checkpointed(), tmp)
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.bin")
+            torch.save(self.scheduler.state_dict(), tmp / "scheduler.bin")
+            if acc.scaler is not None:
+                torch.save(acc.scaler.state_dict(), tmp / "scaler.bin")
+            save_config(self.config, tmp / "config.yaml")
+            (tmp / ckpt.STATE).write_text(json.dumps(self._trainer_state(), indent=1))
+            ckpt.fsync_tree(tmp)
+            if final.exists():  # left by an earlier, abandoned run in this dir
+                ckpt.remove_checkpoint(final)
+            os.replace(tmp, final)
+            ckpt.fsync_dir(self.output_dir)
+            ckpt.write_atomic(self.output_dir / ckpt.LATEST, final.name + "\n")
+            ckpt.rotate(self.output_dir, self.config.train.save_total_limit, self._protected())
+
+        attempt(prepare)
+        attempt(rng)
+        attempt(write)
+        self._saved_steps.add(step)
+        self._call("on_save", final)
+        return final
+
+    def _trainer_state(self) -> dict[str, Any]:
+        return {
+            "step": self.state.step,
+            "epoch": self.state.epoch,
+            "batch_in_epoch": self.state.batch_in_epoch,
+            "tokens_seen": self.state.tokens_seen,
+            "history": self.state.history,
+            "skipped_steps": self.skipped_steps,
+            "last_eval_step": self.last_eval_step,
+            "world_size": self.accelerator.num_processes,
+            "stack_index": getattr(self, "stack_index", None),
+            "best_metric": next(
+                (e.best for e in self.extensions if isinstance(e, BestModel)), None
+            ),
+            "extensions": {e.name: e.state_dict() for e in self.extensions},
+        }
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Weights, optimizer, scheduler, sampler position, RNG and extension states."""
+        from stackwise.train.checkpoint import load_weights
+
+        acc = self.accelerator
+        state = ckpt.load_json(path / ckpt.STATE)
+        if state.get("world_size", 1) != acc.num_processes:
+            raise StackWiseError(
+                f"Checkpoint '{path}' was written by {state.get('world_size')} processes and this "
+                f"run has {acc.num_processes}; the data order would differ. Resume with the same "
+                "number of processes."
+            )
+        module = self._checkpointed()
+        if any(not p.is_floating_point() for p in module.parameters()):  # packed quantized
+            from stackwise.quant.layers import load_quantized_state
+
+            try:
+                load_quantized_state(module, ckpt.load_weights_file(path / "model.safetensors"))
+            except (KeyError, RuntimeError) as err:
+                raise StackWiseError(
+                    f"Checkpoint '{path}' does not match this model ({str(err)[:160]}). It was "
+                    "made with another model shape; resume with its own config."
+                ) from None
+        else:
+            load_weights(module, path / "model.safetensors")
+        self.optimizer.load_state_dict(ckpt.load_bin(path / "optimizer.bin"))
+        self.scheduler.load_state_dict(ckpt.load_bin(path / "scheduler.bin"))
+        if acc.scaler is not None and (path / "scaler.bin").is_file():
+            acc.scaler.load_state_dict(ckpt.load_bin(path / "scaler.bin"))
+        self.state = TrainState(
+            step=state["step"],
+            epoch=state["epoch"],
+            batch_in_epoch=state["batch_in_epoch"],
+            tokens_seen=state["tokens_seen"],
+            history=state["history"],
+        )
+        self.skipped_steps = state.get("skipped_steps", 0)
+        self.last_eval_step = state.get("last_eval_step")
+        self._saved_steps = {self.state.step}
+        saved = state.get("extensions", {})
+        for ext in self.extensions:
+            if ext.name in saved:
+                ext.load_state_dict(saved[ext.name])
+        # a run that had decided to stop early stays stopped
+        self.should_stop = any(
+            isinstance(e, EarlyStopping) and e.stopped_at is not None for e in self.extensions
+        )
+        rng = path / f"rng_state_{acc.process_index}.json"
+        ckpt.set_rng_state(ckpt.load_json(rng))
+        self.resumed_from = path
+        self.logger_note(f"resumed from {path} at step {self.state.step}")
 
     # -- saving -----------------------------------------------------------------------------
 

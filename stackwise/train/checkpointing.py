@@ -1,0 +1,204 @@
+"""Training checkpoints you can trust: atomic, rotated, resumable bit for bit.
+
+Layout of `outputs/<run>/checkpoint-<step>/`:
+  model.safetensors     the model's weights
+  optimizer.bin         optimizer state_dict (tensors and plain containers only)
+  scheduler.bin         LR scheduler state_dict
+  trainer_state.json    step, epoch, sampler position, tokens, history, extension states
+  rng_state_<rank>.json python, numpy and torch (CPU and CUDA) generator states of each rank
+  config.yaml           the run's config
+A checkpoint is written into `.checkpoint-<step>.tmp`, every file fsynced, then renamed into
+place; `latest` (a one-line file naming the newest checkpoint) is replaced last. A crash at any
+moment leaves the previous checkpoint and pointer intact. The .bin files are read back with
+`torch.load(weights_only=True)`, which refuses anything but tensors and plain containers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+
+from stackwise.errors import StackWiseError
+
+LATEST = "latest"
+STATE = "trainer_state.json"
+PATTERN = re.compile(r"^checkpoint-(\d+)$")
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: Path) -> None:
+    for p in folder.rglob("*"):
+        if p.is_file():
+            with p.open("rb") as fh:
+                os.fsync(fh.fileno())
+    fsync_dir(folder)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+# -- RNG ----------------------------------------------------------------------------------------
+
+
+def rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+        "numpy": [np_state[0], np_state[1].tolist(), *[float(x) for x in np_state[2:]]],
+        "torch": torch.get_rng_state().tolist(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), int(pos), int(has_gauss), cached))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+
+
+# -- finding checkpoints --------------------------------------------------------------------
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints (temporary dirs excluded), oldest step first."""
+    found = []
+    for p in run_dir.iterdir() if run_dir.is_dir() else []:
+        m = PATTERN.match(p.name)
+        if m and p.is_dir() and (p / STATE).is_file():
+            found.append((int(m.group(1)), p))
+    return [p for _, p in sorted(found)]
+
+
+def resolve_checkpoint(spec: str, run_dir: Path) -> Path:
+    """`latest` (the run dir's pointer) or a path to a checkpoint dir."""
+    if spec == LATEST:
+        pointer = run_dir / LATEST
+        if not pointer.is_file():
+            raise StackWiseError(
+                f"train.resume_from_checkpoint is 'latest', but '{run_dir}' has no '{LATEST}' "
+                "pointer (no checkpoint was ever completed there). Check train.output_dir, pass "
+                "a checkpoint-<step> folder, or start without resuming."
+            )
+        path = run_dir / pointer.read_text(encoding="utf-8").strip()
+    else:
+        path = Path(spec).expanduser()
+    if not (path / STATE).is_file():
+        raise StackWiseError(
+            f"'{path}' is not a complete checkpoint (no {STATE}). Pass a checkpoint-<step> "
+            "folder written by save_steps, or 'latest'."
+        )
+    return path
+
+
+def clean_partial(run_dir: Path) -> None:
+    """Remove what an interrupted save or deletion left behind."""
+    for pattern in (".checkpoint-*.tmp", ".checkpoint-*.deleting"):
+        for p in run_dir.glob(pattern):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Rename first, then delete: a kill mid-way never leaves a half-deleted folder that still
+    looks like a complete checkpoint."""
+    doomed = path.with_name(f".{path.name}.deleting")
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def clear_run(run_dir: Path) -> None:
+    """overwrite_output_dir: drop an earlier run's checkpoints and pointer."""
+    (run_dir / LATEST).unlink(missing_ok=True)
+    for p in checkpoints(run_dir):
+        remove_checkpoint(p)
+    clean_partial(run_dir)
+
+
+def rotate(run_dir: Path, limit: int | None, keep: set[str]) -> list[Path]:
+    """Delete the oldest checkpoints beyond `limit`, never one named in `keep` (the best)."""
+    if limit is None:
+        return []
+    all_ckpts = checkpoints(run_dir)
+    latest = (run_dir / LATEST).read_text().strip() if (run_dir / LATEST).is_file() else None
+    protected = keep | ({latest} if latest else set())
+    removable = [p for p in all_ckpts if p.name not in protected]
+    excess = len(all_ckpts) - limit
+    gone = []
+    for p in removable:
+        if excess <= 0:
+            break
+        remove_checkpoint(p)
+        gone.append(p)
+        excess -= 1
+    return gone
+
+
+# -- reading back -------------------------------------------------------------------------
+
+
+def load_bin(path: Path) -> Any:
+    if not path.is_file():
+        raise StackWiseError(f"Checkpoint file '{path}' is missing. Resume from another one.")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for damaged or hostile files
+        raise StackWiseError(
+            f"Checkpoint file '{path}' cannot be read safely ({type(err).__name__}: "
+            f"{str(err)[:120]}). It is corrupted, or not ours; resume from another checkpoint."
+        ) from None
+
+
+def load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise StackWiseError(
+            f"Checkpoint file '{path}' is unreadable ({err}). Resume from another checkpoint."
+        ) from None
+
+
+def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise StackWiseError(f"Checkpoint weights '{path}' are missing. Resume from another one.")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise StackWiseError(
+            f"Checkpoint weights '{path}' are corrupted or truncated ({err}). Resume from another "
+            "checkpoint."
+        ) from None

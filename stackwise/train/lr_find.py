@@ -1,0 +1,120 @@
+"""LR range test: train briefly while the LR grows exponentially; suggest where loss falls fastest.
+
+The model and optimizer are snapshotted first and restored afterwards, so the finder can run on
+the very Trainer that then trains.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from stackwise.errors import StackWiseError
+from stackwise.train.trainer import Trainer
+
+
+@dataclass
+class LRFindResult:
+    lrs: list[float]
+    losses: list[float]  # smoothed
+    suggestion: float
+    stopped_early: bool
+
+    def plot(self, path: Path) -> Path:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(self.lrs, self.losses)
+        ax.axvline(self.suggestion, color="red", linestyle="--", label=f"{self.suggestion:.2e}")
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel("training loss (smoothed)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
+
+def lr_find(
+    trainer: Trainer,
+    min_lr: float = 1e-6,
+    max_lr: float = 1.0,
+    steps: int = 100,
+    smoothing: float = 0.05,
+    diverge: float = 4.0,
+) -> LRFindResult:
+    """Exponential LR sweep from min_lr to max_lr; stops once the smoothed loss exceeds
+    `diverge` times its best. Group LR ratios (train.group_lr) are kept."""
+    model, opt = trainer.model, trainer.optimizer
+    saved_model = copy.deepcopy(trainer._unwrapped().state_dict())
+    saved_opt = copy.deepcopy(opt.state_dict())
+    base = trainer.config.train.lr
+    if not (0 < min_lr < max_lr) or steps < 2:
+        raise StackWiseError(
+            f"lr-find needs 0 < min_lr < max_lr and at least 2 steps (got {min_lr}, {max_lr}, "
+            f"{steps})."
+        )
+    # group_lr ratios, from the scheduler's base LRs (warmup may have set the current ones to 0)
+    ratios = [g.get("initial_lr", g["lr"]) / base for g in opt.param_groups]
+    batches = trainer._batches()
+    factor = (max_lr / min_lr) ** (1.0 / max(steps - 1, 1))
+    lrs: list[float] = []
+    losses: list[float] = []
+    avg, best, stopped = 0.0, math.inf, False
+    model.train()
+    try:
+        for i in range(steps):
+            lr = min_lr * factor**i
+            for group, ratio in zip(opt.param_groups, ratios, strict=True):
+                group["lr"] = lr * ratio
+            batch = next(batches)
+            loss = float(trainer.micro_step(batch, trainer._seed_gen(i, 0, 0), 1.0))
+            if trainer.config.train.max_grad_norm > 0:
+                trainer.accelerator.clip_grad_norm_(
+                    model.parameters(), trainer.config.train.max_grad_norm
+                )
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if not math.isfinite(loss):
+                stopped = True
+                break
+            avg = smoothing * loss + (1 - smoothing) * avg
+            smooth = avg / (1 - (1 - smoothing) ** (i + 1))  # bias-corrected
+            lrs.append(lr)
+            losses.append(smooth)
+            best = min(best, smooth)
+            if smooth > diverge * best:
+                stopped = True
+                break
+    finally:
+        trainer._unwrapped().load_state_dict(saved_model)
+        opt.load_state_dict(saved_opt)  # param_groups too: the scheduler's LRs come back
+        trainer.state.epoch = trainer.state.batch_in_epoch = 0
+    if len(lrs) < 2:
+        raise StackWiseError(
+            f"The loss was not finite from the first steps of the sweep (from {min_lr:.1e}); "
+            "lower --min-lr, or check the data and model."
+        )
+    return LRFindResult(lrs, losses, suggest(lrs, losses), stopped)
+
+
+def suggest(lrs: list[float], losses: list[float]) -> float:
+    """The LR where the smoothed loss falls fastest (steepest negative slope in log-LR),
+    searched before the loss minimum; the minimum's LR / 10 if the curve is too short."""
+    if len(lrs) < 5:
+        return lrs[int(torch.tensor(losses).argmin())] / 10 if lrs else float("nan")
+    end = int(torch.tensor(losses).argmin()) + 1
+    logs = torch.tensor(lrs[:end]).log()
+    vals = torch.tensor(losses[:end])
+    if end < 3:
+        return lrs[end - 1] / 10
+    slopes = (vals[2:] - vals[:-2]) / (logs[2:] - logs[:-2])
+    return lrs[int(slopes.argmin()) + 1]

@@ -1,0 +1,492 @@
+"""Checkpoints: layout, atomic saves, rotation and best, early stopping, exact resume, NaN steps,
+extensions, and the bad-input cases around them."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from stackwise import register_extension
+from stackwise.cli import main
+from stackwise.data.pack import build_data
+from stackwise.errors import StackWiseError
+from stackwise.objectives import build_objective
+from stackwise.pipeline import resolve_vocab, train_from_config
+from stackwise.train import Trainer, build_rack
+from stackwise.train.extensions import REGISTRY, Extension
+
+CKPT_FILES = {
+    "model.safetensors",
+    "optimizer.bin",
+    "scheduler.bin",
+    "trainer_state.json",
+    "rng_state_0.json",
+    "config.yaml",
+}
+
+
+def tree_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+class CrashAt(Extension):
+    """Simulates a crash (after any checkpoint of that step was written)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, trainer: Trainer) -> None:
+        if trainer.state.step == self.step and trainer.config.train.save_steps == 0:
+            raise KeyboardInterrupt
+
+    def on_save(self, trainer: Trainer, path: Path) -> None:
+        if trainer.state.step == self.step:
+            raise KeyboardInterrupt
+
+
+def make_trainer(cfg, extensions=None, train_data=None):
+    data = build_data(cfg.data)
+    cfg = resolve_vocab(cfg, len(data.tokenizer))
+    torch.manual_seed(cfg.train.seed)
+    rack = build_rack(cfg, cfg.model.vocab_size)
+    objective = build_objective(cfg, data.specials)
+    return Trainer(
+        cfg, rack, objective, train_data or data.train, data.val, extensions=extensions
+    ), data
+
+
+def weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer._unwrapped().state_dict().items()}
+
+
+# -- layout, atomicity, rotation ------------------------------------------------------------
+
+
+def test_checkpoint_layout_and_safe_reading(tiny, tmp_path):
+    out = tmp_path / "run"
+    res = train_from_config(tiny(train={"save_steps": 2, "max_steps": 4}), quiet=True)
+    assert res.output_dir == out
+    for step in (2, 4):
+        assert {p.name for p in (out / f"checkpoint-{step}").iterdir()} == CKPT_FILES
+    assert (out / "latest").read_text().strip() == "checkpoint-4"
+    state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["step"] == 2 and state["batch_in_epoch"] == 2 and state["epoch"] == 0
+    assert {"tokens_seen", "best_metric", "extensions", "stack_index", "history"} <= set(state)
+    opt = torch.load(out / "checkpoint-2" / "optimizer.bin", weights_only=True)
+    assert opt["state"] and all("exp_avg" in s for s in opt["state"].values())
+    final = load_file(str(out / "model.safetensors"))
+    last = load_file(str(out / "checkpoint-4" / "model.safetensors"))
+    assert all(torch.equal(final[k], last[k]) for k in final)
+    assert not list(out.glob(".checkpoint-*"))  # no temporary dirs left
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint_intact(tiny, tmp_path, monkeypatch):
+    """Disk full while writing checkpoint-4: a clear error, checkpoint-2 and `latest` intact."""
+    import stackwise.train.checkpoint as ck
+
+    cfg = tiny(train={"save_steps": 2, "max_steps": 6})
+    real = ck.save_file
+    calls = {"n": 0}
+
+    def full_disk(state, path, metadata=None):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second checkpoint
+            raise OSError(28, "No space left on device")
+        return real(state, path, metadata=metadata)
+
+    monkeypatch.setattr(ck, "save_file", full_disk)
+    with pytest.raises(StackWiseError, match=r"No space left on device.*previous checkpoints"):
+        train_from_config(cfg, quiet=True)
+    out = tmp_path / "run"
+    assert (out / "latest").read_text().strip() == "checkpoint-2"
+    assert {p.name for p in (out / "checkpoint-2").iterdir()} == CKPT_FILES
+    assert not (out / "checkpoint-4").exists() and not list(out.glob(".checkpoint-*"))
+    assert not (out / "model.safetensors").exists()
+
+
+def test_rotation_keeps_the_limit_and_never_the_best(tiny, tmp_path):
+    # greater_is_better on the loss makes the earliest (worst) checkpoint the "best" one
+    cfg = tiny(
+        train={
+            "max_steps": 6,
+            "save_steps": 1,
+            "save_total_limit": 2,
+            "eval_every": 1,
+            "save_best_model": True,
+            "greater_is_better": True,
+        }
+    )
+    res = train_from_config(cfg, quiet=True)
+    out = res.output_dir
+    state = json.loads((out / "checkpoint-6" / "trainer_state.json").read_text())
+    best = state["extensions"]["best_model"]["checkpoint"]
+    assert best == "checkpoint-0"  # the untrained rack, evaluated before step 1
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-0", "checkpoint-6"]
+    assert state["best_metric"] == state["extensions"]["best_model"]["best"]
+
+
+def test_early_stopping_stops_and_says_why(tiny, capsys):
+    cfg = tiny(
+        train={
+            "max_steps": 40,
+            "eval_every": 2,
+            "early_stopping_patience": 2,
+            "early_stopping_threshold": 100.0,  # no improvement is ever large enough
+        }
+    )
+    res = train_from_config(cfg, quiet=True)
+    assert res.state.step == 4  # evals at 2 and 4 fail to improve on step 0's
+    assert "early stopping at step 4" in capsys.readouterr().out
+
+
+def test_best_model_follows_the_chosen_metric(tiny):
+    cfg = tiny(
+        train={
+            "max_steps": 6,
+            "eval_every": 2,
+            "save_best_model": True,
+            "metric_for_best": "accuracy",
+        }
+    )
+    trainer, _ = make_trainer(cfg)
+    state = trainer.train()
+    assert trainer.greater_is_better  # the default for accuracy
+    best = next(e for e in trainer.extensions if e.name == "best_model")
+    accs = [h["accuracy"] for h in state.history]
+    assert best.best == max(accs)
+    assert best.best_step == state.history[accs.index(max(accs))]["step"]
+
+
+def test_a_fresh_start_never_mixes_with_an_unfinished_run(tiny, tmp_path):
+    cfg = tiny(train={"max_steps": 4, "save_steps": 2})
+    REGISTRY["crash_at_2"] = lambda: CrashAt(2)
+    try:
+        crashing = cfg.model_copy(
+            update={"train": cfg.train.model_copy(update={"enabled_extensions": ["crash_at_2"]})}
+        )
+        with pytest.raises(KeyboardInterrupt):
+            train_from_config(crashing, quiet=True)
+    finally:
+        del REGISTRY["crash_at_2"]
+    out = tmp_path / "run"
+    before = tree_bytes(out)
+    with pytest.raises(StackWiseError, match="unfinished run"):
+        train_from_config(cfg, quiet=True)
+    assert tree_bytes(out) == before
+    over = cfg.model_copy(
+        update={"train": cfg.train.model_copy(update={"overwrite_output_dir": True})}
+    )
+    res = train_from_config(over, quiet=True)
+    assert res.state.step == 4 and res.trainer.resumed_from is None
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+
+
+@pytest.mark.parametrize(
+    ("train", "match"),
+    [
+        ({"save_steps": 9, "max_steps": 4}, "no checkpoint would ever be written"),
+        ({"enabled_extensions": ["early_stopping"]}, "built-in"),
+        ({"save_total_limit": 2}, "none are written"),
+        ({"metric_for_best": "accuracy"}, "save_best_model and early stopping"),
+    ],
+)
+def test_checkpoint_settings_that_would_do_nothing_are_refused(tiny, train, match):
+    with pytest.raises(StackWiseError, match=match):
+        tiny(train=train)
+
+
+# -- exact resume ---------------------------------------------------------------------------
+
+
+def resume_pair(tiny, tmp_path, **sections):
+    """(uninterrupted final weights, crashed-at-4-then-resumed final weights)."""
+    train = {"max_steps": 8, "save_steps": 4, **sections.pop("train", {})}
+    full = tiny(train={**train, "output_dir": str(tmp_path / "full")}, **sections)
+    a = train_from_config(full, quiet=True)
+    crashed = tiny(train={**train, "output_dir": str(tmp_path / "crash")}, **sections)
+    REGISTRY["crash_at_4"] = lambda: CrashAt(4)
+    try:
+        crashed = crashed.model_copy(
+            update={
+                "train": crashed.train.model_copy(update={"enabled_extensions": ["crash_at_4"]})
+            }
+        )
+        with pytest.raises(KeyboardInterrupt):
+            train_from_config(crashed, quiet=True)
+    finally:
+        del REGISTRY["crash_at_4"]
+    assert not (tmp_path / "crash" / "model.safetensors").exists()
+    resumed = tiny(
+        train={**train, "output_dir": str(tmp_path / "crash"), "resume_from_checkpoint": "latest"},
+        **sections,
+    )
+    b = train_from_config(resumed, quiet=True)
+    return a, b
+
+
+def test_exact_resume_is_bitwise_for_clm_with_dropout(tiny, tmp_path):
+    a, b = resume_pair(tiny, tmp_path, model={"dropout": 0.1}, train={"grad_accum_steps": 2})
+    wa, wb = a.rack.state_dict(), b.rack.state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert b.trainer.resumed_from.name == "checkpoint-4"
+    assert a.state.history == b.state.history  # same evals, same numbers
+    rows = [json.loads(x) for x in (tmp_path / "crash" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "val/loss" in r]
+    assert steps == sorted(set(steps))  # no duplicated rows after the resume
+
+
+def test_sampler_position_is_restored_without_reading_skipped_batches(tiny, tmp_path):
+    class Counting(torch.utils.data.Dataset):
+        def __init__(self, inner):
+            self.inner, self.reads = inner, 0
+
+        def __len__(self):
+            return len(self.inner)
+
+        def __getitem__(self, i):
+            self.reads += 1
+            return self.inner[i]
+
+    cfg = tiny(train={"max_steps": 6, "save_steps": 3, "batch_size": 4})
+    first, data = make_trainer(cfg, extensions=[CrashAt(3)])
+    with pytest.raises(KeyboardInterrupt):
+        first.train()
+    again = cfg.model_copy(
+        update={"train": cfg.train.model_copy(update={"resume_from_checkpoint": "latest"})}
+    )
+    counting = Counting(data.train)
+    second, _ = make_trainer(again, train_data=counting)
+    second.train()
+    assert second.state.step == 6
+    assert counting.reads == 3 * 4  # only the 3 remaining batches were read
+
+
+def test_resume_bad_inputs_touch_nothing(tiny, tmp_path, capsys):
+    cfg = tiny(train={"max_steps": 4, "save_steps": 2})
+    train_from_config(cfg, quiet=True)
+    out = tmp_path / "run"
+    before = tree_bytes(out)
+    config = tmp_path / "c.yaml"
+    base = cfg.model_dump(mode="json")
+    base["train"]["output_dir"] = str(tmp_path / "again")
+
+    def run_cli(data, *extra):
+        config.write_text(yaml.safe_dump(data))
+        code = main(["train", str(config), *extra])
+        err = capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err and err.count("stackwise: error:") == 1, err
+        return " ".join(err.split())
+
+    # no latest pointer in the run dir
+    assert "no 'latest' pointer" in run_cli(base, "train.resume_from_checkpoint=latest")
+    # another model shape
+    other = json.loads(json.dumps(base))
+    other["model"]["d_model"] = 64
+    msg = run_cli(other, f"train.resume_from_checkpoint={out / 'checkpoint-2'}")
+    assert "another model shape" in msg or "shape mismatch" in msg
+    # a truncated weights file (in a copy: the original must stay intact)
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(out / "checkpoint-2", broken / "checkpoint-2")
+    w = broken / "checkpoint-2" / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:100])
+    assert "corrupted or truncated" in run_cli(
+        base, f"train.resume_from_checkpoint={broken / 'checkpoint-2'}"
+    )
+    # a pickle bomb in place of the optimizer state is refused, not executed
+    shutil.copytree(out / "checkpoint-2", broken / "evil")
+    (broken / "evil" / "optimizer.bin").write_bytes(
+        b"\x80\x04\x95\x1d\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94\x8c\x06system\x94\x93\x94."
+    )
+    assert "cannot be read safely" in run_cli(
+        base, f"train.resume_from_checkpoint={broken / 'evil'}"
+    )
+    assert tree_bytes(out) == before
+
+
+# -- NaN / inf ------------------------------------------------------------------------------
+
+
+class PoisonStep(Extension):
+    """Makes the loss of step `step` NaN (only that step)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        real = trainer.compute_loss
+
+        def poisoned(batch, gen):
+            loss = real(batch, gen)
+            return loss * math.nan if trainer.state.step == self.step - 1 else loss
+
+        trainer.compute_loss = poisoned  # type: ignore[method-assign]
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tiny, tmp_path):
+    cfg = tiny(train={"max_steps": 6, "save_steps": 2})
+    trainer, _ = make_trainer(cfg, extensions=[PoisonStep(3)])
+    with pytest.raises(StackWiseError, match="NaN/inf at step 3"):
+        trainer.train()
+    out = tmp_path / "run"
+    assert (out / "latest").read_text().strip() == "checkpoint-2"
+    saved = load_file(str(out / "checkpoint-2" / "model.safetensors"))
+    assert all(torch.isfinite(t).all() for t in saved.values())
+
+
+def test_skip_nonfinite_steps_skips_the_update(tiny):
+    cfg = tiny(train={"max_steps": 6, "skip_nonfinite_steps": True}, logging={"log_every": 1})
+    trainer, _ = make_trainer(cfg, extensions=[PoisonStep(3)])
+    state = trainer.train()
+    assert state.step == 6 and trainer.skipped_steps == 1
+    assert all(torch.isfinite(p).all() for p in trainer._unwrapped().parameters())
+
+
+# -- extensions -----------------------------------------------------------------------------
+
+
+@register_extension("hook_recorder")
+class HookRecorder(Extension):
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.steps_seen = 0
+
+    def on_train_begin(self, trainer):
+        self.calls.append("train_begin")
+
+    def on_step_begin(self, trainer):
+        self.calls.append("step_begin")
+
+    def on_step_end(self, trainer):
+        self.steps_seen += 1
+        self.calls.append("step_end")
+
+    def on_eval(self, trainer, metrics):
+        assert "loss" in metrics
+        self.calls.append("eval")
+
+    def on_save(self, trainer, path):
+        assert path.is_dir()
+        self.calls.append("save")
+
+    def on_train_end(self, trainer):
+        self.calls.append("train_end")
+
+    def state_dict(self):
+        return {"steps_seen": self.steps_seen}
+
+    def load_state_dict(self, state):
+        self.steps_seen = state["steps_seen"]
+
+
+def test_extensions_by_name_get_every_hook_and_their_state_is_checkpointed(tiny, tmp_path):
+    cfg = tiny(train={"max_steps": 4, "save_steps": 2, "enabled_extensions": ["hook_recorder"]})
+    trainer, _ = make_trainer(cfg)
+    trainer.train()
+    rec = next(e for e in trainer.extensions if isinstance(e, HookRecorder))
+    assert rec.calls[0] == "train_begin" and rec.calls[-1] == "train_end"
+    assert rec.calls.count("step_begin") == rec.calls.count("step_end") == 4
+    assert rec.calls.count("save") == 2 and rec.calls.count("eval") >= 2
+    state = json.loads((tmp_path / "run" / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["extensions"]["hook_recorder"] == {"steps_seen": 2}
+    # the loggers and the progress bar are extensions too
+    names = [e.name for e in trainer.extensions]
+    assert {"progress_bar", "jsonl", "hook_recorder"} <= set(names)
+    with pytest.raises(StackWiseError, match=r"not registered.*hook_recorder"):
+        make_trainer(tiny(train={"enabled_extensions": ["nope"]}))
+
+
+def test_wandb_logs_offline(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    res = train_from_config(
+        tiny(
+            train={"max_steps": 4},
+            logging={"log_to_wandb": True, "log_every": 1, "wandb_project": "proj-x"},
+        ),
+        quiet=True,
+    )
+    runs = list((res.output_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    data = list(runs[0].glob("*.wandb"))
+    assert data and data[0].stat().st_size > 0
+    # the run's protobuf log holds every logged key: 4 train rows (log_every 1), 3 evals
+    raw = data[0].read_bytes()
+    assert raw.count(b"train/loss") >= 4 and raw.count(b"val/loss") >= 3
+    assert b"proj-x" in raw
+
+
+# -- progressive resume ---------------------------------------------------------------------
+
+
+class CrashInStage(Extension):
+    """Crash in stage `stage`: after its checkpoint at `step`, or (step None) once it ended."""
+
+    def __init__(self, stage: int, step: int | None) -> None:
+        self.stage, self.step = stage, step
+
+    def on_save(self, trainer, path):
+        if getattr(trainer, "stack_index", None) == self.stage and trainer.state.step == self.step:
+            raise KeyboardInterrupt
+
+    def on_stack_end(self, trainer, index, record):
+        if self.step is None and index == self.stage:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(("stage", "step"), [(1, 2), (0, None)], ids=["mid-stack", "between"])
+def test_progressive_diffusion_resumes_bitwise(tiny, tmp_path, stage, step):
+    from test_progressive import grown
+
+    def cfg(name, **train):
+        return grown(
+            tiny,
+            3,
+            {"steps_per_stack": 4},
+            model={"dropout": 0.1},
+            train={"save_steps": 2, "output_dir": str(tmp_path / name), **train},
+        )
+
+    full = train_from_config(cfg("full"), quiet=True)
+    REGISTRY["crash_in_stage"] = lambda: CrashInStage(stage, step)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train_from_config(cfg("crash", enabled_extensions=["crash_in_stage"]), quiet=True)
+    finally:
+        del REGISTRY["crash_in_stage"]
+    resumed = train_from_config(cfg("crash", resume_from_checkpoint="latest"), quiet=True)
+    wa, wb = full.rack.state_dict(), resumed.rack.state_dict()
+    assert [k for k in wa if not torch.equal(wa[k], wb[k])] == []
+    assert [r.eval for r in full.progressive.stacks] == [r.eval for r in resumed.progressive.stacks]
+    assert full.progressive.final_eval == resumed.progressive.final_eval
+
+
+def test_progressive_resume_with_cache_rebuilds_it(tiny, tmp_path):
+    from test_progressive import grown
+
+    def cfg(**train):
+        return grown(
+            tiny,
+            3,
+            {"steps_per_stack": 4, "cache": {"enabled": True}},
+            train={"save_steps": 2, "output_dir": str(tmp_path / "c"), **train},
+            data={"num_samples": 16},
+        )
+
+    REGISTRY["crash_in_stage"] = lambda: CrashInStage(2, 2)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train_from_config(cfg(enabled_extensions=["crash_in_stage"]), quiet=True)
+    finally:
+        del REGISTRY["crash_in_stage"]
+    res = train_from_config(cfg(resume_from_checkpoint="latest"), quiet=True)
+    last = res.progressive.stacks[2]
+    assert last.steps == 4 and last.cache["misses"] > 0  # the cache was refilled
+    assert math.isfinite(res.progressive.final_eval["nelbo"])
