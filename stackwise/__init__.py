@@ -3,6 +3,14 @@
 The public API lives here; everything else is an implementation detail.
 """
 
+# Before anything can run a bf16 matmul: on VMs whose AMX kernels trap, oneDNN must be capped
+# first (see stackwise.hwprobe). A warm check is a file read.
+from stackwise.hwprobe import ensure_bf16_ready
+
+ensure_bf16_ready()
+
+# ruff: noqa: E402
+
 from stackwise.config import Config, load_config, save_config
 from stackwise.data import PreparedData, build_data
 from stackwise.errors import StackWiseError

@@ -1,4 +1,4 @@
-"""`stackwise train | generate | merge-lora | lr-find | config`.
+"""`stackwise train | generate | merge-lora | lr-find | env | config`.
 
 User mistakes (StackWiseError) print one paragraph and exit 2; there is no traceback for them.
 """
@@ -139,6 +139,16 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_env(ns: argparse.Namespace) -> int:
+    import json
+
+    from stackwise.envreport import collect, render
+
+    info = collect(refresh_probe=ns.refresh_probe)
+    print(json.dumps(info, indent=1) if ns.json else render(info))
+    return 0
+
+
 def cmd_config(ns: argparse.Namespace) -> int:
     config = _load(ns.args)
     if ns.action == "show":
@@ -205,6 +215,15 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--max-lr", type=float, default=1.0)
     f.add_argument("--plot", default=None, help="PNG path (default OUTPUT_DIR/lr_find.png)")
     f.set_defaults(func=cmd_lr_find)
+    e = sub.add_parser(
+        "env",
+        help="print versions, CPU/GPU, the bf16 probe and cache dirs (paste it into bug reports)",
+    )
+    e.add_argument("--json", action="store_true", help="machine-readable output")
+    e.add_argument(
+        "--refresh-probe", action="store_true", help="run the bf16 probe again, ignoring its cache"
+    )
+    e.set_defaults(func=cmd_env)
     c = sub.add_parser("config", help="show or validate a config")
     c.add_argument("action", choices=["show", "validate"])
     c.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]")

@@ -12,7 +12,7 @@ import difflib
 import itertools
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -30,9 +30,45 @@ from pydantic import (
 
 from stackwise.errors import StackWiseError
 
+YAML_TRUE = frozenset({"yes", "on", "true"})
+YAML_FALSE = frozenset({"no", "off", "false"})
+QUOTE_HINT = (
+    "YAML reads yes/no/on/off/true/false as booleans; to pass the word, quote it: "
+    'key=\'"word"\' on the command line, key: "word" in a file'
+)
+
+
+def _string_choices(annotation: Any) -> tuple[str, ...]:
+    """The string choices of a Literal field (also inside `Literal[...] | None`)."""
+    if get_origin(annotation) is Literal:
+        return tuple(a for a in get_args(annotation) if isinstance(a, str))
+    return tuple(c for arg in get_args(annotation) for c in _string_choices(arg))
+
+
+def _choice_for_bool(choices: tuple[str, ...], value: bool) -> str | None:
+    """The one choice whose name YAML would read as `value` (`no` for False), if any."""
+    words = YAML_TRUE if value else YAML_FALSE
+    matches = [c for c in choices if c.lower() in words]
+    return matches[0] if len(matches) == 1 else None
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_booleans_as_choices(cls, data: Any) -> Any:
+        """`mixed_precision: no` arrives from YAML as False: read it back as the choice `no`."""
+        if not isinstance(data, dict):
+            return data
+        for name, value in list(data.items()):
+            field = cls.model_fields.get(name)
+            if field is None or not isinstance(value, bool):
+                continue
+            choice = _choice_for_bool(_string_choices(field.annotation), value)
+            if choice is not None:
+                data = {**data, name: choice}
+        return data
 
     def changed(self, name: str) -> bool:
         """True when `name` differs from its default (robust to YAML round-trips)."""
@@ -1005,6 +1041,8 @@ def _format_validation(err: ValidationError, origin: str) -> str:
         msg = e["msg"].removeprefix("Value error, ")
         given = e.get("input")
         shown = "" if isinstance(given, dict) else f" (got {given!r})"
+        if isinstance(given, bool):
+            shown += f" ({QUOTE_HINT})"
         parts.append(f"{loc or 'config'}: {msg}{shown}")
     return f"Invalid config in {origin}: " + "; ".join(parts) + ". Fix the value and rerun."
 

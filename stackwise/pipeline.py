@@ -21,6 +21,7 @@ from stackwise.progressive import (
     summary_table,
 )
 from stackwise.train.checkpoint import build_rack
+from stackwise.train.hardware import describe_precision
 from stackwise.train.trainer import Trainer, TrainState
 
 
@@ -84,7 +85,7 @@ def train_from_config(config: Config, quiet: bool = False) -> RunResult:
             + "; "
             f"{len(data.train):,} train / {len(data.val):,} val sequences of "
             f"{config.data.seq_len} tokens; device {trainer.accelerator.device}, "
-            f"precision {trainer.accelerator.mixed_precision}; "
+            f"precision {_precision(config, trainer)}; "
             f"output {trainer.output_dir}"
         )
     state = trainer.train()
@@ -95,6 +96,10 @@ def train_from_config(config: Config, quiet: bool = False) -> RunResult:
     raw = trainer.accelerator.unwrap_model(trainer.model)
     rack = getattr(raw, "_orig_mod", raw)
     return RunResult(config, trainer.output_dir, rack, data, state, trainer)
+
+
+def _precision(config: Config, trainer: Any) -> str:
+    return describe_precision(config.train.mixed_precision, trainer.accelerator.device)
 
 
 def save_all_stacks(rack: Rack, output_dir: Path) -> None:
@@ -116,7 +121,7 @@ def _train_progressive(config: Config, data: PreparedData, quiet: bool) -> RunRe
             + (f", then {p.joint_tuning_steps} joint steps" if p.mode == "fused" else "")
             + f"); {len(data.train):,} train / {len(data.val):,} val sequences of "
             f"{config.data.seq_len} tokens; device {trainer.accelerator.device}, precision "
-            f"{trainer.accelerator.mixed_precision}; output {trainer.output_dir}",
+            f"{_precision(config, trainer)}; output {trainer.output_dir}",
             flush=True,
         )
     result = trainer.train_progressively()

@@ -123,3 +123,14 @@ def tiny(corpus_file: Path, cache_dir: Path, tmp_path: Path):
         return from_dict(tiny_dict(corpus_file, cache_dir, tmp_path / "run", **sections))
 
     return build
+
+
+@pytest.fixture(params=["avx512bf16", "plain"])
+def bnb_cpu_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Force bitsandbytes' CPU path: `avx512bf16` is the one it picks on CPUs with AVX512-BF16
+    (it repacks 4-bit weights in eval), `plain` the one it picks on AVX2. Linear4bit reads the
+    flag when built, so every layer made inside the test takes the forced path."""
+    import bitsandbytes.nn.modules as bnb_modules
+
+    monkeypatch.setattr(bnb_modules, "has_avx512bf16", lambda: request.param == "avx512bf16")
+    return request.param

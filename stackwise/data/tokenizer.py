@@ -14,8 +14,8 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from stackwise.data.corpus import cache_root
 from stackwise.errors import StackWiseError
+from stackwise.paths import cache_root
 
 SPECIALS = {
     "pad_token": "<pad>",

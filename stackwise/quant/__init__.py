@@ -4,6 +4,7 @@ from stackwise.quant.layers import (
     FP8Linear,
     NVFP4Linear,
     dequantized_weight,
+    pin_nf4_layout,
     quantize_linears,
     weight_bytes,
 )
@@ -15,6 +16,7 @@ __all__ = [
     "add_adapter",
     "dequantized_weight",
     "merge_adapters",
+    "pin_nf4_layout",
     "quantize_linears",
     "rank_for",
     "weight_bytes",

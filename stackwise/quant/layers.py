@@ -95,6 +95,26 @@ class NVFP4Linear(QuantLinear):
         return dequantize_nvfp4(self.weight, scales, self.tensor_scale[0], dtype, self.in_features)
 
 
+def pin_nf4_layout(module: nn.Module) -> int:
+    """Keep every bitsandbytes 4-bit linear in `module` off bitsandbytes' packed CPU layout.
+
+    On CPUs with AVX512-BF16, `Linear4bit.forward` in eval mode without gradients repacks its
+    weight for a bf16 kernel: absmax is rounded to bf16 and transposed, the packing asserts
+    out_features % 32 == 0 and in_features >= 64, and `state_dict()` only half undoes it (the
+    absmax stays rounded and transposed), so the effective weights drift after one eval pass.
+    Pinned layers always take the standard dequantize-and-matmul path, on every CPU, which is
+    also the path training takes. Returns how many layers were pinned.
+    """
+    import bitsandbytes as bnb
+
+    count = 0
+    for m in module.modules():
+        if isinstance(m, bnb.nn.Linear4bit):
+            m.support_avx512bf16_for_cpu = False
+            count += 1
+    return count
+
+
 def nf4_linear(linear: nn.Linear, double_quant: bool = False) -> nn.Module:
     """bitsandbytes NF4: quantized when moved to its device (`.to` runs the quantizer)."""
     import bitsandbytes as bnb
@@ -116,6 +136,7 @@ def nf4_linear(linear: nn.Linear, double_quant: bool = False) -> nn.Module:
     )
     if linear.bias is not None:
         q.bias = nn.Parameter(linear.bias.detach().float().cpu(), requires_grad=False)
+    pin_nf4_layout(q)
     return q.to(linear.weight.device)
 
 
@@ -127,7 +148,17 @@ def dequantized_weight(module: nn.Module) -> torch.Tensor:
     if getattr(weight, "quant_state", None) is not None:  # bitsandbytes 4-bit
         import bitsandbytes.functional as bf
 
-        return bf.dequantize_4bit(weight.data, weight.quant_state).float()
+        if getattr(weight.quant_state, "packing_format_for_cpu", False):
+            raise RuntimeError(
+                "a bitsandbytes 4-bit layer was repacked for its CPU bf16 kernel, whose layout "
+                "cannot be dequantized exactly; call pin_nf4_layout(model) right after loading"
+            )
+        # reshape: bitsandbytes returns a weight of <= 2 elements transposed
+        return (
+            bf.dequantize_4bit(weight.data, weight.quant_state)
+            .float()
+            .reshape(weight.quant_state.shape)
+        )
     return weight.detach().float()
 
 
@@ -195,6 +226,7 @@ def load_quantized_state(module: nn.Module, state: dict[str, torch.Tensor]) -> N
         m.weight = bnb.nn.Params4bit.from_prequantized(
             state.pop(key), stats, requires_grad=False, device=device, module=m
         )
+        m.support_avx512bf16_for_cpu = False  # see pin_nf4_layout
     loaded = {
         f"{p}.weight" if p else "weight"
         for p, m in module.named_modules()

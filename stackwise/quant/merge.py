@@ -38,9 +38,14 @@ class MergeReport:
 
     @property
     def exact_base(self) -> bool:
-        """fp32 base and fp32 adapters, not requantized: merging must not move the logits."""
+        """Merging must not move the logits: fp32 adapters, not requantized, and every base
+        either fp32 or quantized. A quantized base computes with exactly its dequantized fp32
+        weight, which is what the adapters are merged onto, so only fp32 rounding remains.
+        (bf16/fp16-stored bases computed in half precision, so their logits do move.)"""
         return (
-            all(s == "full" for s in self.storages) and self.fp32_adapters and not self.requantized
+            all(s == "full" or s in QUANT_FORMATS for s in self.storages)
+            and self.fp32_adapters
+            and not self.requantized
         )
 
 
@@ -120,8 +125,9 @@ def merge_checkpoint(src: str | Path, out: str | Path, requantize: bool = False)
         )
     elif report.max_abs_error > FP32_TOLERANCE:
         raise StackWiseError(
-            f"merging changed the logits by {report.max_abs_error:.3g} (> {FP32_TOLERANCE}) on an "
-            "fp32 base; this is a bug, please report it. Nothing was written."
+            f"merging changed the logits by {report.max_abs_error:.3g} (> {FP32_TOLERANCE}) "
+            f"although the bases ({sorted(set(storages))}) were merged exactly; this is a bug, "
+            "please report it (with `stackwise env`). Nothing was written."
         )
     _save(out, plain, rack, tokenizer, storages if report.requantized else None)
     return report

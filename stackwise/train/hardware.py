@@ -1,8 +1,8 @@
 """What the hardware under us does well: the precision to autocast in, and allocator tuning.
 
-Precision: `auto` picks bf16 only where it runs natively (CUDA with bf16, or a CPU whose oneDNN
-has bf16 kernels: AVX512-BF16 or AMX). On an AVX2-only CPU bf16 matmuls are emulated and about
-10x slower than fp32, so `auto` trains in fp32 there.
+Precision: `auto` picks bf16 on CUDA with bf16, and on a CPU only where the probe
+(`stackwise.hwprobe`) found bf16 matmuls both working and faster than fp32. On an AVX2-only CPU
+they are emulated and about 10x slower than fp32, so `auto` trains in fp32 there.
 
 Allocator: glibc returns freed blocks above 128 KiB to the kernel, so every step faults in
 fresh zeroed pages for the same activations; that costs a few percent of a small model's step
@@ -17,6 +17,9 @@ import ctypes.util
 import sys
 
 import torch
+
+from stackwise.errors import StackWiseError
+from stackwise.hwprobe import ensure_bf16_ready
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -43,6 +46,7 @@ def keep_freed_memory() -> bool:
 
 
 def bf16_is_native(device: torch.device) -> bool:
+    """Whether the hardware has bf16 kernels (not emulation); says nothing about speed here."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     if device.type == "cpu":
@@ -50,10 +54,41 @@ def bf16_is_native(device: torch.device) -> bool:
     return False
 
 
+def _default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def resolve_precision(setting: str, device: torch.device | None = None) -> str:
-    """`auto` -> bf16 where it is native, else no; other settings pass through."""
+    """`auto` -> bf16 where bf16 works and beats fp32 (the probe measures that on CPUs), else
+    `no`. An explicit `bf16` on a CPU whose bf16 matmuls crash under every cap is refused."""
+    device = device or _default_device()
+    if device.type != "cpu":
+        if setting == "auto":
+            return "bf16" if bf16_is_native(device) else "no"
+        return setting
+    verdict = ensure_bf16_ready()
+    if setting == "bf16" and not verdict.works and verdict.trapped:
+        raise StackWiseError(
+            f"train.mixed_precision=bf16 cannot run on this CPU: {verdict.summary()}. "
+            "Use mixed_precision=no (fp32) or auto."
+        )
     if setting != "auto":
         return setting
-    if device is None:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return "bf16" if bf16_is_native(device) else "no"
+    return "bf16" if verdict.bf16_fast else "no"
+
+
+def describe_precision(setting: str, device: torch.device | None = None) -> str:
+    """The resolved precision and why, for a run's header line."""
+    device = device or _default_device()
+    resolved = resolve_precision(setting, device)
+    name = "fp32" if resolved == "no" else resolved
+    if device.type != "cpu":
+        return name if setting != "auto" else f"{name} (auto)"
+    verdict = ensure_bf16_ready()
+    ratio = verdict.speedup
+    measured = (
+        f"bf16 matmul {ratio:.2f}x the speed of fp32 on this CPU"
+        if ratio is not None
+        else verdict.summary()
+    )
+    return f"{name} ({'auto: ' if setting == 'auto' else ''}{measured})"

@@ -1,0 +1,144 @@
+"""`stackwise env`: the facts a bug report needs, gathered without running any training."""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import sys
+from importlib import metadata
+from typing import Any
+
+import torch
+
+from stackwise.hwprobe import ISA_ENV, cpu_description, machine_key, probe
+from stackwise.paths import cache_root
+
+PACKAGES = (
+    "stackwise",
+    "torch",
+    "transformers",
+    "peft",
+    "accelerate",
+    "bitsandbytes",
+    "datasets",
+    "tokenizers",
+    "safetensors",
+    "pydantic",
+)
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+ENV_VARS = (ISA_ENV, "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "WANDB_MODE", "STACKWISE_CACHE")
+
+
+def _version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _bnb_cpu_path() -> str:
+    quiet = logging.getLogger("bitsandbytes")  # its optional `kernels` notice is noise here
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        from bitsandbytes.functional import has_avx512bf16
+    except Exception as err:
+        return f"bitsandbytes unavailable ({type(err).__name__}: {err})"
+    finally:
+        quiet.setLevel(level)
+    if has_avx512bf16():
+        return "AVX512-BF16 (its packed eval layout is kept off: StackWise pins NF4 layers)"
+    return "plain (dequantize + matmul)"
+
+
+def _cuda() -> list[str]:
+    if not torch.cuda.is_available():
+        return ["none"]
+    lines = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        lines.append(
+            f"{i}: {p.name}, {p.total_memory / 2**30:.1f} GiB, compute {p.major}.{p.minor}, "
+            f"bf16 {'yes' if torch.cuda.is_bf16_supported() else 'no'}"
+        )
+    return lines
+
+
+def _caches() -> dict[str, str]:
+    from huggingface_hub import constants
+
+    hf_home = constants.HF_HOME
+    datasets_cache = os.environ.get("HF_DATASETS_CACHE") or os.path.join(hf_home, "datasets")
+    stem, _ = machine_key(os.environ.get(ISA_ENV) or None)
+    root = cache_root()
+    return {
+        "stackwise": str(root),
+        "bf16 probe verdict": str(root / "hwprobe" / f"{stem}.json"),
+        "hf hub": constants.HF_HUB_CACHE,
+        "hf datasets": datasets_cache,
+    }
+
+
+def collect(refresh_probe: bool = False) -> dict[str, Any]:
+    """Everything the report prints, as plain data (`stackwise env --json`)."""
+    from stackwise.train.hardware import describe_precision
+
+    model, flags = cpu_description()
+    present = set(flags.split())
+    verdict = probe(refresh=refresh_probe)
+    capped = bool(verdict.isa_cap and not verdict.user_cap)
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        affinity = os.cpu_count() or 1
+    return {
+        "versions": {name: _version(name) for name in PACKAGES},
+        "python": f"{sys.version.split()[0]} ({platform.platform()})",
+        "cpu": {
+            "model": model,
+            "torch capability": torch.backends.cpu.get_cpu_capability(),
+            "flags": " ".join(f for f in CPU_FLAGS if f in present) or "none of interest",
+            "bf16 kernels in oneDNN": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+            "bf16 probe": verdict.summary(),
+            "probe timing": (
+                f"fp32 {verdict.fp32_ms or 0:.3f} ms, bf16 {verdict.bf16_ms or 0:.3f} ms per "
+                f"512x256x256 matmul; probe took {verdict.probe_s:.2f} s "
+                f"({'cached, read in' if verdict.cached else 'run now,'} "
+                f"{verdict.check_s * 1e3:.1f} ms)"
+            ),
+            "bitsandbytes CPU path": _bnb_cpu_path(),
+        },
+        "cuda": _cuda(),
+        "threads": {
+            "torch intra-op": torch.get_num_threads(),
+            "torch inter-op": torch.get_num_interop_threads(),
+            "cores usable": affinity,
+            **{v: os.environ.get(v, "unset") for v in THREAD_VARS},
+        },
+        "precision": {
+            "mixed_precision auto": describe_precision("auto"),
+        },
+        "environment": {
+            v: os.environ.get(v, "unset")
+            + (" (set by the bf16 probe)" if v == ISA_ENV and capped else "")
+            for v in ENV_VARS
+        },
+        "caches": _caches(),
+    }
+
+
+def render(info: dict[str, Any]) -> str:
+    lines = []
+    for section, body in info.items():
+        if isinstance(body, dict):
+            lines.append(f"{section}:")
+            width = max(len(k) for k in body) + 1
+            lines += [f"  {k + ':':<{width}} {v}" for k, v in body.items()]
+        elif isinstance(body, list):
+            lines.append(f"{section}:")
+            lines += [f"  {item}" for item in body]
+        else:
+            lines.append(f"{section}: {body}")
+    return "\n".join(lines)

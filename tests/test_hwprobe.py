@@ -1,0 +1,166 @@
+"""The bf16 probe: its fallback when bf16 matmuls trap (forced here with children that kill
+themselves with SIGILL, so every machine checks it), its cache and lock, and what `auto` picks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from stackwise import hwprobe
+from stackwise.errors import StackWiseError
+from stackwise.hwprobe import ISA_ENV, Verdict, apply, probe
+from stackwise.train import hardware
+
+TIMINGS = 'print(\'{"fp32_ms": 2.0, "bf16_ms": 1.0}\')'
+
+
+def child(body: str, log: Path) -> str:
+    """Child code that logs the cap it ran under, then runs `body`."""
+    return textwrap.dedent(
+        f"""
+        import json, os, signal
+        with open({str(log)!r}, "a") as f:
+            f.write(os.environ.get({ISA_ENV!r}, "default") + "\\n")
+        """
+    ) + textwrap.dedent(body)
+
+
+def runs(log: Path) -> list[str]:
+    return log.read_text().split() if log.exists() else []
+
+
+@pytest.fixture
+def no_user_cap(monkeypatch):
+    monkeypatch.delenv(ISA_ENV, raising=False)
+
+
+def test_a_trapping_default_falls_back_to_the_bf16_cap_and_is_cached(tmp_path, no_user_cap):
+    log = tmp_path / "runs.txt"
+    code = child(
+        f"""
+        if os.environ.get({ISA_ENV!r}) != "AVX512_CORE_BF16":
+            os.kill(os.getpid(), signal.SIGILL)
+        {TIMINGS}
+        """,
+        log,
+    )
+    verdict = probe(tmp_path, code)
+    assert runs(log) == ["default", "AVX512_CORE_BF16"]
+    assert verdict.works and verdict.isa_cap == "AVX512_CORE_BF16"
+    assert verdict.trapped == ["default: SIGILL"]
+    assert verdict.speedup == 2.0 and verdict.bf16_fast and not verdict.cached
+    env: dict[str, str] = {}
+    assert apply(verdict, env) and env[ISA_ENV] == "AVX512_CORE_BF16"
+    again = probe(tmp_path, code)  # warm: a file read, no child
+    assert again.cached and again.isa_cap == "AVX512_CORE_BF16"
+    assert runs(log) == ["default", "AVX512_CORE_BF16"]
+
+
+def test_bf16_that_traps_under_every_cap_is_never_used(tmp_path, no_user_cap, monkeypatch):
+    log = tmp_path / "runs.txt"
+    verdict = probe(tmp_path, child("os.kill(os.getpid(), signal.SIGILL)", log))
+    assert runs(log) == ["default", "AVX512_CORE_BF16", "AVX2"]
+    assert not verdict.works and len(verdict.trapped) == 3
+    monkeypatch.setattr(hwprobe, "_verdict", verdict)
+    cpu = hardware.torch.device("cpu")
+    assert hardware.resolve_precision("auto", cpu) == "no"
+    with pytest.raises(StackWiseError, match="cannot run on this CPU"):
+        hardware.resolve_precision("bf16", cpu)
+    assert "fp32" in hardware.describe_precision("auto", cpu)
+
+
+def test_a_cap_the_user_set_is_respected(tmp_path, monkeypatch):
+    monkeypatch.setenv(ISA_ENV, "AVX2")
+    log = tmp_path / "runs.txt"
+    verdict = probe(tmp_path, child(TIMINGS, log))
+    assert runs(log) == ["AVX2"] and verdict.user_cap and verdict.isa_cap == "AVX2"
+    env = {ISA_ENV: "AVX2"}
+    assert not apply(verdict, env) and env == {ISA_ENV: "AVX2"}
+    # a trap under the user's own cap is reported, never overridden by a lower one
+    trap_log = tmp_path / "trap.txt"
+    monkeypatch.setenv(ISA_ENV, "AVX512_CORE_AMX")
+    trapped = probe(tmp_path, child("os.kill(os.getpid(), signal.SIGILL)", trap_log))
+    assert runs(trap_log) == ["AVX512_CORE_AMX"] and not trapped.works
+
+
+def test_auto_picks_bf16_only_where_it_is_faster(monkeypatch):
+    cpu = hardware.torch.device("cpu")
+    slow = Verdict(works=True, fp32_ms=1.0, bf16_ms=10.0)  # emulated bf16, as on AVX2
+    monkeypatch.setattr(hwprobe, "_verdict", slow)
+    assert hardware.resolve_precision("auto", cpu) == "no"
+    assert hardware.resolve_precision("bf16", cpu) == "bf16"  # asked for: allowed, just slow
+    assert "0.10x the speed of fp32" in hardware.describe_precision("auto", cpu)
+    monkeypatch.setattr(hwprobe, "_verdict", Verdict(works=True, fp32_ms=3.0, bf16_ms=1.0))
+    assert hardware.resolve_precision("auto", cpu) == "bf16"
+    assert hardware.describe_precision("auto", cpu).startswith("bf16 (auto: bf16 matmul 3.00x")
+
+
+def test_a_corrupt_cache_is_probed_again(tmp_path, no_user_cap):
+    log = tmp_path / "runs.txt"
+    code = child(TIMINGS, log)
+    probe(tmp_path, code)
+    (cached,) = (tmp_path / "hwprobe").glob("*.json")
+    cached.write_text("{not json")
+    assert probe(tmp_path, code).works and runs(log) == ["default", "default"]
+
+
+def test_concurrent_ranks_probe_once(tmp_path, no_user_cap):
+    """Two processes start at once, as torchrun's ranks do: one probes, the other waits for
+    its verdict instead of running a second child."""
+    log = tmp_path / "runs.txt"
+    code = child(f"import time; time.sleep(1.5)\n{TIMINGS}", log)
+    script = (
+        "import sys; from stackwise.hwprobe import probe; "
+        f"v = probe({str(tmp_path)!r}, {code!r}); print(v.works, v.cached)"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outs = sorted(p.communicate(timeout=120)[0].split()[-1] for p in procs)
+    assert runs(log) == ["default"]
+    assert outs == ["False", "True"]  # one probed, the other read the cache
+
+
+def test_the_real_probe_on_this_machine(tmp_path, no_user_cap):
+    verdict = probe(tmp_path)
+    assert verdict.works or verdict.trapped, verdict.error
+    assert verdict.machine and verdict.probe_s > 0
+    assert probe(tmp_path).cached
+    print(verdict.summary(), os.cpu_count())
+
+
+def test_stackwise_env_prints_what_a_bug_report_needs(capsys):
+    import json
+
+    import torch
+
+    from stackwise.cli import main
+
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    for needle in (
+        f"torch:        {torch.__version__}",
+        "transformers:",
+        "peft:",
+        "accelerate:",
+        "bitsandbytes:",
+        "datasets:",
+        f"torch capability:       {torch.backends.cpu.get_cpu_capability()}",
+        "bf16 probe:",
+        "bitsandbytes CPU path:",
+        "cuda:",
+        f"torch intra-op:  {torch.get_num_threads()}",
+        "mixed_precision auto:",
+        "bf16 probe verdict:",
+    ):
+        assert needle in out, needle
+    assert main(["env", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["precision"]["mixed_precision auto"].split()[0] in ("bf16", "fp32")
+    assert info["versions"]["torch"] == torch.__version__
