@@ -1,4 +1,4 @@
-"""`stackwise train | generate | merge-lora | lr-find | env | config`.
+"""`stackwise train | generate | eval | merge-lora | lr-find | env | config`.
 
 User mistakes (StackWiseError) print one paragraph and exit 2; there is no traceback for them.
 """
@@ -79,6 +79,9 @@ def cmd_generate(ns: argparse.Namespace) -> int:
         top_k=ns.top_k,
         top_p=ns.top_p,
         steps=ns.steps,
+        sampler=ns.sampler,
+        remasking=ns.remasking,
+        block_length=ns.block_length,
     )
     for i, text in enumerate(texts):
         if len(texts) > 1:
@@ -139,6 +142,24 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(ns: argparse.Namespace) -> int:
+    import json
+
+    from stackwise.evaluate import EvalSettings, render, run_eval
+
+    for name in ("t_points", "mc_num", "samples", "max_blocks"):
+        if getattr(ns, name) < 1:
+            raise StackWiseError(f"--{name.replace('_', '-')} must be at least 1.")
+    settings = EvalSettings(ns.t_points, ns.mc_num, ns.samples, ns.max_blocks, ns.seed)
+    sampling = {"sampler": ns.sampler, "remasking": ns.remasking, "steps": ns.steps}
+    report = run_eval(ns.checkpoint, settings, ns.reference, **sampling)
+    out = Path(ns.checkpoint).expanduser() / "eval.json"
+    out.write_text(json.dumps(report, indent=1))
+    print(render(report))
+    print(f"wrote {out}")
+    return 0
+
+
 def cmd_env(ns: argparse.Namespace) -> int:
     import json
 
@@ -181,7 +202,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=None)
     g.add_argument("--top-k", type=int, default=None)
     g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--steps", type=int, default=None, help="unmasking rounds (mlm/diffusion)")
+    g.add_argument("--steps", type=int, default=None, help="denoising steps (mlm/diffusion)")
+    g.add_argument("--sampler", choices=["ancestral", "remask"], default=None)
+    g.add_argument(
+        "--remasking",
+        choices=["low_confidence", "random", "entropy", "margin"],
+        default=None,
+        help="remask: which positions are revealed first",
+    )
+    g.add_argument(
+        "--block-length", type=int, default=None, help="semi-autoregressive block size (0: off)"
+    )
     g.add_argument("--seed", type=int, default=0)
     g.set_defaults(func=cmd_generate)
     m = sub.add_parser(
@@ -215,6 +246,27 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--max-lr", type=float, default=1.0)
     f.add_argument("--plot", default=None, help="PNG path (default OUTPUT_DIR/lr_find.png)")
     f.set_defaults(func=cmd_lr_find)
+    v = sub.add_parser(
+        "eval",
+        help="likelihood (bits/char), conditional likelihood and sample quality of a run",
+        description=(
+            "Score the run in --checkpoint on its validation split with fixed noise (the "
+            "numbers of two runs are comparable), sample from it, and write eval.json there."
+        ),
+    )
+    v.add_argument("--checkpoint", required=True, help="output dir of `stackwise train`")
+    v.add_argument("--reference", default=None, help="a causal run to score samples (gen PPL)")
+    v.add_argument("--samples", type=int, default=16)
+    v.add_argument("--t-points", type=int, default=16, help="t grid size of the NELBO")
+    v.add_argument("--mc-num", type=int, default=8, help="noise levels per conditional estimate")
+    v.add_argument("--max-blocks", type=int, default=64, help="validation blocks scored")
+    v.add_argument("--sampler", choices=["ancestral", "remask"], default=None)
+    v.add_argument(
+        "--remasking", choices=["low_confidence", "random", "entropy", "margin"], default=None
+    )
+    v.add_argument("--steps", type=int, default=None)
+    v.add_argument("--seed", type=int, default=0)
+    v.set_defaults(func=cmd_eval)
     e = sub.add_parser(
         "env",
         help="print versions, CPU/GPU, the bf16 probe and cache dirs (paste it into bug reports)",

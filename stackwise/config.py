@@ -133,7 +133,14 @@ class DataConfig(Section):
     seq_len: PositiveInt = 128
     num_samples: PositiveInt | None = Field(None, description="Cap on training sequences.")
     val_fraction: float = Field(0.05, gt=0.0, le=0.5)
-    tokenizer: str | None = Field(None, description="Local HF tokenizer dir; None trains a BPE.")
+    tokenizer: str | None = Field(
+        None,
+        description=(
+            "None trains a byte-level BPE on the corpus; `char` or `byte` builds a character- or "
+            "byte-level tokenizer; anything else is a local HF tokenizer dir (./char for a dir "
+            "named char)."
+        ),
+    )
     bpe_vocab_size: int = Field(2048, ge=300, le=65536)
     cache_dir: str | None = Field(None, description="Default: $STACKWISE_CACHE or ~/.cache.")
     num_workers: NonNegativeInt = 0
@@ -163,7 +170,8 @@ class DataConfig(Section):
                     )
         if self.tokenizer is not None and self.changed("bpe_vocab_size"):
             raise ValueError(
-                "bpe_vocab_size only applies when no tokenizer dir is given; remove one of them"
+                "bpe_vocab_size only applies to the BPE trained when data.tokenizer is unset; "
+                "remove one of them"
             )
         return self
 
@@ -404,9 +412,24 @@ class SampleConfig(Section):
     prompt: str = ""
     max_new_tokens: PositiveInt = 64
     temperature: NonNegativeFloat = 0.8
-    top_k: NonNegativeInt = Field(0, description="clm: 0 disables.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="clm nucleus sampling.")
-    steps: PositiveInt = Field(32, description="mlm/diffusion: unmasking iterations.")
+    top_k: NonNegativeInt = Field(0, description="Keep the k likeliest tokens; 0 disables.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling.")
+    steps: PositiveInt = Field(32, description="mlm/diffusion: denoising steps.")
+    sampler: Literal["auto", "ancestral", "remask"] = Field(
+        "auto",
+        description="mlm/diffusion. auto: ancestral (MDLM) for diffusion, remask for mlm.",
+    )
+    remasking: Literal["low_confidence", "random", "entropy", "margin"] = Field(
+        "low_confidence", description="remask: which masked positions are revealed first."
+    )
+    block_length: NonNegativeInt = Field(
+        0, description="mlm/diffusion: fill blocks of this many tokens left to right; 0: one."
+    )
+
+    def resolved_sampler(self, objective: str) -> str:
+        if self.sampler != "auto":
+            return self.sampler
+        return "ancestral" if objective == "diffusion" else "remask"
 
 
 PrecisionName = Literal["full", "bf16", "fp16", "nf4", "fp8", "nvfp4", "qlora"]
@@ -715,6 +738,24 @@ class Config(Section):
             )
         model["blocks_per_stack"] = want
         return {**data, "model": model}
+
+    @model_validator(mode="after")
+    def _sampling(self) -> Config:
+        """Sampling settings that the rack's kind would ignore are refused."""
+        sm = self.sample
+        if self.objective.causal:
+            for name in ("steps", "sampler", "remasking", "block_length"):
+                if sm.changed(name):
+                    raise ValueError(
+                        f"sample.{name} only applies to masked (mlm/diffusion) racks; this rack "
+                        "samples left to right. Remove it"
+                    )
+        elif sm.resolved_sampler(self.objective.name) == "ancestral" and sm.changed("remasking"):
+            raise ValueError(
+                "sample.remasking only applies to sampler: remask (ancestral reveals positions "
+                "at random, as the reverse process says); set sample.sampler: remask or remove it"
+            )
+        return self
 
     @model_validator(mode="after")
     def _progressive(self) -> Config:

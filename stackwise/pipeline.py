@@ -89,6 +89,8 @@ def train_from_config(config: Config, quiet: bool = False) -> RunResult:
             f"output {trainer.output_dir}"
         )
     state = trainer.train()
+    if not quiet and trainer.accelerator.is_main_process and state.history:
+        print(final_eval_line(state.history[-1]), flush=True)
     trainer.save(data.tokenizer, weights=config.progressive.save_rack)
     if config.progressive.save_stacks and trainer.accelerator.is_main_process:
         raw = trainer.accelerator.unwrap_model(trainer.model)
@@ -96,6 +98,18 @@ def train_from_config(config: Config, quiet: bool = False) -> RunResult:
     raw = trainer.accelerator.unwrap_model(trainer.model)
     rack = getattr(raw, "_orig_mod", raw)
     return RunResult(config, trainer.output_dir, rack, data, state, trainer)
+
+
+def final_eval_line(ev: dict[str, Any]) -> str:
+    """The run's last evaluation in one line, bits per character included."""
+    parts = [f"val loss {ev['loss']:.3f}"]
+    if "nelbo" in ev:
+        parts.append(f"NELBO {ev['nelbo']:.3f} nats/token")
+    elif "ppl" in ev:
+        parts.append(f"ppl {ev['ppl']:.2f}")
+    if "bpc" in ev:
+        parts.append(f"{ev['bpc']:.3f} bits per character")
+    return f"final eval (step {ev.get('step', '?')}): " + ", ".join(parts)
 
 
 def _precision(config: Config, trainer: Any) -> str:

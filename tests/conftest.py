@@ -108,10 +108,12 @@ def tiny_dict(corpus: Path, cache: Path, out: Path, **sections: dict[str, Any]) 
             "tensorboard": False,
             "progress_bar": "never",
         },
-        "sample": {"num_samples": 1, "max_new_tokens": 8, "steps": 4},
+        "sample": {"num_samples": 1, "max_new_tokens": 8},
     }
     for name, values in sections.items():
         base.setdefault(name, {}).update(values)
+    if base.get("objective", {}).get("name") in ("mlm", "diffusion"):
+        base["sample"].setdefault("steps", 4)  # only masked racks take denoising steps
     return base
 
 

@@ -353,3 +353,70 @@ def test_corpus_too_small_for_one_block(tmp_path, cache_dir):
         str(small),
         "seq_len",
     )
+
+
+# --- character- and byte-level tokenizers, and bits per character ---------------------------
+
+ODD_TEXT = "Thou art é, naïve—\nKING. O!\ttab"
+
+
+def test_char_tokenizer_round_trips_and_has_every_special(tmp_path):
+    texts = [*DOCS, ODD_TEXT]
+    tok = tokmod.make_tokenizer("char", texts, 2048, str(tmp_path))
+    for name in SPECIALS:
+        assert getattr(tok, f"{name}_id") is not None
+    ids = tok(ODD_TEXT, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(ODD_TEXT)  # one token per character
+    assert tok.decode(ids) == ODD_TEXT
+    assert len(tok) == len(set("".join(texts))) + len(SPECIALS) + 1  # + <unk>
+    unseen = tok("Zq€", add_special_tokens=False)["input_ids"]
+    assert tok.unk_token_id in unseen  # characters not in the corpus are <unk>, not dropped
+    # cached by corpus hash: a second build loads the same vocabulary from disk
+    again = tokmod.make_tokenizer("char", texts, 2048, str(tmp_path))
+    assert again.get_vocab() == tok.get_vocab()
+    assert any(p.name.startswith("char-v1-") for p in (tmp_path / "tokenizers").iterdir())
+
+
+def test_byte_tokenizer_covers_every_byte(tmp_path):
+    tok = tokmod.make_tokenizer("byte", [], 2048, str(tmp_path))
+    assert len(tok) == 256 + len(SPECIALS)
+    ids = tok(ODD_TEXT, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(ODD_TEXT.encode("utf-8"))
+    assert tok.decode(ids) == ODD_TEXT
+    assert tok.mask_token_id is not None and tok.mask_token_id not in ids
+
+
+@pytest.mark.parametrize("name", [None, "char", "byte"])
+def test_bytes_per_token_spells_the_text(tmp_path, name):
+    tok = tokmod.make_tokenizer(name, [*DOCS, ODD_TEXT], 300, str(tmp_path))
+    table = tokmod.bytes_per_token(tok)
+    for text in (ODD_TEXT, DOCS[0]):
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert float(table[ids].sum()) == len(text.encode("utf-8"))
+    assert table[tok.eos_token_id] == 1 and table[tok.mask_token_id] == 0
+
+
+def test_bpe_vocab_size_with_a_char_tokenizer_is_refused():
+    with pytest.raises(ValueError, match="bpe_vocab_size only applies"):
+        DataConfig(tokenizer="char", bpe_vocab_size=512)
+
+
+@pytest.mark.parametrize("objective", ["clm", "diffusion"])
+def test_eval_reports_bits_per_character(corpus_file, cache_dir, tmp_path, objective):
+    import math
+
+    from conftest import tiny_dict
+
+    from stackwise.config import from_dict
+    from stackwise.pipeline import train_from_config
+
+    raw = tiny_dict(corpus_file, cache_dir, tmp_path / "run", objective={"name": objective})
+    raw["data"].pop("bpe_vocab_size")
+    raw["data"]["tokenizer"] = "char"
+    res = train_from_config(from_dict(raw), quiet=True)
+    ev = res.state.history[-1]
+    assert ev["bpc"] > 0
+    if objective == "clm":  # one byte per token: bpc is the per-token NLL in bits
+        assert ev["bpc"] == pytest.approx(math.log2(ev["ppl"]), rel=1e-6)
+    else:  # every real token is one byte: the bound per character is the NELBO in bits
+        assert ev["bpc"] == pytest.approx(ev["nelbo"] / math.log(2), rel=1e-6)

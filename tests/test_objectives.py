@@ -121,6 +121,18 @@ def test_table_schedule_hits_its_listed_fractions_and_interpolates():
     assert float(frac[3]) == pytest.approx(0.15 + (0.35 - 0.1) / 0.5 * 0.35, rel=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_table_weight_on_a_knot_is_the_left_segments(dtype):
+    """A grid draw exactly on step k closes the interval to its left: w = slope_left / frac.
+    In float32, 0.1 is 0.1000000015, which once took the right segment's slope (4.667, not 10)."""
+    table = Table(10, {0: 0.15, 5: 0.5, 9: 0.9})
+    t = torch.tensor([0.1, 0.6, 1.0], dtype=dtype)
+    expected = torch.tensor([0.15 / 0.1, 0.35 / 0.5, 0.4 / 0.4]) / torch.tensor([0.15, 0.5, 0.9])
+    assert torch.allclose(table.weight(t).double(), expected.double(), rtol=1e-2)
+    assert float(table.weight(t)[0]) == pytest.approx(10.0, rel=1e-2)
+    assert float(table.weight(t)[1]) == pytest.approx(1.4, rel=1e-2)
+
+
 def test_antithetic_draws_are_evenly_spread_and_grid_draws_land_on_steps():
     obj = Diffusion(SP, Linear(), eps=1e-3, antithetic=True)
     t = torch.sort(obj.sample_t(8, gen(), torch.device("cpu"))).values

@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from stackwise.config import DataConfig
 from stackwise.data.sources import load_documents
-from stackwise.data.tokenizer import corpus_tokenizer, load_tokenizer_dir
+from stackwise.data.tokenizer import bytes_per_token, make_tokenizer
 from stackwise.errors import StackWiseError
 from stackwise.objectives.base import Specials
 
@@ -22,8 +22,9 @@ from stackwise.objectives.base import Specials
 class TokenBlocks(Dataset):
     """Rows of a (N, L) token tensor as {'input_ids': ...}; the index is a stable sample id."""
 
-    def __init__(self, blocks: torch.Tensor) -> None:
+    def __init__(self, blocks: torch.Tensor, bytes_per_token: torch.Tensor | None = None) -> None:
         self.blocks = blocks
+        self.bytes_per_token = bytes_per_token  # lets evaluation report bits per character
 
     def __len__(self) -> int:
         return self.blocks.shape[0]
@@ -75,10 +76,7 @@ def to_blocks(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
 def build_data(cfg: DataConfig) -> PreparedData:
     docs = load_documents(cfg)
     texts = [t for _, t in docs]
-    if cfg.tokenizer is not None:
-        tok = load_tokenizer_dir(cfg.tokenizer)
-    else:
-        tok = corpus_tokenizer(texts, cfg.bpe_vocab_size, cfg.cache_dir)
+    tok = make_tokenizer(cfg.tokenizer, texts, cfg.bpe_vocab_size, cfg.cache_dir)
     ids = tok(texts, add_special_tokens=False)["input_ids"]
     stream = pack_stream(ids, tok.eos_token_id)
     n_val = max(cfg.seq_len, int(stream.numel() * cfg.val_fraction))
@@ -92,10 +90,11 @@ def build_data(cfg: DataConfig) -> PreparedData:
         )
     if cfg.num_samples is not None:
         train_blocks = train_blocks[: cfg.num_samples]
+    table = bytes_per_token(tok)
     return PreparedData(
         tokenizer=tok,
-        train=TokenBlocks(train_blocks),
-        val=TokenBlocks(val_blocks),
+        train=TokenBlocks(train_blocks, table),
+        val=TokenBlocks(val_blocks, table),
         n_documents=len(docs),
         n_tokens=int(stream.numel()),
     )

@@ -1,4 +1,5 @@
-"""Tokenizers: a local HF tokenizer dir, or a byte-level BPE trained on the corpus and cached.
+"""Tokenizers: a local HF tokenizer dir, a byte-level BPE trained on the corpus, or a character-
+or byte-level tokenizer (small corpora: no rare merges to learn). Built ones are cached.
 
 Every tokenizer ends up with pad, bos, eos and mask tokens, since diffusion and mlm need a mask
 id and packing needs eos.
@@ -9,9 +10,11 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from stackwise.errors import StackWiseError
@@ -24,6 +27,10 @@ SPECIALS = {
     "mask_token": "<mask>",
 }
 BPE_VERSION = "bpe-v1"
+CHAR_VERSION = "char-v1"
+BYTE_VERSION = "byte-v1"
+UNK = "<unk>"
+BUILT_IN = ("char", "byte")
 
 
 def corpus_hash(texts: Sequence[str]) -> str:
@@ -74,15 +81,14 @@ def train_bpe(texts: Sequence[str], vocab_size: int) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIALS)
 
 
-def corpus_tokenizer(
-    texts: Sequence[str], vocab_size: int, cache_dir: str | None = None
+def _cached(
+    key: str, cache_dir: str | None, build: Callable[[], PreTrainedTokenizerBase]
 ) -> PreTrainedTokenizerBase:
-    """Train once per (corpus, vocab size); later runs load the cached copy."""
-    key = f"{BPE_VERSION}-{corpus_hash(texts)}-{vocab_size}"
+    """Build once per key; later runs (and other ranks) load the cached copy."""
     folder = cache_root(cache_dir) / "tokenizers" / key
     if (folder / "tokenizer.json").is_file():
         return load_tokenizer_dir(folder)
-    tok = train_bpe(texts, vocab_size)
+    tok = build()
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent))
     tok.save_pretrained(str(tmp))
@@ -91,3 +97,83 @@ def corpus_tokenizer(
     except OSError:  # another process cached it first
         shutil.rmtree(tmp, ignore_errors=True)
     return tok
+
+
+def corpus_tokenizer(
+    texts: Sequence[str], vocab_size: int, cache_dir: str | None = None
+) -> PreTrainedTokenizerBase:
+    """A BPE trained once per (corpus, vocab size)."""
+    key = f"{BPE_VERSION}-{corpus_hash(texts)}-{vocab_size}"
+    return _cached(key, cache_dir, lambda: train_bpe(texts, vocab_size))
+
+
+def _unmerged(symbols: Sequence[str], extra: Sequence[str]) -> Any:
+    """One token per symbol: a BPE model with no merges over `symbols`, specials first."""
+    from tokenizers import Tokenizer, models
+
+    names = [*SPECIALS.values(), *extra]
+    vocab = {name: i for i, name in enumerate(names)}
+    for sym in symbols:
+        vocab.setdefault(sym, len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK if UNK in extra else None))
+    tok.add_special_tokens(names)
+    return tok
+
+
+def char_tokenizer(texts: Sequence[str]) -> PreTrainedTokenizerFast:
+    """Every character of the corpus is a token; unseen characters become <unk>."""
+    from tokenizers import decoders
+
+    tok = _unmerged(sorted(set().union(*map(set, texts))), [UNK])
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=UNK, **SPECIALS)
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """Every UTF-8 byte is a token (256 + specials): nothing is ever unknown."""
+    from tokenizers import decoders, pre_tokenizers
+
+    tok = _unmerged(sorted(pre_tokenizers.ByteLevel.alphabet()), [])
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIALS)
+
+
+def make_tokenizer(
+    name: str | None, texts: Sequence[str], bpe_vocab_size: int, cache_dir: str | None = None
+) -> PreTrainedTokenizerBase:
+    """`data.tokenizer`: None (BPE on the corpus), `char`, `byte`, or a tokenizer dir."""
+    if name is None:
+        return corpus_tokenizer(texts, bpe_vocab_size, cache_dir)
+    if name == "char":
+        return _cached(
+            f"{CHAR_VERSION}-{corpus_hash(texts)}", cache_dir, lambda: char_tokenizer(texts)
+        )
+    if name == "byte":
+        return _cached(BYTE_VERSION, cache_dir, byte_tokenizer)
+    return load_tokenizer_dir(name)
+
+
+def bytes_per_token(tok: PreTrainedTokenizerBase) -> torch.Tensor:
+    """(V,) UTF-8 bytes of text each token id spells: EOS counts 1 (it separates documents, like
+    a newline), other specials 0. Bytes rather than characters so that every tokenizer agrees;
+    for ASCII text, such as the default corpus, they are the same thing."""
+    specials = set(tok.all_special_ids)
+    table = torch.zeros(len(tok), dtype=torch.float64)
+    byte_level = _is_byte_level(tok)
+    for token, i in tok.get_vocab().items():
+        if i >= len(table) or i in specials:
+            continue
+        if byte_level:  # each symbol of the ByteLevel alphabet stands for one byte
+            table[i] = len(token)
+        else:
+            table[i] = len(tok.convert_tokens_to_string([token]).encode("utf-8"))
+    if tok.eos_token_id is not None:
+        table[tok.eos_token_id] = 1.0
+    return table
+
+
+def _is_byte_level(tok: PreTrainedTokenizerBase) -> bool:
+    backend = getattr(tok, "backend_tokenizer", None)
+    pre = getattr(backend, "pre_tokenizer", None)
+    return pre is not None and "ByteLevel" in type(pre).__name__

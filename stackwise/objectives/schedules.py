@@ -67,12 +67,15 @@ class Table(Schedule):
         kt = torch.tensor(self.knots_t, dtype=torch.float64, device=t.device)
         km = torch.tensor(self.knots_m, dtype=torch.float64, device=t.device)
         tt = t.double()
-        hi = torch.searchsorted(kt, tt, right=False).clamp(1, len(kt) - 1)
+        # find the segment in t's own precision: float32(0.1) is 0.1000000015 in float64, which
+        # would put a draw exactly on a knot into the segment to its right
+        kt_same = kt.to(t.dtype) if t.is_floating_point() else kt
+        hi = torch.searchsorted(kt_same, t.contiguous(), right=False).clamp(1, len(kt) - 1)
         lo = hi - 1
         slope = (km[hi] - km[lo]) / (kt[hi] - kt[lo])
-        beyond = tt > kt[-1]
+        beyond = t > kt_same[-1]
         slope = torch.where(beyond, torch.zeros_like(slope), slope)
-        frac = torch.where(beyond, km[-1], km[lo] + slope * (tt - kt[lo]))
+        frac = torch.where(beyond, km[-1], km[lo] + slope * (tt - kt[lo]).clamp_min(0.0))
         return frac, slope, beyond
 
     def mask_fraction(self, t: torch.Tensor) -> torch.Tensor:

@@ -541,7 +541,7 @@ def summary_table(result: ProgressiveResult) -> str:
     """One row per stack: steps, tokens, time, its eval, the cache's work."""
     head = (
         f"{'stack':>5} {'pos':>3} {'steps':>6} {'tokens':>10} {'time s':>7} {'t range':>13} "
-        f"{'val loss':>8} {'nelbo/ppl':>9} {'cache hit%':>10}"
+        f"{'val loss':>8} {'nelbo/ppl':>9} {'val bpc':>7} {'cache hit%':>10}"
     )
     rows = [head, "-" * len(head)]
     for r in result.stacks:
@@ -552,7 +552,8 @@ def summary_table(result: ProgressiveResult) -> str:
         hit = f"{100 * c['hits'] / max(1, c['hits'] + c['misses']):.0f}%" if c else "-"
         rows.append(
             f"{r.index:>5} {r.position:>3} {r.steps:>6} {r.tokens:>10,} {r.seconds:>7.1f} "
-            f"{tr:>13} {ev.get('loss', float('nan')):>8.3f} {metric:>9.3f} {hit:>10}"
+            f"{tr:>13} {ev.get('loss', float('nan')):>8.3f} {metric:>9.3f} "
+            f"{ev.get('bpc', float('nan')):>7.3f} {hit:>10}"
         )
     f = result.final_eval
     if f:
@@ -560,5 +561,6 @@ def summary_table(result: ProgressiveResult) -> str:
         rows.append(
             f"final rack (full noise range): val loss {f['loss']:.3f}, "
             + (f"NELBO {metric:.3f}" if "nelbo" in f else f"ppl {metric:.2f}")
+            + (f", {f['bpc']:.3f} bits per character" if "bpc" in f else "")
         )
     return "\n".join(rows)

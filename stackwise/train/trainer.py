@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from stackwise.config import Config, save_config
 from stackwise.errors import StackWiseError
-from stackwise.objectives.base import Objective
+from stackwise.objectives.base import IGNORE, Objective, real_tokens
 from stackwise.train import checkpointing as ckpt
 from stackwise.train.extensions import (
     HOOKS,
@@ -190,7 +190,8 @@ def evaluate_model(
         batch_size=tc.batch_size,
         sampler=EpochSampler(len(val_data), 0, acc.process_index, acc.num_processes, False),
     )
-    keys = ("loss_sum", "norm", "nll_sum", "scored", "correct", "nelbo_sum")
+    keys = ("loss_sum", "norm", "nll_sum", "scored", "correct", "nelbo_sum", "bytes", "bytes_all")
+    table = getattr(val_data, "bytes_per_token", None)  # text length of each token id
     sums = torch.zeros(len(keys), dtype=torch.float64, device=acc.device)
     for i, batch in enumerate(loader):
         if i >= tc.eval_batches:
@@ -201,6 +202,8 @@ def evaluate_model(
         with acc.autocast():
             logits = model(prep.inputs, prep.attention_mask, t)
         part = objective.eval_sums(logits, prep)
+        if table is not None:
+            part.update(text_bytes(table.to(acc.device), batch, prep, objective.specials.pad_id))
         sums += torch.tensor(
             [part.get(k, 0.0) for k in keys], dtype=torch.float64, device=acc.device
         )
@@ -214,9 +217,27 @@ def evaluate_model(
         nelbo = s["nelbo_sum"] / max(s["norm"], 1.0)
         out["nelbo"] = nelbo
         out["ppl_bound"] = math.exp(min(nelbo, 50.0))
+        if table is not None:  # a bound on the whole text's log-likelihood, per character
+            out["bpc"] = s["nelbo_sum"] / math.log(2) / max(s["bytes_all"], 1.0)
     else:
         out["ppl"] = math.exp(min(s["nll_sum"] / max(s["scored"], 1.0), 50.0))
+        if table is not None:  # the scored tokens' log-likelihood, per character they spell
+            out["bpc"] = s["nll_sum"] / math.log(2) / max(s["bytes"], 1.0)
     return out
+
+
+def text_bytes(
+    table: torch.Tensor, batch: dict[str, torch.Tensor], prep: Any, pad_id: int | None
+) -> dict[str, float]:
+    """Characters (UTF-8 bytes) spelled by the scored targets, and by all real tokens."""
+    targets = prep.targets
+    scored = targets != IGNORE
+    ids = batch["input_ids"]
+    real = real_tokens(batch, pad_id if pad_id is not None else -1)
+    return {
+        "bytes": float(table[targets.clamp_min(0)][scored].sum()),
+        "bytes_all": float(table[ids][real].sum()),
+    }
 
 
 def make_accelerator(mixed_precision: str) -> Accelerator:

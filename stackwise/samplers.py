@@ -1,0 +1,187 @@
+"""Samplers for masked racks (mlm and diffusion): start from masks after the prompt, unmask.
+
+- `ancestral`: the MDLM reverse process. Going from t to s < t, each masked position is revealed
+  with probability (m(t) - m(s)) / m(t), m being the schedule's mask fraction, with a token drawn
+  from the model. A step that reveals nothing leaves the input unchanged, so its logits are
+  reused instead of recomputed (exact: the time input is derived from the masked fraction).
+- `remask` (LLaDA/Dream style): each step reveals its share of the still-masked positions, the
+  ones ranked first by `remasking`: `low_confidence` (highest probability of the drawn token),
+  `random`, `entropy` (lowest predictive entropy) or `margin` (largest top-1 minus top-2).
+
+Both can be semi-autoregressive: with `block_length`, blocks are filled left to right, each with
+its share of the steps, and later blocks stay masked. Draws are made in float64, so a low
+temperature stays a low temperature. Sampling stops once every row holds an EOS.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from stackwise.objectives.schedules import Linear, Schedule, time_for_fraction
+
+REMASKING = ("low_confidence", "random", "entropy", "margin")
+
+
+@dataclass(frozen=True)
+class MaskedSampling:
+    sampler: str = "ancestral"  # or "remask"
+    remasking: str = "low_confidence"
+    steps: int = 32
+    block_length: int = 0  # 0: the whole generation is one block
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+@dataclass
+class SampleStats:
+    forward_passes: int = 0
+    steps: int = 0
+    tokens: int = 0
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Keep the top_k logits, then the smallest set whose probability reaches top_p."""
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    if top_p < 1.0:
+        sorted_logits, idx = torch.sort(logits, descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs > top_p
+        sorted_logits = sorted_logits.masked_fill(drop, -math.inf)
+        logits = torch.full_like(logits, -math.inf).scatter(-1, idx, sorted_logits)
+    return logits
+
+
+def draw(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, gen: torch.Generator
+) -> torch.Tensor:
+    """Tokens from softmax(logits / temperature), filtered, drawn in float64; argmax at T=0."""
+    logits = filter_logits(logits.double(), top_k, top_p)
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = (logits / temperature).softmax(-1)
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=gen).view(probs.shape[:-1])
+
+
+def rank_scores(
+    rule: str, logits: torch.Tensor, tokens: torch.Tensor, gen: torch.Generator
+) -> torch.Tensor:
+    """Higher = reveal first."""
+    if rule == "random":
+        return torch.rand(tokens.shape, generator=gen, device=tokens.device, dtype=torch.float64)
+    probs = logits.double().softmax(-1)
+    if rule == "low_confidence":
+        return probs.gather(-1, tokens[..., None]).squeeze(-1)
+    if rule == "entropy":
+        return (probs * probs.clamp_min(1e-30).log()).sum(-1)  # minus the entropy
+    if rule == "margin":
+        top2 = probs.topk(2, dim=-1).values
+        return top2[..., 0] - top2[..., 1]
+    raise ValueError(f"unknown remasking rule {rule!r}; use one of {REMASKING}")
+
+
+def split_steps(steps: int, blocks: int) -> list[int]:
+    """Each block's share of the steps (at least one each)."""
+    base, extra = divmod(max(steps, blocks), blocks)
+    return [base + (1 if i < extra else 0) for i in range(blocks)]
+
+
+class MaskedSampler:
+    """One sampling run: holds the rack, the running sequence and the logits cache."""
+
+    def __init__(
+        self,
+        rack: torch.nn.Module,
+        settings: MaskedSampling,
+        mask_id: int,
+        banned: list[int],
+        gen: torch.Generator,
+        schedule: Schedule | None = None,
+        eos_id: int | None = None,
+        reuse_logits: bool = True,
+    ) -> None:
+        self.rack, self.s, self.mask_id, self.banned = rack, settings, mask_id, banned
+        self.gen, self.eos_id, self.reuse_logits = gen, eos_id, reuse_logits
+        self.schedule = schedule or Linear()
+        self.stats = SampleStats()
+        self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        if self.reuse_logits and self._cache is not None and torch.equal(self._cache[0], x):
+            return self._cache[1]  # nothing was revealed since the last pass
+        t = None
+        if getattr(self.rack, "uses_time", False):
+            frac = (x == self.mask_id).float().sum(1) / x.shape[1]
+            t = time_for_fraction(self.schedule, frac)
+        out = self.rack(x, t=t).float()
+        out[..., self.banned] = -math.inf
+        self.stats.forward_passes += 1
+        self._cache = (x.clone(), out)
+        return out
+
+    def run(self, prompt: torch.Tensor, length: int) -> torch.Tensor:
+        b, p = prompt.shape
+        x = torch.cat([prompt, prompt.new_full((b, length), self.mask_id)], dim=1)
+        block = self.s.block_length or length
+        starts = list(range(p, p + length, block))
+        for start, steps in zip(starts, split_steps(self.s.steps, len(starts)), strict=True):
+            in_block = torch.zeros_like(x, dtype=torch.bool)
+            in_block[:, start : min(start + block, p + length)] = True
+            x = self._fill_block(x, in_block, steps)
+            if self.eos_id is not None and bool((x[:, p:] == self.eos_id).any(1).all()):
+                break  # every row has ended: later blocks are not generated
+        self.stats.tokens += int((x[:, p:] != self.mask_id).sum())
+        return x
+
+    def _fill_block(self, x: torch.Tensor, in_block: torch.Tensor, steps: int) -> torch.Tensor:
+        for j in range(steps):
+            masked = (x == self.mask_id) & in_block
+            if not bool(masked.any()):
+                break
+            self.stats.steps += 1
+            logits = self.logits(x)
+            tokens = draw(logits, self.s.temperature, self.s.top_k, self.s.top_p, self.gen)
+            if self.s.sampler == "ancestral":
+                reveal = self._ancestral(masked, j, steps)
+            else:
+                reveal = self._remask(masked, logits, tokens, steps - j)
+            x = torch.where(reveal, tokens, x)
+        return x
+
+    def _ancestral(self, masked: torch.Tensor, j: int, steps: int) -> torch.Tensor:
+        grid = torch.tensor([1 - j / steps, 1 - (j + 1) / steps], dtype=torch.float32)
+        m_t, m_s = self.schedule.mask_fraction(grid.clamp_min(0.0)).double().tolist()
+        p = 1.0 if j == steps - 1 or m_t <= 0 else (m_t - m_s) / m_t
+        u = torch.rand(masked.shape, generator=self.gen, device=masked.device, dtype=torch.float64)
+        return masked & (u < p)
+
+    def _remask(
+        self, masked: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor, left: int
+    ) -> torch.Tensor:
+        scores = rank_scores(self.s.remasking, logits, tokens, self.gen)
+        scores = scores.masked_fill(~masked, -math.inf)
+        reveal = torch.zeros_like(masked)
+        for row in range(masked.shape[0]):
+            n = int(masked[row].sum())
+            k = math.ceil(n / left) if n else 0
+            if k:
+                reveal[row, scores[row].topk(k).indices] = True
+        return reveal & masked
+
+
+def truncate_at_eos(x: torch.Tensor, start: int, eos_id: int | None, fill: int) -> torch.Tensor:
+    """Everything after the first EOS of the generated part becomes `fill` (dropped on decode)."""
+    if eos_id is None:
+        return x
+    gen_part = x[:, start:]
+    seen = (gen_part == eos_id).int().cumsum(1)
+    after = (seen - (gen_part == eos_id).int()) > 0
+    out = x.clone()
+    out[:, start:] = gen_part.masked_fill(after, fill)
+    return out
