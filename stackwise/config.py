@@ -184,6 +184,13 @@ class ObjectiveConfig(Section):
     weighting: Literal["elbo", "uniform"] = Field(
         "elbo", description="diffusion: -alpha'/(1-alpha) (NELBO) or 1."
     )
+    random_length_ratio: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of training sequences cut to a random shorter length (the rest "
+        "padded and ignored): against repetition and for variable-length sampling.",
+    )
 
     @property
     def causal(self) -> bool:
@@ -746,9 +753,11 @@ class Config(Section):
         if self.objective.causal:
             for name in ("steps", "sampler", "remasking", "block_length"):
                 if sm.changed(name):
+                    default = type(sm).model_fields[name].get_default()
                     raise ValueError(
                         f"sample.{name} only applies to masked (mlm/diffusion) racks; this rack "
-                        "samples left to right. Remove it"
+                        f"samples left to right. Remove it, or set sample.{name}={default} (its "
+                        "default) when overriding a preset"
                     )
         elif sm.resolved_sampler(self.objective.name) == "ancestral" and sm.changed("remasking"):
             raise ValueError(
@@ -822,6 +831,12 @@ class Config(Section):
                 "trunk_strategy 'qlora' quantizes the frozen trunk and trains one LoRA adapter "
                 "per trunk stack: set lora.enabled: true and lora.trunk_adapters: true (use "
                 "'frozen' with cache.enabled for the memory-light path)"
+            )
+        if p.cache.enabled and self.objective.random_length_ratio > 0:
+            raise ValueError(
+                "objective.random_length_ratio cuts sequences at random, but the activation cache "
+                "stores the trunk's output for whole sequences; disable progressive.cache or set "
+                "random_length_ratio: 0"
             )
         if lo.trunk_adapters and p.cache.enabled:
             raise ValueError(
@@ -906,6 +921,25 @@ class Config(Section):
             if p.time_per_stack is not None and steps is not None and p.time_per_stack * n > steps:
                 raise ValueError(
                     f"time_per_stack={p.time_per_stack} x {n} stacks exceeds num_time_steps={steps}"
+                )
+            top = 1.0
+            if p.time_per_stack is not None and steps is not None:
+                top = p.time_per_stack * n / steps
+            elif p.depth_time_table is not None:
+                ends = [e if isinstance(e, float | int) else e[1] for e in p.depth_time_table[:n]]
+                top = max(ends)
+            if top < 1.0 - 1e-9:
+                raise ValueError(
+                    f"with time as depth the stacks cover noise levels up to t={top:g} only, but "
+                    "sampling starts from full noise (t=1): no stack would be trained for it. "
+                    "Make the last stack's range reach 1"
+                )
+            if self.model.time_conditioning == "learned" and p.head_policy != "always":
+                raise ValueError(
+                    "a learned time embedding freezes with the anchor after stack 0 "
+                    f"(head_policy {p.head_policy}), so with time as depth its rows outside "
+                    "stack 0's noise range would never train. Use time_conditioning "
+                    "sinusoidal or none, or head_policy always"
                 )
         if c.store_all_time_steps and (name != "diffusion" or steps is None):
             raise ValueError(

@@ -11,6 +11,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from stackwise.config import Config, SampleConfig, from_dict
+from stackwise.model.layers import KVCache
 from stackwise.model.rack import Rack
 from stackwise.objectives import build_objective
 from stackwise.objectives.diffusion import Diffusion
@@ -26,13 +27,22 @@ def generate_clm(
     gen: torch.Generator,
     eos_id: int | None = None,
     stats: SampleStats | None = None,
+    use_cache: bool = True,
 ) -> torch.Tensor:
-    """Token by token; stops once every row has produced EOS."""
+    """Token by token with a KV cache (each token costs one position's compute); the context is
+    the last max_seq_len tokens. Stops once every row has produced EOS."""
     stats = stats if stats is not None else SampleStats()
     done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-    start = ids.shape[1]
+    start, window = ids.shape[1], rack.cfg.max_seq_len
+    cache: KVCache | None = None
     for _ in range(max_new):
-        logits = rack(ids[:, -rack.cfg.max_seq_len :])[:, -1].float()
+        if not use_cache:
+            logits = rack(ids[:, -window:])[:, -1].float()
+        elif cache is not None and cache.length < window:  # room for the newest token
+            logits = rack(ids[:, -1:], cache=cache)[:, -1].float()
+        else:  # the first pass, or the window moved on: fill the cache afresh
+            cache = KVCache()
+            logits = rack(ids[:, -window:], cache=cache)[:, -1].float()
         stats.forward_passes += 1
         nxt = draw(logits, s.temperature, s.top_k, s.top_p, gen)
         ids = torch.cat([ids, nxt[:, None]], dim=1)

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from test_cli import ENV, explain
 
 from stackwise.cli import resolve_config_path
@@ -23,12 +24,15 @@ SHORT = [
 ]
 
 
-def test_default_train_grows_four_stacks_with_curves_saved_stacks_and_samples(tmp_path):
-    preset = load_config(resolve_config_path(None))  # the default preset
-    assert preset.progressive.strategy == "progressive" and preset.model.n_stacks == 4
-    assert preset.objective.name == "diffusion" and preset.progressive.cache.enabled
+@pytest.mark.parametrize("preset", [None, "tiny-diffusion-progressive-cached"])
+def test_default_train_grows_four_stacks_with_curves_saved_stacks_and_samples(tmp_path, preset):
+    config = load_config(resolve_config_path(preset))  # None: the default preset
+    assert config.progressive.strategy == "progressive" and config.model.n_stacks == 4
+    assert config.objective.name == "diffusion" and config.data.tokenizer == "char"
+    cached = config.progressive.cache.enabled
+    assert cached == (preset is not None)
     proc = subprocess.run(
-        [sys.executable, "-m", "stackwise.cli", "train", *SHORT],
+        [sys.executable, "-m", "stackwise.cli", "train", *([preset] if preset else []), *SHORT],
         capture_output=True,
         text=True,
         env=ENV,
@@ -44,11 +48,14 @@ def test_default_train_grows_four_stacks_with_curves_saved_stacks_and_samples(tm
         assert f"stack {k + 1}/4" in proc.stderr  # a progress bar per stack
     table = proc.stdout[proc.stdout.index("stack pos") :]
     assert len([ln for ln in table.splitlines() if ln.strip()[:1].isdigit()]) == 4
-    assert "final rack (full noise range)" in proc.stdout
+    assert "final rack (full noise range)" in proc.stdout and "bits per character" in proc.stdout
+    assert "val bpc" in table
     assert proc.stdout.count("--- sample") == 2
     hist = json.loads((run / "progressive_history.json").read_text())
     assert [s["steps"] for s in hist["stacks"]] == [4, 4, 4, 4]
-    assert hist["stacks"][3]["cache"]["hits"] > 0  # later stacks read the cached trunk
+    assert all("bpc" in s["eval"] for s in hist["stacks"])
+    if cached:
+        assert hist["stacks"][3]["cache"]["hits"] > 0  # later stacks read the cached trunk
 
     gen = subprocess.run(
         [

@@ -113,6 +113,7 @@ GENERIC: dict[str, tuple[Any, dict]] = {
     "sample.temperature": (0.0, {}),
     "sample.top_k": (2, {}),
     "sample.top_p": (0.1, {}),
+    "objective.random_length_ratio": (0.5, DIFF),
     "sample.steps": (1, DIFF),
     "sample.sampler": ("remask", DIFF),
     "sample.remasking": ("random", {**DIFF, "sample": {"sampler": "remask"}}),

@@ -153,3 +153,40 @@ def test_checkpointing_recomputes_blocks_in_backward():
 def test_longer_than_max_seq_len_is_refused():
     with pytest.raises(ValueError, match="max_seq_len"):
         rack()(torch.randint(4, V, (1, 30)))
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 1])
+def test_kv_cache_gives_the_logits_of_the_full_forward(n_kv_heads):
+    from stackwise.config import ModelConfig
+    from stackwise.model.layers import KVCache
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_heads=4, n_kv_heads=n_kv_heads, n_stacks=2, max_seq_len=24)
+    rack = Rack(cfg, 50, causal=True).eval()
+    ids = torch.randint(0, 50, (3, 20))
+    with torch.no_grad():
+        full = rack(ids)
+        cache = KVCache()
+        parts = [rack(ids[:, :7], cache=cache)]  # prefill, then one token at a time
+        parts += [rack(ids[:, i : i + 1], cache=cache) for i in range(7, 20)]
+    assert cache.length == 20
+    assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_cached_generation_equals_uncached_and_runs_one_token_per_pass(tiny):
+    from stackwise.generate import generate_clm
+    from stackwise.samplers import SampleStats
+
+    cfg = tiny(model={"max_seq_len": 32}, sample={"max_new_tokens": 40, "temperature": 1.0})
+    torch.manual_seed(0)
+    rack = Rack(cfg.model, 60, causal=True).eval()
+    prompt = torch.randint(0, 60, (2, 5))
+    outs, stats = [], []
+    for use_cache in (True, False):
+        st = SampleStats()
+        gen = torch.Generator().manual_seed(1)
+        outs.append(generate_clm(rack, prompt, 40, cfg.sample, gen, None, st, use_cache))
+        stats.append(st)
+    # 45 tokens > max_seq_len 32: the window slides, and both paths see the same context
+    assert torch.equal(outs[0], outs[1]) and outs[0].shape == (2, 45)
+    assert stats[0].forward_passes == stats[1].forward_passes == 40

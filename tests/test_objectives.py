@@ -19,6 +19,7 @@ from stackwise.objectives import (
     Specials,
     build_objective,
 )
+from stackwise.objectives.base import random_lengths
 from stackwise.objectives.schedules import Cosine, Linear, LogLinear, Table, time_for_fraction
 from stackwise.train import Trainer
 
@@ -279,3 +280,66 @@ def test_time_for_fraction_inverts_each_schedule():
     for sched in (Linear(), Cosine(), LogLinear(1e-3)):
         t = time_for_fraction(sched, frac)
         assert torch.allclose(sched.mask_fraction(t), frac, atol=1e-4)
+
+
+def _objectives() -> list:
+    return [
+        CLM(SP),
+        MLM(SP, 0.3, False),
+        Diffusion(SP, Linear()),
+    ]
+
+
+@pytest.mark.parametrize("obj", _objectives(), ids=["clm", "mlm", "diffusion"])
+def test_padding_never_enters_the_loss_or_the_normalizer(obj):
+    ids = uniform_tokens(4, 24)
+    cut = random_lengths({"input_ids": ids}, 1.0, SP.pad_id, gen(5))
+    real = cut["attention_mask"].bool()
+    assert not real.all() and real[:, 0].all()
+    assert (cut["input_ids"][~real] == SP.pad_id).all()
+    prep = obj.prepare(cut, gen(1))
+    assert not (prep.targets[~real] != IGNORE).any()  # nothing scored on padding
+    if obj.name == "diffusion":
+        assert float(prep.normalizer) == float(real.sum())  # per real token, pads not counted
+    else:
+        assert float(prep.normalizer) == float((prep.targets != IGNORE).sum())
+    # what the padding holds cannot change the loss: the model never sees it either
+    torch.manual_seed(0)
+    rack = Rack(
+        from_dict({"model": {"d_model": 16, "n_heads": 2, "n_stacks": 1}}).model,
+        SP.vocab_size,
+        causal=obj.causal,
+    )
+    other = dict(cut)
+    other["input_ids"] = torch.where(real, cut["input_ids"], uniform_tokens(4, 24, seed=9))
+    losses = []
+    for batch in (cut, other):
+        p = obj.prepare(batch, gen(1))
+        p.inputs = torch.where(real, p.inputs, batch["input_ids"])
+        with torch.no_grad():
+            losses.append(float(obj.loss(rack(p.inputs, p.attention_mask), p)))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+
+
+def test_random_length_ratio_cuts_that_share_of_rows():
+    ids = uniform_tokens(2000, 16)
+    none = random_lengths({"input_ids": ids}, 0.0, SP.pad_id, gen(0))
+    assert torch.equal(none["input_ids"], ids)
+    some = random_lengths({"input_ids": ids}, 0.3, SP.pad_id, gen(0))
+    shortened = (~some["attention_mask"].bool()).any(1).float().mean()
+    assert 0.25 < float(shortened) < 0.32  # 30%, less the rows whose draw was the full length
+
+
+def test_random_length_ratio_trains_and_is_refused_with_the_cache(tiny):
+    from stackwise.errors import StackWiseError
+    from stackwise.pipeline import train_from_config
+
+    cfg = tiny(objective={"name": "diffusion", "random_length_ratio": 0.5})
+    res = train_from_config(cfg, quiet=True)
+    assert res.state.step == cfg.train.max_steps
+    with pytest.raises(StackWiseError, match="random_length_ratio cuts"):
+        tiny(
+            objective={"name": "diffusion", "random_length_ratio": 0.5},
+            model={"n_stacks": 2, "blocks_per_stack": 1},
+            progressive={"strategy": "progressive", "cache": {"enabled": True}},
+        )

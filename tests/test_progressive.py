@@ -363,17 +363,25 @@ def test_depth_mappings_and_orders(tiny):
         {
             "time_interpretation": "depth",
             "depth_mapping": "custom",
-            "depth_time_table": [0.3, [0.5, 0.9]],
+            "depth_time_table": [0.3, [0.5, 1.0]],
         },
     ).progressive
-    assert depth_range(0, 2, table) == (0.3, 0.3) and depth_range(1, 2, table) == (0.5, 0.9)
+    assert depth_range(0, 2, table) == (0.3, 0.3) and depth_range(1, 2, table) == (0.5, 1.0)
     grid = grown(
         tiny,
         2,
-        {"time_interpretation": "depth", "time_per_stack": 2},
+        {"time_interpretation": "depth", "time_per_stack": 5},
         masking={"num_time_steps": 10},
     ).progressive
-    assert depth_range(1, 2, grid, 10) == (0.2, 0.4)
+    assert depth_range(1, 2, grid, 10) == (0.5, 1.0)
+    # sampling starts from full noise: ranges that stop short of t = 1 are refused
+    short = [
+        ({"depth_mapping": "custom", "depth_time_table": [0.3, [0.5, 0.9]]}, {}),
+        ({"time_per_stack": 2}, {"num_time_steps": 10}),
+    ]
+    for extra, masking in short:
+        with pytest.raises(StackWiseError, match=r"up to t=0\.(9|4) only"):
+            grown(tiny, 2, {"time_interpretation": "depth", **extra}, masking=masking)
     assert depth_range(1, 2, cfg, mapping=lambda i, n, t: (0.1 * i, 0.1 * i + 0.05)) == (
         0.1,
         0.15000000000000002,
@@ -591,8 +599,10 @@ def test_partial_growth_saves_a_loadable_rack_and_keeps_the_depth_mapping(tiny):
     tr.save(data.tokenizer)
     _, rack, _ = load_trained(tr.output_dir)
     assert len(rack.stacks) == 2
-    ids = torch.randint(0, cfg.model.vocab_size, (1, 8))
-    assert torch.equal(rack(ids), res.rack.eval()(ids))
+    ids = torch.randint(0, cfg.model.vocab_size, (2, 8))
+    t = torch.tensor([0.1, 0.4])  # a depth-time rack is routed by noise level: it takes t
+    assert rack.depth_ranges == [(0, 0.0, 0.25), (1, 0.25, 0.5)]
+    assert torch.equal(rack(ids, t=t), res.rack.eval()(ids, t=t))
 
 
 def test_epoch_budgets_count_samples_not_cached_variants(tiny):
@@ -682,3 +692,73 @@ def test_huge_seeds_do_not_overflow_mask_keys(tiny):
     assert math.isfinite(res.progressive.final_eval["nelbo"])
     with pytest.raises(StackWiseError, match=r"train\.seed"):
         grown(tiny, 2, train={"seed": 2**40})
+
+
+def test_fused_joint_tuning_trains_everything_trainable_with_a_qlora_trunk(tiny, monkeypatch):
+    """Joint tuning after a qlora-trunk growth trains embeddings, norms, the last full-precision
+    stack and the adapters; only the packed quantized codes stay as they were."""
+    from stackwise.pipeline import train_from_config
+    from stackwise.progressive.trainer import ProgressiveTrainer
+
+    before: dict[str, torch.Tensor] = {}
+    original = ProgressiveTrainer.joint_tuning
+
+    def snapshot_then_tune(self):
+        before.update({n: p.detach().clone() for n, p in self.builder.rack.named_parameters()})
+        return original(self)
+
+    monkeypatch.setattr(ProgressiveTrainer, "joint_tuning", snapshot_then_tune)
+    cfg = tiny(
+        model={"n_stacks": 2, "blocks_per_stack": 1},
+        objective={"name": "diffusion"},
+        train={"max_steps": 600},
+        progressive={
+            "strategy": "progressive",
+            "steps_per_stack": 2,
+            "trunk_strategy": "qlora",
+            "mode": "fused",
+            "joint_tuning_steps": 3,
+        },
+        lora={"enabled": True, "trunk_adapters": True},
+        quant={"enabled": True, "type": "nf4"},
+    )
+    res = train_from_config(cfg, quiet=True)
+    after = {n: p.detach() for n, p in res.rack.named_parameters()}
+    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    assert any(n.startswith("embed_tokens") for n in changed)
+    assert any("norm" in n and "lora_" not in n for n in changed)
+    assert any("lora_" in n for n in changed)
+    last = [
+        n for n in changed if "proj" in n and "lora_" not in n and before[n].is_floating_point()
+    ]
+    assert last, "the last-grown full-precision stack did not train"
+    assert not any(not before[n].is_floating_point() for n in changed)  # codes never move
+
+
+def test_time_as_depth_racks_sample_and_score_routed_by_noise_level(tiny):
+    """Stage k trained stacks 0..k (frozen below k) with the head for its noise range; the
+    routed rack runs exactly that sub-rack for a t in that range, saved and reloaded alike, and
+    on held-back data it scores at least as well as running every stack for every t."""
+    from stackwise.generate import generate
+
+    cfg = grown(
+        tiny,
+        3,
+        {"time_interpretation": "depth", "steps_per_stack": 40},
+        train={"eval_batches": 8},
+    )
+    res = run(cfg)
+    f = res.progressive.final_eval
+    assert f["nelbo"] <= f["whole_rack_nelbo"] + 1e-6, f
+    _, rack, tok = load_trained(res.output_dir)
+    assert [r[0] for r in rack.depth_ranges] == [0, 1, 2] and rack.uses_time
+    x = torch.randint(4, len(tok), (2, 16))
+    t = torch.tensor([0.1, 0.9])  # stack 0's range, and the last stack's
+    with torch.no_grad():
+        routed = rack(x, t=t)
+        only_first = rack.logits(rack.run_stacks(rack.embed(x[:1]), stacks=rack.stacks[:1]))
+        every = rack.logits(rack.run_stacks(rack.embed(x[1:])))
+    assert torch.allclose(routed[:1], only_first, atol=1e-5)
+    assert torch.allclose(routed[1:], every, atol=1e-5)
+    got = generate(res.config, rack, tok, n=2)
+    assert got.stats.forward_passes > 0 and len(got.texts) == 2

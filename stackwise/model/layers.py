@@ -72,6 +72,22 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) 
     return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
+class KVCache:
+    """Keys and values of the tokens seen so far, per attention layer, for causal decoding:
+    each new token then costs one position's compute instead of the whole prefix's."""
+
+    def __init__(self) -> None:
+        self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.length = 0  # positions already cached (the same in every layer)
+
+    def extend(self, layer: nn.Module, k: torch.Tensor, v: torch.Tensor) -> tuple:
+        past = self.layers.get(id(layer))
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        self.layers[id(layer)] = (k, v)
+        return k, v
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, causal: bool) -> None:
         super().__init__()
@@ -87,19 +103,26 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+        cache: KVCache | None = None,
     ) -> torch.Tensor:
         b, n, _ = x.shape
         q = self.q_proj(x).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        fresh = cache is None or cache.length == 0  # queries and keys cover the same positions
+        if cache is not None:
+            k, v = cache.extend(self, k, v)
         out = attention_core(
             q,
             k,
             v,
             attn_mask=mask,
-            is_causal=self.causal and mask is None,
+            is_causal=self.causal and mask is None and fresh,
             dropout_p=self.dropout if self.training else 0.0,
             enable_gqa=self.n_kv != self.n_heads,
         )
@@ -133,9 +156,13 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+        cache: KVCache | None = None,
     ) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.attn_norm(x), rope, mask))
+        x = x + self.drop(self.attn(self.attn_norm(x), rope, mask, cache))
         return x + self.drop(self.ffn(self.ffn_norm(x)))
 
 
@@ -149,23 +176,31 @@ class Stack(nn.Module):
         self.gradient_checkpointing = cfg.gradient_checkpointing
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+        cache: KVCache | None = None,
     ) -> torch.Tensor:
         # the norms carry the stack's storage dtype (linears may be quantized or LoRA-wrapped)
         dtype = self.blocks[0].attn_norm.weight.dtype if len(self.blocks) else x.dtype
         if dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
             # a stack stored in another precision (new_stack_precision: bf16) runs in it
-            return self._run(x.to(dtype), rope, mask).to(x.dtype)
-        return self._run(x, rope, mask)
+            return self._run(x.to(dtype), rope, mask, cache).to(x.dtype)
+        return self._run(x, rope, mask, cache)
 
     def _run(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+        cache: KVCache | None = None,
     ) -> torch.Tensor:
         for block in self.blocks:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(block, x, rope, mask, use_reentrant=False)
             else:
-                x = block(x, rope, mask)
+                x = block(x, rope, mask, cache)
         return x
 
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from stackwise.config import ModelConfig
-from stackwise.model.layers import RMSNorm, Rotary, Stack, init_weights
+from stackwise.model.layers import KVCache, RMSNorm, Rotary, Stack, init_weights
 from stackwise.model.time import LearnedTime, SinusoidalTime
 
 
@@ -63,6 +63,7 @@ class Rack(nn.Module):
             Stack(cfg, causal) for _ in range(cfg.n_stacks if n_stacks is None else n_stacks)
         )
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.depth_ranges: list[tuple[int, float, float]] | None = None
         self.lm_head: nn.Linear | None = None
         if not cfg.tie_embeddings:
             self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
@@ -70,7 +71,47 @@ class Rack(nn.Module):
 
     @property
     def uses_time(self) -> bool:
-        return self.time_embed is not None
+        """Whether forward needs t: for its time embedding, or to route by depth."""
+        return self.time_embed is not None or self.depth_ranges is not None
+
+    def set_depth_routing(self, ranges: list[tuple[int, float, float]] | None) -> None:
+        """Time as depth: per rack position, (growth index, lo, hi) of the noise range its stack
+        was trained at. With it set, an input at noise t runs only the stacks grown up to the one
+        whose range holds t (in rack order), then the head: exactly the sub-rack that stage
+        trained for that noise (with a frozen trunk). None runs every stack for every t."""
+        if ranges is not None and len(ranges) != len(self.stacks):
+            raise ValueError(f"{len(ranges)} depth ranges for {len(self.stacks)} stacks")
+        self.depth_ranges = ranges
+
+    def depth_of(self, t: torch.Tensor) -> torch.Tensor:
+        """(B,) the growth index whose noise range holds each t (the nearest one if none)."""
+        assert self.depth_ranges is not None
+        by_growth = sorted({(g, lo, hi) for g, lo, hi in self.depth_ranges})
+        lo = torch.tensor([r[1] for r in by_growth], device=t.device)
+        hi = torch.tensor([r[2] for r in by_growth], device=t.device)
+        tt = t.float()[:, None]
+        inside = (tt > lo) & (tt <= hi) | ((lo == hi) & (tt == hi))
+        distance = torch.where(inside, 0.0, torch.minimum((tt - lo).abs(), (tt - hi).abs()))
+        order = torch.tensor([r[0] for r in by_growth], device=t.device)
+        return order[distance.argmin(dim=1)]
+
+    def _routed(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, t: torch.Tensor
+    ) -> torch.Tensor:
+        assert self.depth_ranges is not None
+        h = self.embed(input_ids, t if self.time_embed is not None else None)
+        depth = self.depth_of(t)
+        out: torch.Tensor | None = None
+        for g in depth.unique().tolist():
+            rows = depth == g
+            stacks = [s for s, r in zip(self.stacks, self.depth_ranges, strict=True) if r[0] <= g]
+            mask = attention_mask[rows] if attention_mask is not None else None
+            part = self.logits(self.run_stacks(h[rows], mask, stacks))
+            if out is None:
+                out = part.new_empty((*input_ids.shape, part.shape[-1]))
+            out[rows] = part
+        assert out is not None
+        return out
 
     def embed(self, input_ids: torch.Tensor, t: torch.Tensor | None = None) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
@@ -85,14 +126,23 @@ class Rack(nn.Module):
         h: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         stacks: Sequence[nn.Module] | None = None,
+        cache: KVCache | None = None,
     ) -> torch.Tensor:
+        start = cache.length if cache is not None else 0
         length = h.shape[1]
-        if length > self.cfg.max_seq_len:
-            raise ValueError(f"sequence of {length} exceeds max_seq_len {self.cfg.max_seq_len}")
-        rope = self.rotary(length)
+        if start + length > self.cfg.max_seq_len:
+            raise ValueError(
+                f"sequence of {start + length} exceeds max_seq_len {self.cfg.max_seq_len}"
+            )
+        cos, sin = self.rotary(start + length)
+        rope = (cos[start:], sin[start:])
+        if cache is not None and attention_mask is not None:
+            raise ValueError("the KV cache decodes unpadded causal sequences only")
         mask = sdpa_mask(attention_mask, self.causal, length)
         for stack in self.stacks if stacks is None else stacks:
-            h = stack(h, rope, mask)
+            h = stack(h, rope, mask, cache) if cache is not None else stack(h, rope, mask)
+        if cache is not None:
+            cache.length += length
         return h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -106,8 +156,17 @@ class Rack(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         t: torch.Tensor | None = None,
+        cache: KVCache | None = None,
     ) -> torch.Tensor:
-        return self.logits(self.run_stacks(self.embed(input_ids, t), attention_mask))
+        """Logits; with `cache` (causal racks), only the new tokens are computed and cached."""
+        if cache is not None and not self.causal:
+            raise ValueError("a KV cache only serves causal racks")
+        if self.depth_ranges is not None:
+            if t is None:
+                raise ValueError("this rack routes by noise level (time as depth): pass t")
+            return self._routed(input_ids, attention_mask, t)
+        h = self.run_stacks(self.embed(input_ids, t), attention_mask, cache=cache)
+        return self.logits(h)
 
     def param_groups(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
         """Named groups for per-group learning rates: embeddings, time, blocks, head, lora."""

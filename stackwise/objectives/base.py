@@ -98,3 +98,19 @@ def real_tokens(batch: dict[str, torch.Tensor], pad_id: int) -> torch.Tensor:
     if "attention_mask" in batch:
         return batch["attention_mask"].bool()
     return ids != pad_id
+
+
+def random_lengths(
+    batch: dict[str, torch.Tensor], ratio: float, pad_id: int, gen: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """Cut a `ratio` share of the rows to a length drawn uniformly from 1..L: the rest becomes
+    padding, which no objective scores or counts, and which attention skips."""
+    ids = batch["input_ids"]
+    b, length = ids.shape
+    cut = torch.rand(b, generator=gen, device=ids.device) < ratio
+    lengths = torch.randint(1, length + 1, (b,), generator=gen, device=ids.device)
+    lengths = torch.where(cut, lengths, length)
+    keep = torch.arange(length, device=ids.device)[None, :] < lengths[:, None]
+    if "attention_mask" in batch:
+        keep = keep & batch["attention_mask"].bool()
+    return {**batch, "input_ids": ids.masked_fill(~keep, pad_id), "attention_mask": keep.long()}

@@ -33,7 +33,7 @@ class LocalLossTrainer(Trainer):
     ) -> torch.Tensor:
         rack = self.raw_model
         assert isinstance(rack, Rack), "the stackwise scope trains a Rack"
-        prep = self.objective.prepare(batch, gen)
+        prep = self.objective.prepare(self.training_batch(batch, gen), gen)
         t = prep.t if self.uses_time else None
         acc = self.accelerator
         last = torch.zeros((), device=acc.device)

@@ -100,6 +100,8 @@ class ProgressiveTrainer:
         self.config, self.data, self.quiet = config, data, quiet
         self.p = config.progressive
         self.time_mapping = time_mapping
+        if time_mapping is not None:
+            self._check_mapping_reaches_full_noise()
         self.accelerator: Accelerator = make_accelerator(config.train.mixed_precision)
         self.output_dir = claim_output_dir(self.accelerator, config, output_dir)
         self.builder = ProgressiveRackBuilder(
@@ -371,12 +373,12 @@ class ProgressiveTrainer:
         save_anchor_and_manifest(self.output_dir, b.rack, order)
 
     def joint_tuning(self) -> dict[str, Any]:
-        """mode fused: every parameter trains together, ordinary backprop over the rack."""
+        """mode fused: every parameter that can train trains together, ordinary backprop over the
+        rack: embeddings, norms, head, full-precision stacks and LoRA adapters. Quantized base
+        weights (packed integer codes) cannot, so a qlora trunk adapts through its adapters."""
         rack = self.builder.rack
-        adapters_only = self.p.trunk_strategy == "qlora"  # qlora: only LoRA ever trains
-        for name, p in rack.named_parameters():  # packed quantized codes (integers) stay frozen
-            trainable = p.is_floating_point() and not getattr(p, "_stackwise_fixed", False)
-            p.requires_grad_(trainable and ("lora_" in name or not adapters_only))
+        for p in rack.parameters():
+            p.requires_grad_(p.is_floating_point() and not getattr(p, "_stackwise_fixed", False))
         steps = self.p.joint_tuning_steps
         cfg = _with(
             self.config,
@@ -406,8 +408,48 @@ class ProgressiveTrainer:
             "eval": evals[-1] if evals else {},
         }
 
+    def _check_mapping_reaches_full_noise(self) -> None:
+        n = self.config.model.n_stacks
+        ranges = [self.t_range(i) for i in range(n)]
+        if all(r is not None for r in ranges):
+            top = max(r[1] for r in ranges if r is not None)
+            if top < 1.0 - 1e-9:
+                raise StackWiseError(
+                    f"The time mapping gives the {n} stacks noise levels up to t={top:g} only, but "
+                    "sampling starts from full noise (t=1). Make the last stack's range reach 1."
+                )
+
+    def depth_ranges(self) -> list[tuple[int, float, float]] | None:
+        """Per rack position, (growth index, lo, hi) when time is depth; else None."""
+        b = self.builder
+        ranges = []
+        for stack in b.rack.stacks:
+            g = b.growth_index(stack)
+            tr = self.t_range(g)
+            if tr is None:
+                return None
+            ranges.append((g, *tr))
+        return ranges
+
     def final_eval(self) -> dict[str, float]:
-        """The grown rack on the base objective (full noise range), like any other model."""
+        """The grown rack on the base objective (full noise range), like any other model.
+
+        With time as depth the rack is scored as it samples, routed by noise level (each t runs
+        the stacks grown up to the one trained for it), and the whole rack's score is kept
+        beside it (`whole_rack_nelbo`) so the two can be compared."""
+        ranges = self.depth_ranges()
+        if ranges is None:
+            return self._score_rack()
+        self.builder.rack.set_depth_routing(None)
+        whole = self._score_rack()
+        self.builder.rack.set_depth_routing(ranges)
+        routed = self._score_rack()
+        routed["whole_rack_nelbo"] = whole["nelbo"]
+        if "bpc" in whole:
+            routed["whole_rack_bpc"] = whole["bpc"]
+        return routed
+
+    def _score_rack(self) -> dict[str, float]:
         rack = self.builder.rack
         objective = build_objective(self.config, self.data.specials)
         acc = self.accelerator
@@ -562,5 +604,11 @@ def summary_table(result: ProgressiveResult) -> str:
             f"final rack (full noise range): val loss {f['loss']:.3f}, "
             + (f"NELBO {metric:.3f}" if "nelbo" in f else f"ppl {metric:.2f}")
             + (f", {f['bpc']:.3f} bits per character" if "bpc" in f else "")
+            + (
+                f"; routed by noise level (time as depth) vs the whole rack's NELBO "
+                f"{f['whole_rack_nelbo']:.3f}"
+                if "whole_rack_nelbo" in f
+                else ""
+            )
         )
     return "\n".join(rows)

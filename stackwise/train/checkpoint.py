@@ -86,4 +86,6 @@ def load_trained(
         load_weights(rack, folder / WEIGHTS)
     else:  # a progressive run saved with save_rack: false
         rack = rack_from_stacks(config, vocab, folder)
+    if metas and all(m.get("t_range") for m in metas):  # time as depth: route by noise
+        rack.set_depth_routing([(m["growth_index"], *m["t_range"]) for m in metas])
     return config, rack.to(device).eval(), tokenizer

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from stackwise.config import Config, save_config
 from stackwise.errors import StackWiseError
-from stackwise.objectives.base import IGNORE, Objective, real_tokens
+from stackwise.objectives.base import IGNORE, Objective, random_lengths, real_tokens
 from stackwise.train import checkpointing as ckpt
 from stackwise.train.extensions import (
     HOOKS,
@@ -380,8 +380,18 @@ class Trainer:
             seed = (seed * 1_000_003 + p) % (2**63 - 1)
         return self.gen.manual_seed(seed)
 
+    def training_batch(
+        self, batch: dict[str, torch.Tensor], gen: torch.Generator
+    ) -> dict[str, torch.Tensor]:
+        """The batch as training sees it: some rows cut short (objective.random_length_ratio)."""
+        ratio = self.config.objective.random_length_ratio
+        pad_id = self.objective.specials.pad_id
+        if ratio <= 0 or pad_id is None:
+            return batch
+        return random_lengths(batch, ratio, pad_id, gen)
+
     def compute_loss(self, batch: dict[str, torch.Tensor], gen: torch.Generator) -> torch.Tensor:
-        prep = self.objective.prepare(batch, gen)
+        prep = self.objective.prepare(self.training_batch(batch, gen), gen)
         t = prep.t if self.uses_time else None
         # a cache-aware model (progressive stages) also takes the batch's stable keys
         extra = {"cache_key": batch["cache_key"]} if "cache_key" in batch else {}
