@@ -2,8 +2,9 @@
 
 - `ancestral`: the MDLM reverse process. Going from t to s < t, each masked position is revealed
   with probability (m(t) - m(s)) / m(t), m being the schedule's mask fraction, with a token drawn
-  from the model. A step that reveals nothing leaves the input unchanged, so its logits are
-  reused instead of recomputed (exact: the time input is derived from the masked fraction).
+  from the model. A step that reveals nothing in a row leaves that row unchanged, so its logits
+  are reused instead of recomputed (exact: the time input is derived from the masked fraction);
+  only the rows that changed run through the rack.
 - `remask` (LLaDA/Dream style): each step reveals its share of the still-masked positions, the
   ones ranked first by `remasking`: `low_confidence` (highest probability of the drawn token),
   `random`, `entropy` (lowest predictive entropy) or `margin` (largest top-1 minus top-2).
@@ -38,9 +39,10 @@ class MaskedSampling:
 
 @dataclass
 class SampleStats:
-    forward_passes: int = 0
+    forward_passes: int = 0  # calls of the rack (a batch of rows each)
     steps: int = 0
     tokens: int = 0
+    row_passes: int = 0  # rows computed over all calls: the work done
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -113,15 +115,27 @@ class MaskedSampler:
         self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        if self.reuse_logits and self._cache is not None and torch.equal(self._cache[0], x):
-            return self._cache[1]  # nothing was revealed since the last pass
+        """The rack's logits for x; rows unchanged since the last pass reuse theirs."""
+        rows = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+        if self.reuse_logits and self._cache is not None and self._cache[0].shape == x.shape:
+            rows = (self._cache[0] != x).any(1)
+            if not bool(rows.any()):
+                return self._cache[1]  # nothing was revealed since the last pass
+        sub = x[rows]
         t = None
         if getattr(self.rack, "uses_time", False):
-            frac = (x == self.mask_id).float().sum(1) / x.shape[1]
+            frac = (sub == self.mask_id).float().sum(1) / x.shape[1]
             t = time_for_fraction(self.schedule, frac)
-        out = self.rack(x, t=t).float()
-        out[..., self.banned] = -math.inf
+        fresh = self.rack(sub, t=t).float()
+        fresh[..., self.banned] = -math.inf
         self.stats.forward_passes += 1
+        self.stats.row_passes += int(rows.sum())
+        if bool(rows.all()):
+            out = fresh
+        else:
+            assert self._cache is not None
+            out = self._cache[1].clone()
+            out[rows] = fresh
         self._cache = (x.clone(), out)
         return out
 

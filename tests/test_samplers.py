@@ -196,3 +196,18 @@ def test_every_sampler_runs_on_a_trained_rack(tiny):
         outs[str(kw)] = got.ids
     with pytest.raises(StackWiseError, match="only applies to sampler: remask"):
         generate(res.config, res.rack, res.data.tokenizer, remasking="margin")
+
+
+def test_only_rows_that_changed_run_again():
+    table = peaked([0.6] * 16)
+    outs, stats = [], []
+    for reuse in (True, False):
+        rack = Fixed(table)
+        settings = MaskedSampling(sampler="ancestral", steps=64)
+        gen = torch.Generator().manual_seed(7)
+        s = MaskedSampler(rack, settings, MASK, [MASK], gen, eos_id=EOS, reuse_logits=reuse)
+        outs.append(s.run(torch.full((4, 1), 5), 16))
+        stats.append(s.stats)
+    assert torch.equal(outs[0], outs[1])  # exact: the same samples either way
+    assert stats[1].row_passes == 4 * stats[1].steps
+    assert stats[0].row_passes < stats[1].row_passes / 2  # most rows reveal nothing per step
