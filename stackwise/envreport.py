@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from stackwise.hwprobe import ISA_ENV, cpu_description, machine_key, probe
+from stackwise.hwprobe import ISA_ENV, cpu_description, probe, verdict_path
 from stackwise.paths import cache_root
 
 PACKAGES = (
@@ -71,11 +71,9 @@ def _caches() -> dict[str, str]:
 
     hf_home = constants.HF_HOME
     datasets_cache = os.environ.get("HF_DATASETS_CACHE") or os.path.join(hf_home, "datasets")
-    stem, _ = machine_key(os.environ.get(ISA_ENV) or None)
-    root = cache_root()
     return {
-        "stackwise": str(root),
-        "bf16 probe verdict": str(root / "hwprobe" / f"{stem}.json"),
+        "stackwise": str(cache_root()),
+        "bf16 probe verdict": str(verdict_path()),
         "hf hub": constants.HF_HUB_CACHE,
         "hf datasets": datasets_cache,
     }

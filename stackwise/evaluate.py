@@ -30,7 +30,7 @@ from stackwise.data.pack import PreparedData, specials_of
 from stackwise.generate import generate
 from stackwise.objectives import build_objective
 from stackwise.objectives.diffusion import Diffusion
-from stackwise.objectives.schedules import Linear, Schedule
+from stackwise.objectives.schedules import Linear, Schedule, time_for_fraction
 
 WORD = re.compile(r"[A-Za-z']+")
 LN2 = math.log(2)
@@ -50,13 +50,24 @@ def t_grid(points: int, eps: float) -> torch.Tensor:
     return eps + (1 - eps) * (torch.arange(points, dtype=torch.float64) + 0.5) / points
 
 
-def _masks(shape: tuple[int, int], frac: float, seed: int, device: torch.device) -> torch.Tensor:
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    return (torch.rand(shape, generator=gen, dtype=torch.float64) < frac).to(device)
+def _masks(
+    rows: torch.Tensor, length: int, frac: float, seed: int, point: int, device: torch.device
+) -> torch.Tensor:
+    """One mask per validation block, seeded by (seed, block index, t point): the same masks
+    whatever the batch size or the order blocks are scored in."""
+    out = torch.empty(len(rows), length, dtype=torch.bool)
+    for j, row in enumerate(rows.tolist()):
+        gen = torch.Generator().manual_seed((seed * 1_000_003 + row) * 7919 + point)
+        out[j] = torch.rand(length, generator=gen, dtype=torch.float64) < frac
+    return out.to(device)
 
 
-def _rack_t(rack: torch.nn.Module, t: float, b: int, device: torch.device) -> Any:
-    return torch.full((b,), t, device=device) if getattr(rack, "uses_time", False) else None
+def _rack_t(rack: torch.nn.Module, masked: torch.Tensor, schedule: Schedule) -> torch.Tensor | None:
+    """The time input a sampler would give this input: from the fraction actually masked."""
+    if not getattr(rack, "uses_time", False):
+        return None
+    frac = masked.float().sum(1) / masked.shape[1]
+    return time_for_fraction(schedule, frac)
 
 
 @torch.no_grad()
@@ -68,16 +79,19 @@ def masked_nll_sums(
     ts: torch.Tensor,
     mask_id: int,
     seed: int,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(B,) estimate of -log p(scorable tokens | the rest): the mean over `ts` of
-    w(t) * sum of CE over the scorable positions masked at t (the NELBO integrand)."""
+    w(t) * sum of CE over the scorable positions masked at t (the NELBO integrand). `rows` are
+    the blocks' indices in the validation set, which seed their masks."""
+    rows = torch.arange(ids.shape[0]) if rows is None else rows
     total = torch.zeros(ids.shape[0], dtype=torch.float64, device=ids.device)
     for i, t in enumerate(ts.tolist()):
         tt = torch.tensor([t], dtype=torch.float32)
         frac = float(schedule.mask_fraction(tt))
-        masked = _masks(tuple(ids.shape), frac, seed * 7919 + i, ids.device) & scorable
+        masked = _masks(rows, ids.shape[1], frac, seed, i, ids.device) & scorable
         inputs = torch.where(masked, mask_id, ids)
-        logits = rack(inputs, t=_rack_t(rack, t, ids.shape[0], ids.device)).float()
+        logits = rack(inputs, t=_rack_t(rack, masked, schedule)).float()
         ce = F.cross_entropy(logits.transpose(1, 2), ids, reduction="none").double()
         total += float(schedule.weight(tt)) * (ce * masked).sum(1)
     return total / len(ts)
@@ -120,7 +134,8 @@ def likelihood(
             sched, eps = _schedule(config, data)
             ts = t_grid(s.t_points, eps)
             mask_id = data.specials.mask_id
-            nll += masked_nll_sums(rack, chunk, ok, sched, ts, mask_id, s.seed + start).sum().cpu()
+            rows = torch.arange(start, start + chunk.shape[0])
+            nll += masked_nll_sums(rack, chunk, ok, sched, ts, mask_id, s.seed, rows).sum().cpu()
             scored = ok
         scored_tokens += float(scored.sum())
         scored_bytes += float(table.to(dev)[chunk][scored].sum()) if table is not None else 0.0

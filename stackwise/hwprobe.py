@@ -30,6 +30,8 @@ from pathlib import Path
 from stackwise.paths import cache_root
 
 ISA_ENV = "ONEDNN_MAX_CPU_ISA"
+SET_BY_PROBE_ENV = "STACKWISE_ISA_SET_BY_PROBE"  # marks a cap this probe set, not the user
+ERROR_TTL_S = 3600.0  # a probe that failed without a signal is tried again after this
 FALLBACK_CAPS: tuple[str, ...] = ("AVX512_CORE_BF16", "AVX2")
 PROBE_VERSION = 1
 CHILD_TIMEOUT_S = 120.0
@@ -73,6 +75,7 @@ class Verdict:
     error: str | None = None
     probe_s: float = 0.0  # how long the probe itself took when it ran
     machine: str = ""
+    created: float = field(default_factory=time.time)
     cached: bool = False  # read from the cache in this process
     check_s: float = 0.0  # how long this process spent getting the verdict
 
@@ -209,30 +212,57 @@ def _write(path: Path, verdict: Verdict) -> None:
     os.replace(tmp, path)
 
 
+def user_isa_cap(environ: MutableMapping[str, str] | None = None) -> str | None:
+    """The ONEDNN_MAX_CPU_ISA the user chose: None when unset, or when this probe set it."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(ISA_ENV) or None
+    return None if value is not None and environ.get(SET_BY_PROBE_ENV) == value else value
+
+
+def verdict_path(cache_dir: str | Path | None = None) -> Path:
+    stem, _ = machine_key(user_isa_cap())
+    return cache_root(str(cache_dir) if cache_dir else None) / "hwprobe" / f"{stem}.json"
+
+
+def _fresh(verdict: Verdict | None) -> Verdict | None:
+    """A cached verdict, unless it records a failure (not a trap) older than ERROR_TTL_S."""
+    if verdict is None or verdict.works or verdict.trapped:
+        return verdict
+    return verdict if time.time() - verdict.created < ERROR_TTL_S else None
+
+
 def probe(
     cache_dir: str | Path | None = None, code: str = CHILD_CODE, refresh: bool = False
 ) -> Verdict:
-    """The cached verdict for this machine, probing (once, under a lock) when there is none."""
+    """The cached verdict for this machine, probing (once, under a lock) when there is none.
+    An unwritable cache dir costs the cache, never the probe."""
     start = time.perf_counter()
-    user_cap = os.environ.get(ISA_ENV) or None
-    stem, machine = machine_key(user_cap)
-    folder = cache_root(str(cache_dir) if cache_dir else None) / "hwprobe"
-    path = folder / f"{stem}.json"
-    verdict = None if refresh else _read(path)
+    user_cap = user_isa_cap()
+    _, machine = machine_key(user_cap)
+    path = verdict_path(cache_dir)
+    verdict = None if refresh else _fresh(_read(path))
     if verdict is not None:
         verdict.cached = True
     else:
-        with _locked(folder / f"{stem}.lock"):
-            verdict = None if refresh else _read(path)  # another rank may have just probed
-            if verdict is not None:
-                verdict.cached = True
-            else:
-                verdict = run_probe(user_cap, code)
-                verdict.machine = machine
-                if verdict.works or verdict.trapped:  # a failed start may not happen again
-                    with contextlib.suppress(OSError):
-                        _write(path, verdict)
+        try:
+            with _locked(path.with_suffix(".lock")):
+                verdict = None if refresh else _fresh(_read(path))  # another rank just probed
+                if verdict is None:
+                    verdict = _run_and_store(user_cap, code, machine, path)
+                else:
+                    verdict.cached = True
+        except OSError:  # no lock without a writable cache dir: probe uncached
+            verdict = run_probe(user_cap, code)
+            verdict.machine = machine
     verdict.check_s = time.perf_counter() - start
+    return verdict
+
+
+def _run_and_store(user_cap: str | None, code: str, machine: str, path: Path) -> Verdict:
+    verdict = run_probe(user_cap, code)
+    verdict.machine = machine
+    with contextlib.suppress(OSError):
+        _write(path, verdict)
     return verdict
 
 
@@ -243,9 +273,10 @@ def apply(verdict: Verdict, environ: MutableMapping[str, str] | None = None) -> 
     """Set the oneDNN cap the verdict needs (never over the user's own); True if it was set."""
     global _told
     environ = os.environ if environ is None else environ
-    if verdict.user_cap or not verdict.isa_cap or environ.get(ISA_ENV):
+    if verdict.user_cap or not verdict.isa_cap or user_isa_cap(environ):
         return False
     environ[ISA_ENV] = verdict.isa_cap
+    environ[SET_BY_PROBE_ENV] = verdict.isa_cap  # children inherit both: not a user cap
     if not _told and os.environ.get("RANK", "0") == "0":
         _told = True
         print(
@@ -264,9 +295,6 @@ def ensure_bf16_ready() -> Verdict:
     """Probe once per process and apply the verdict; call before the first bf16 matmul."""
     global _verdict
     if _verdict is None:
-        try:
-            _verdict = probe()
-        except OSError as err:  # an unwritable cache dir must not stop a run
-            _verdict = Verdict(works=False, error=f"probe failed: {err}")
+        _verdict = probe()
         apply(_verdict)
     return _verdict

@@ -106,3 +106,15 @@ def test_eval_cli_writes_eval_json_with_a_causal_reference(tiny, tmp_path, capsy
     )
     assert "exact NLL" in capsys.readouterr().out
     assert main(["eval", "--checkpoint", str(ref.output_dir), "--samples", "0"]) == 2
+
+
+def test_eval_masks_do_not_depend_on_how_blocks_are_batched():
+    ids = torch.randint(1, V, (6, 32), generator=torch.Generator().manual_seed(2))
+    real = torch.ones_like(ids, dtype=torch.bool)
+    ts = t_grid(4, 1e-3)
+    whole = masked_nll_sums(Uniform(), ids, real, Linear(), ts, MASK, seed=0)
+    parts = [
+        masked_nll_sums(Uniform(), ids[a:b], real[a:b], Linear(), ts, MASK, 0, torch.arange(a, b))
+        for a, b in ((0, 4), (4, 6))
+    ]
+    assert torch.equal(whole, torch.cat(parts))

@@ -164,3 +164,33 @@ def test_stackwise_env_prints_what_a_bug_report_needs(capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["precision"]["mixed_precision auto"].split()[0] in ("bf16", "fp32")
     assert info["versions"]["torch"] == torch.__version__
+
+
+def test_the_probes_own_cap_is_never_taken_for_the_users(tmp_path, no_user_cap, monkeypatch):
+    env: dict[str, str] = {}
+    apply(Verdict(works=True, isa_cap="AVX512_CORE_BF16", trapped=["default: SIGILL"]), env)
+    assert env[ISA_ENV] == "AVX512_CORE_BF16"
+    assert hwprobe.user_isa_cap(env) is None  # children inherit both variables
+    assert hwprobe.user_isa_cap({ISA_ENV: "AVX2"}) == "AVX2"
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    log = tmp_path / "runs.txt"
+    verdict = probe(tmp_path, child(TIMINGS, log))
+    assert not verdict.user_cap and runs(log) == ["default"]  # the default kernels are tried
+
+
+def test_failures_are_cached_for_a_while_and_an_unwritable_cache_still_probes(
+    tmp_path, no_user_cap, monkeypatch
+):
+    log = tmp_path / "runs.txt"
+    failing = child("raise SystemExit(3)", log)
+    first = probe(tmp_path, failing)
+    assert not first.works and "exited 3" in (first.error or "")
+    assert probe(tmp_path, failing).cached and runs(log) == ["default"]  # no child per import
+    monkeypatch.setattr(hwprobe, "ERROR_TTL_S", 0.0)
+    probe(tmp_path, failing)
+    assert runs(log) == ["default", "default"]  # stale failure: probed again
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    ok_log = tmp_path / "ok.txt"
+    assert probe(blocker, child(TIMINGS, ok_log)).works and runs(ok_log) == ["default"]

@@ -190,3 +190,14 @@ def test_cached_generation_equals_uncached_and_runs_one_token_per_pass(tiny):
     # 45 tokens > max_seq_len 32: the window slides, and both paths see the same context
     assert torch.equal(outs[0], outs[1]) and outs[0].shape == (2, 45)
     assert stats[0].forward_passes == stats[1].forward_passes == 40
+
+
+def test_a_filled_kv_cache_takes_one_token_at_a_time():
+    from stackwise.config import ModelConfig
+    from stackwise.model.layers import KVCache
+
+    rack = Rack(ModelConfig(d_model=16, n_heads=2, n_stacks=1, max_seq_len=16), 20, causal=True)
+    cache = KVCache()
+    rack(torch.randint(0, 20, (1, 4)), cache=cache)
+    with pytest.raises(ValueError, match="one new token at a time"):
+        rack(torch.randint(0, 20, (1, 2)), cache=cache)

@@ -762,3 +762,15 @@ def test_time_as_depth_racks_sample_and_score_routed_by_noise_level(tiny):
     assert torch.allclose(routed[1:], every, atol=1e-5)
     got = generate(res.config, rack, tok, n=2)
     assert got.stats.forward_passes > 0 and len(got.texts) == 2
+
+
+def test_growing_a_depth_rack_again_after_it_was_scored(tiny):
+    """The finished rack is routed by noise level; growing it further starts unrouted."""
+    cfg = grown(tiny, 3, {"time_interpretation": "depth"})
+    data = build_data(cfg.data)
+    cfg = resolve_vocab(cfg, len(data.tokenizer))
+    tr = ProgressiveTrainer(cfg, data, quiet=True)
+    first = tr.train_progressively(target_stacks=2)
+    assert first.rack.depth_ranges is not None and len(first.rack.depth_ranges) == 2
+    again = tr.train_progressively(target_stacks=3)
+    assert len(again.rack.depth_ranges) == 3 and "whole_rack_nelbo" in again.final_eval

@@ -8,6 +8,7 @@ id and packing needs eos.
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -167,7 +168,7 @@ def bytes_per_token(tok: PreTrainedTokenizerBase) -> torch.Tensor:
         if byte_level:  # each symbol of the ByteLevel alphabet stands for one byte
             table[i] = len(token)
         else:
-            table[i] = len(tok.convert_tokens_to_string([token]).encode("utf-8"))
+            table[i] = _spelled_bytes(tok, token)
     if tok.eos_token_id is not None:
         table[tok.eos_token_id] = 1.0
     return table
@@ -177,3 +178,18 @@ def _is_byte_level(tok: PreTrainedTokenizerBase) -> bool:
     backend = getattr(tok, "backend_tokenizer", None)
     pre = getattr(backend, "pre_tokenizer", None)
     return pre is not None and "ByteLevel" in type(pre).__name__
+
+
+BYTE_FALLBACK = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
+
+
+def _spelled_bytes(tok: PreTrainedTokenizerBase, token: str) -> int:
+    """Bytes one token spells in running text: SentencePiece's ▁ is a space, a byte-fallback
+    token <0xNN> one byte, WordPiece's ## continuation marker nothing; else its own decoding."""
+    if BYTE_FALLBACK.match(token):
+        return 1
+    if "▁" in token:
+        return len(token.replace("▁", " ").encode("utf-8"))
+    if token.startswith("##"):
+        return len(token[2:].encode("utf-8"))
+    return len(tok.convert_tokens_to_string([token]).encode("utf-8"))

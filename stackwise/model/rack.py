@@ -91,7 +91,7 @@ class Rack(nn.Module):
         hi = torch.tensor([r[2] for r in by_growth], device=t.device)
         tt = t.float()[:, None]
         inside = (tt > lo) & (tt <= hi) | ((lo == hi) & (tt == hi))
-        distance = torch.where(inside, 0.0, torch.minimum((tt - lo).abs(), (tt - hi).abs()))
+        distance = torch.where(inside, -1.0, torch.minimum((tt - lo).abs(), (tt - hi).abs()))
         order = torch.tensor([r[0] for r in by_growth], device=t.device)
         return order[distance.argmin(dim=1)]
 
@@ -138,6 +138,8 @@ class Rack(nn.Module):
         rope = (cos[start:], sin[start:])
         if cache is not None and attention_mask is not None:
             raise ValueError("the KV cache decodes unpadded causal sequences only")
+        if cache is not None and start > 0 and length > 1:
+            raise ValueError("with a filled KV cache, feed one new token at a time")
         mask = sdpa_mask(attention_mask, self.causal, length)
         for stack in self.stacks if stacks is None else stacks:
             h = stack(h, rope, mask, cache) if cache is not None else stack(h, rope, mask)

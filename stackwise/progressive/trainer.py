@@ -420,7 +420,10 @@ class ProgressiveTrainer:
                 )
 
     def depth_ranges(self) -> list[tuple[int, float, float]] | None:
-        """Per rack position, (growth index, lo, hi) when time is depth; else None."""
+        """Per rack position, (growth index, lo, hi) when time is depth; else None. A fused
+        rack is not routed: joint tuning trained the whole rack on every noise level."""
+        if self.p.mode == "fused":
+            return None
         b = self.builder
         ranges = []
         for stack in b.rack.stacks:
@@ -476,6 +479,7 @@ class ProgressiveTrainer:
             )
         if self.config.train.resume_from_checkpoint and not self.builder.grown:
             self.restore_progress(n)
+        self.builder.rack.set_depth_routing(None)  # routing is for the finished rack only
         for index in range(len(self.builder.grown), n):
             record = self.train_stage(index, n)
             self.records.append(record)

@@ -159,9 +159,14 @@ def _write(
     save_config(config, tmp / "config.yaml")
     tokenizer.save_pretrained(str(tmp / "tokenizer"))  # type: ignore[attr-defined]
     save_model(rack, tmp)
-    if storages is not None:  # quantized stacks need their structure to load
-        for pos, (stack, storage) in enumerate(zip(rack.stacks, storages, strict=True)):
+    ranges = rack.depth_ranges
+    if storages is not None or ranges is not None:
+        # quantized stacks need their structure to load; a depth-time rack its noise ranges
+        kinds = storages or ["full"] * len(rack.stacks)
+        order = [r[0] for r in ranges] if ranges is not None else list(range(len(rack.stacks)))
+        for pos, (stack, storage) in enumerate(zip(rack.stacks, kinds, strict=True)):
             info = {"position": pos, "precision": storage, "storage": storage, "adapters": {}}
-            save_stack(tmp, pos, stack, info)
-        save_anchor_and_manifest(tmp, rack, list(range(len(rack.stacks))))
+            info["t_range"] = list(ranges[pos][1:]) if ranges is not None else None
+            save_stack(tmp, order[pos], stack, info)
+        save_anchor_and_manifest(tmp, rack, order)
     assert (tmp / WEIGHTS).is_file()

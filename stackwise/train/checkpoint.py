@@ -86,6 +86,7 @@ def load_trained(
         load_weights(rack, folder / WEIGHTS)
     else:  # a progressive run saved with save_rack: false
         rack = rack_from_stacks(config, vocab, folder)
-    if metas and all(m.get("t_range") for m in metas):  # time as depth: route by noise
+    routed = config.progressive.mode != "fused"  # joint tuning trained the whole rack
+    if routed and metas and all(m.get("t_range") for m in metas):  # time as depth
         rack.set_depth_routing([(m["growth_index"], *m["t_range"]) for m in metas])
     return config, rack.to(device).eval(), tokenizer
