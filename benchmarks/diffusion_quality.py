@@ -1,0 +1,185 @@
+"""Diffusion against clm at an equal token budget, and every sampler against the clm reference.
+
+Run from the repository root:
+
+    .venv/bin/python benchmarks/diffusion_quality.py            # ~12 minutes on 2 cores
+    .venv/bin/python benchmarks/diffusion_quality.py --quick    # a smoke run, ~2 minutes
+
+Five racks of the default preset's shape (4 stacks x 1 block, d_model 128, characters, seq 128,
+batch 32) train on the built-in corpus for the same number of tokens (`--steps` optimizer steps
+in all, split over the stacks for progressive runs):
+
+  clm            causal, end to end (the reference for gen PPL)
+  diff time      masked diffusion, end to end, sinusoidal time input
+  diff no-time   masked diffusion, end to end, no time conditioning
+  prog cache     progressive diffusion, frozen trunk, activation cache
+  prog depth     progressive diffusion, frozen trunk, cache, time as depth (routed by noise)
+
+`val bpc` is each run's final evaluation (the same validation batches; the NELBO bound for
+diffusion, the exact NLL for clm). Then, for each diffusion rack, 16 samples of 128 characters
+from every sampler at 32 and 128 steps (temperature 0.6): gen PPL under the clm rack, unigram
+entropy (the validation text's is printed for reference), and sampler tokens/s. Each training
+runs in a forked child; sampling runs in one more. The last line is the headline: the best
+diffusion bpc over clm's, and the lowest diffusion gen PPL among samples whose entropy is at
+least 0.9x the validation text's (repetitive samples also score a low gen PPL) over clm's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _forked import in_fork
+
+from stackwise.cli import resolve_config_path
+from stackwise.config import load_config
+from stackwise.pipeline import train_from_config
+
+E2E = [
+    "progressive.strategy=end_to_end",
+    "progressive.building_mode=append",
+    "progressive.trunk_strategy=frozen",
+    "progressive.head_policy=train_first",
+]
+SAMPLERS = [
+    {"sampler": "ancestral"},
+    {"sampler": "remask", "remasking": "low_confidence"},
+    {"sampler": "remask", "remasking": "entropy"},
+    {"sampler": "remask", "remasking": "margin"},
+    {"sampler": "remask", "remasking": "random"},
+]
+
+
+def configs(steps: int) -> dict[str, list[str]]:
+    first, later = steps - 3 * (steps // 4), steps // 4
+    prog = [
+        "progressive.trunk_strategy=frozen",
+        "progressive.head_policy=train_first",
+        "progressive.cache.enabled=true",
+        "progressive.cache.time_step_cache_size=2",
+        f"progressive.steps_per_stack={later}",
+        f"progressive.stacks.0.steps={first}",
+    ]
+    e2e = [f"train.max_steps={steps}"]
+    return {
+        "clm": ["objective.name=clm", "sample.steps=32", "sample.sampler=auto", *e2e],
+        "diff time": ["model.time_conditioning=sinusoidal", *e2e],
+        "diff no-time": e2e,
+        "prog cache": prog,
+        "prog depth": [*prog, "progressive.time_interpretation=depth"],
+    }
+
+
+def load(overrides: list[str], out: str):
+    base = load_config(resolve_config_path(None))
+    if any(o.startswith("train.max_steps") for o in overrides):  # end to end: no stages
+        data = base.model_dump(mode="json")
+        data["progressive"] = {"strategy": "end_to_end"}
+        from stackwise.config import apply_overrides, from_dict
+
+        return from_dict(apply_overrides(data, [*overrides, f"train.output_dir={out}"]))
+    return load_config(resolve_config_path(None), [*overrides, f"train.output_dir={out}"])
+
+
+def train(name: str, overrides: list[str], out: str) -> dict[str, float]:
+    config = load(overrides, out)
+    start = time.perf_counter()
+    result = train_from_config(config, quiet=True)
+    wall = time.perf_counter() - start
+    final = result.progressive.final_eval if result.progressive else result.state.history[-1]
+    return {"bpc": final["bpc"], "wall": wall}
+
+
+def sample_all(runs: dict[str, str], samples: int) -> dict[str, list[tuple]]:
+    from stackwise.evaluate import generative_perplexity, unigram_entropy
+    from stackwise.generate import generate
+    from stackwise.train.checkpoint import load_trained
+
+    reference = load_trained(runs["clm"])
+    out: dict[str, list[tuple]] = {}
+    for name, folder in runs.items():
+        config, rack, tok = load_trained(folder)
+        rows = []
+        for kw in SAMPLERS if name != "clm" else [{}]:
+            if name == "clm":  # the reference's own samples: left to right
+                start = time.perf_counter()
+                got = generate(config, rack, tok, n=samples, temperature=0.6)
+                seconds = time.perf_counter() - start
+                ids = [r[got.prompt_len :].tolist() for r in got.ids]
+                ppl = generative_perplexity(got.texts, reference)
+                rows.append(
+                    ("left-to-right", 128, ppl, unigram_entropy(ids), got.stats.tokens / seconds)
+                )
+                continue
+            for steps in (32, 128):
+                start = time.perf_counter()
+                got = generate(config, rack, tok, n=samples, steps=steps, temperature=0.6, **kw)
+                seconds = time.perf_counter() - start
+                ids = [r[got.prompt_len :].tolist() for r in got.ids]
+                rows.append(
+                    (
+                        kw.get("remasking", kw["sampler"]),
+                        steps,
+                        generative_perplexity(got.texts, reference),
+                        unigram_entropy(ids),
+                        got.stats.tokens / seconds,
+                    )
+                )
+        out[name] = rows
+    config, _, tok = reference
+    from stackwise.data.pack import build_data
+
+    val = build_data(config.data).val.blocks[:samples]
+    out["_val_entropy"] = [(unigram_entropy([b.tolist() for b in val]),)]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=800, help="optimizer steps per run")
+    parser.add_argument("--samples", type=int, default=16)
+    parser.add_argument("--quick", action="store_true", help="--steps 40 --samples 2")
+    args = parser.parse_args()
+    steps, samples = (40, 2) if args.quick else (args.steps, args.samples)
+    trained, folders = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, overrides in configs(steps).items():
+            folders[name] = f"{tmp}/{name.replace(' ', '_')}"
+            trained[name] = in_fork(name, train, name, overrides, folders[name])
+        sampled = in_fork("sampling", sample_all, folders, samples)
+    print(f"{'run':<13} {'val bpc':>8} {'vs clm':>7} {'wall s':>7}")
+    print("-" * 38)
+    clm = trained["clm"]["bpc"]
+    for name, r in trained.items():
+        print(f"{name:<13} {r['bpc']:>8.3f} {r['bpc'] / clm:>6.2f}x {r['wall']:>7.1f}")
+    print(f"\nsamples: {samples} x 128 characters, temperature 0.6; gen PPL under the clm rack;")
+    print(f"validation text unigram entropy {sampled['_val_entropy'][0][0]:.3f}")
+    print(f"{'rack':<13} {'sampler':<15} {'steps':>5} {'gen PPL':>8} {'entropy':>7} {'tok/s':>7}")
+    print("-" * 60)
+    # the goal's rule: the lowest gen PPL among samples whose entropy is at least 0.9x the
+    # validation text's (degenerate, repetitive samples score a low gen PPL too)
+    floor = 0.9 * sampled["_val_entropy"][0][0]
+    best = (float("inf"), "none", "-", 0)
+    for name, rows in sampled.items():
+        if name.startswith("_"):
+            continue
+        for sampler, st, ppl, ent, speed in rows:
+            print(f"{name:<13} {sampler:<15} {st:>5} {ppl:>8.2f} {ent:>7.3f} {speed:>7.0f}")
+            if name != "clm" and ent >= floor and ppl < best[0]:
+                best = (ppl, name, sampler, st)
+    best_diff = min(r["bpc"] for n, r in trained.items() if n != "clm")
+    clm_ppl = sampled["clm"][0][2]
+    print(
+        f"headline: best diffusion bpc {best_diff / clm:.2f}x clm's; best diffusion gen PPL at "
+        f"entropy >= {floor:.2f}: {best[0]:.2f} ({best[1]}, {best[2]}, {best[3]} steps) = "
+        f"{best[0] / clm_ppl:.2f}x clm samples' {clm_ppl:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
