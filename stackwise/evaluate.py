@@ -124,6 +124,9 @@ def likelihood(
     nll = torch.zeros((), dtype=torch.float64)
     scored_tokens = scored_bytes = 0.0
     bs = config.train.batch_size
+    sched, eps = _schedule(config, data)
+    ts, mask_id = t_grid(s.t_points, eps), data.specials.mask_id
+    table = table.to(dev) if table is not None else None
     for start in range(0, ids.shape[0], bs):
         chunk, ok = ids[start : start + bs], real[start : start + bs]
         if config.objective.causal:
@@ -131,14 +134,11 @@ def likelihood(
             scored = ok.clone()
             scored[:, 0] = False
         else:
-            sched, eps = _schedule(config, data)
-            ts = t_grid(s.t_points, eps)
-            mask_id = data.specials.mask_id
             rows = torch.arange(start, start + chunk.shape[0])
             nll += masked_nll_sums(rack, chunk, ok, sched, ts, mask_id, s.seed, rows).sum().cpu()
             scored = ok
         scored_tokens += float(scored.sum())
-        scored_bytes += float(table.to(dev)[chunk][scored].sum()) if table is not None else 0.0
+        scored_bytes += float(table[chunk][scored].sum()) if table is not None else 0.0
     kind = "nll" if config.objective.causal else "nelbo"
     out: dict[str, Any] = {
         "kind": "exact NLL" if config.objective.causal else f"NELBO, {s.t_points}-point t grid",

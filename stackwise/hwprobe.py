@@ -219,8 +219,8 @@ def user_isa_cap(environ: MutableMapping[str, str] | None = None) -> str | None:
     return None if value is not None and environ.get(SET_BY_PROBE_ENV) == value else value
 
 
-def verdict_path(cache_dir: str | Path | None = None) -> Path:
-    stem, _ = machine_key(user_isa_cap())
+def verdict_path(cache_dir: str | Path | None = None, stem: str | None = None) -> Path:
+    stem = stem or machine_key(user_isa_cap())[0]
     return cache_root(str(cache_dir) if cache_dir else None) / "hwprobe" / f"{stem}.json"
 
 
@@ -238,8 +238,8 @@ def probe(
     An unwritable cache dir costs the cache, never the probe."""
     start = time.perf_counter()
     user_cap = user_isa_cap()
-    _, machine = machine_key(user_cap)
-    path = verdict_path(cache_dir)
+    stem, machine = machine_key(user_cap)
+    path = verdict_path(cache_dir, stem)
     verdict = None if refresh else _fresh(_read(path))
     if verdict is not None:
         verdict.cached = True

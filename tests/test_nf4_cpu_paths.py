@@ -3,6 +3,8 @@ weights never change through eval, state_dict, save and reload, for any layer sh
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from hypothesis import example, given, settings
@@ -35,11 +37,10 @@ def test_the_forced_avx512_path_is_really_taken(monkeypatch):
     monkeypatch.setattr(bnb_modules, "has_avx512bf16", lambda: True)
     raw = bnb.nn.Linear4bit(128, 64, compute_dtype=torch.float32, quant_type="nf4").to("cpu")
     raw.eval()
-    try:
-        with torch.no_grad():
-            raw(torch.randn(2, 128))
-    except Exception:
-        pass
+    # on AVX2 machines bitsandbytes has no kernel for the repacked layout, so the forward may
+    # then fail; what this test checks is that the repack itself happened
+    with torch.no_grad(), contextlib.suppress(Exception):
+        raw(torch.randn(2, 128))
     assert raw.weight.quant_state.packing_format_for_cpu
 
 

@@ -192,6 +192,8 @@ def evaluate_model(
     )
     keys = ("loss_sum", "norm", "nll_sum", "scored", "correct", "nelbo_sum", "bytes", "bytes_all")
     table = getattr(val_data, "bytes_per_token", None)  # text length of each token id
+    if table is not None:
+        table = table.to(acc.device)
     sums = torch.zeros(len(keys), dtype=torch.float64, device=acc.device)
     for i, batch in enumerate(loader):
         if i >= tc.eval_batches:
@@ -203,7 +205,7 @@ def evaluate_model(
             logits = model(prep.inputs, prep.attention_mask, t)
         part = objective.eval_sums(logits, prep)
         if table is not None:
-            part.update(text_bytes(table.to(acc.device), batch, prep, objective.specials.pad_id))
+            part.update(text_bytes(table, batch, prep, objective.specials.pad_id))
         sums += torch.tensor(
             [part.get(k, 0.0) for k in keys], dtype=torch.float64, device=acc.device
         )
