@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=None)
     g.add_argument("--top-p", type=float, default=None)
     g.add_argument("--steps", type=int, default=None, help="denoising steps (mlm/diffusion)")
-    g.add_argument("--sampler", choices=["ancestral", "remask"], default=None)
+    g.add_argument("--sampler", choices=["ancestral", "remask", "single_pass"], default=None)
     g.add_argument(
         "--remasking",
         choices=["low_confidence", "random", "entropy", "margin"],
@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--t-points", type=int, default=16, help="t grid size of the NELBO")
     v.add_argument("--mc-num", type=int, default=8, help="noise levels per conditional estimate")
     v.add_argument("--max-blocks", type=int, default=64, help="validation blocks scored")
-    v.add_argument("--sampler", choices=["ancestral", "remask"], default=None)
+    v.add_argument("--sampler", choices=["ancestral", "remask", "single_pass"], default=None)
     v.add_argument(
         "--remasking", choices=["low_confidence", "random", "entropy", "margin"], default=None
     )

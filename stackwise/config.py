@@ -422,9 +422,10 @@ class SampleConfig(Section):
     top_k: NonNegativeInt = Field(0, description="Keep the k likeliest tokens; 0 disables.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling.")
     steps: PositiveInt = Field(32, description="mlm/diffusion: denoising steps.")
-    sampler: Literal["auto", "ancestral", "remask"] = Field(
+    sampler: Literal["auto", "ancestral", "remask", "single_pass"] = Field(
         "auto",
-        description="mlm/diffusion. auto: ancestral (MDLM) for diffusion, remask for mlm.",
+        description="mlm/diffusion. auto: ancestral (MDLM) for diffusion, remask for mlm; "
+        "single_pass: one pass through a rack grown with depth_order high_to_low.",
     )
     remasking: Literal["low_confidence", "random", "entropy", "margin"] = Field(
         "low_confidence", description="remask: which masked positions are revealed first."
@@ -601,6 +602,11 @@ class ProgressiveConfig(Section):
     depth_time_table: list[float | tuple[float, float]] | None = Field(
         None, description="custom: per stack a t or a [low, high] range in [0, 1]."
     )
+    depth_order: Literal["low_to_high", "high_to_low"] = Field(
+        "low_to_high",
+        description="depth: high_to_low grows stack 0 at the highest noise and trains the stacks "
+        "as one denoising chain, which sample.sampler single_pass runs in one pass.",
+    )
     save_stacks: bool = True
     save_rack: bool = True
     cache: CacheConfig = Field(default_factory=CacheConfig)
@@ -618,6 +624,26 @@ class ProgressiveConfig(Section):
             if not 0.0 <= lo <= hi <= 1.0:
                 raise ValueError("depth_time_table entries must be t or [low, high] in [0, 1]")
         return v
+
+    def _check_chain(self) -> None:
+        """What a denoising chain (depth_order high_to_low) cannot combine with."""
+        why = None
+        if self.building_mode != "append":
+            why = "building_mode: append (each stack continues the one grown before it)"
+        elif self.mode == "fused":
+            why = "no joint tuning (mode fused tunes the whole rack on every noise level)"
+        elif self.cache.enabled:
+            why = "no activation cache (the trunk sees its own, further-masked inputs)"
+        if why:
+            raise ValueError(f"progressive.depth_order: high_to_low needs {why}")
+        table = self.depth_time_table
+        if table is not None:
+            tops = [e if isinstance(e, float | int) else e[1] for e in table]
+            if any(b >= a for a, b in itertools.pairwise(tops)):
+                raise ValueError(
+                    "progressive.depth_order: high_to_low needs depth_time_table ranges whose "
+                    f"tops decrease stack by stack (stack 0 the noisiest); got {tops}"
+                )
 
     @model_validator(mode="after")
     def _consistent(self) -> ProgressiveConfig:
@@ -667,7 +693,13 @@ class ProgressiveConfig(Section):
         if self.mode == "layerwise" and self.changed("block_size"):
             raise ValueError("mode 'layerwise' has one block per stack; remove block_size")
         if self.time_interpretation != "depth":
-            for name in ("depth_mapping", "depth_growth", "time_per_stack", "depth_time_table"):
+            for name in (
+                "depth_mapping",
+                "depth_growth",
+                "time_per_stack",
+                "depth_time_table",
+                "depth_order",
+            ):
                 if self.changed(name):
                     raise ValueError(f"progressive.{name} needs time_interpretation: depth")
         else:
@@ -682,6 +714,8 @@ class ProgressiveConfig(Section):
                     "depth_mapping 'custom' takes its times from depth_time_table; set both "
                     "(a callable mapping is available from the Python API)"
                 )
+            if self.depth_order == "high_to_low":
+                self._check_chain()
         c = self.cache
         if c.enabled:
             if self.building_mode != "append" or self.trunk_strategy != "frozen":
@@ -764,6 +798,22 @@ class Config(Section):
                 "sample.remasking only applies to sampler: remask (ancestral reveals positions "
                 "at random, as the reverse process says); set sample.sampler: remask or remove it"
             )
+        if sm.sampler == "single_pass":
+            p = self.progressive
+            if p.strategy != "progressive" or p.depth_order != "high_to_low":
+                raise ValueError(
+                    "sample.sampler: single_pass runs a rack grown as a denoising chain, one "
+                    "stack per step; it needs progressive.strategy: progressive with "
+                    "time_interpretation: depth and depth_order: high_to_low"
+                )
+            for name in ("steps", "block_length"):
+                if sm.changed(name):
+                    default = type(sm).model_fields[name].get_default()
+                    raise ValueError(
+                        f"sample.{name} does not apply to sampler single_pass: it takes one "
+                        f"step per stack over the whole generation; remove it, or set "
+                        f"sample.{name}={default} (its default) when overriding a preset"
+                    )
         return self
 
     @model_validator(mode="after")
@@ -933,6 +983,11 @@ class Config(Section):
                     f"with time as depth the stacks cover noise levels up to t={top:g} only, but "
                     "sampling starts from full noise (t=1): no stack would be trained for it. "
                     "Make the last stack's range reach 1"
+                )
+            if p.depth_order == "high_to_low" and self.model.time_conditioning != "none":
+                raise ValueError(
+                    "progressive.depth_order: high_to_low gives each stack its noise level by its "
+                    "place in the chain; set model.time_conditioning: none"
                 )
             if self.model.time_conditioning == "learned" and p.head_policy != "always":
                 raise ValueError(

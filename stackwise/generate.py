@@ -71,6 +71,7 @@ def masked_settings(config: Config, s: SampleConfig) -> MaskedSampling:
         temperature=s.temperature,
         top_k=s.top_k,
         top_p=s.top_p,
+        remasking_set=s.changed("remasking"),
     )
 
 

@@ -9,8 +9,13 @@
   ones ranked first by `remasking`: `low_confidence` (highest probability of the drawn token),
   `random`, `entropy` (lowest predictive entropy) or `margin` (largest top-1 minus top-2).
 
-Both can be semi-autoregressive: with `block_length`, blocks are filled left to right, each with
-its share of the steps, and later blocks stay masked. Draws are made in float64, so a low
+- `single_pass`: a rack grown as a denoising chain (time as depth, high noise to low) runs once:
+  stack g takes the sequence from its noise level to the next one, revealing each masked
+  position with the ancestral probability (or that many positions ranked by `remasking`), and
+  the revealed tokens' embeddings join the hidden state before stack g + 1.
+
+The first two can be semi-autoregressive: with `block_length`, blocks are filled left to right,
+each with its share of the steps, and later blocks stay masked. Draws are made in float64, so a low
 temperature stays a low temperature. Sampling stops once every row holds an EOS.
 """
 
@@ -35,6 +40,7 @@ class MaskedSampling:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    remasking_set: bool = False  # single_pass: rank reveals by `remasking` instead of at random
 
 
 @dataclass
@@ -142,6 +148,10 @@ class MaskedSampler:
     def run(self, prompt: torch.Tensor, length: int) -> torch.Tensor:
         b, p = prompt.shape
         x = torch.cat([prompt, prompt.new_full((b, length), self.mask_id)], dim=1)
+        if self.s.sampler == "single_pass":
+            x = self._single_pass(x)
+            self.stats.tokens += int((x[:, p:] != self.mask_id).sum())
+            return x
         block = self.s.block_length or length
         starts = list(range(p, p + length, block))
         for start, steps in zip(starts, split_steps(self.s.steps, len(starts)), strict=True):
@@ -168,6 +178,41 @@ class MaskedSampler:
             x = torch.where(reveal, tokens, x)
         return x
 
+    def _single_pass(self, x: torch.Tensor) -> torch.Tensor:
+        rack = self.rack
+        chain = getattr(rack, "chain", None)
+        if chain is None or rack.depth_ranges is None:
+            raise ValueError(
+                "sampler single_pass needs a rack grown as a denoising chain (time as depth with "
+                "progressive.depth_order: high_to_low)"
+            )
+        levels = [r[2] for r in rack.depth_ranges] + [0.0]
+        fractions = chain.mask_fraction(torch.tensor(levels)).double().tolist()
+        h = rack.embed(x)
+        before = x
+        for g, stack in enumerate(rack.stacks):
+            if g:
+                h = h + (rack.embed_tokens(x) - rack.embed_tokens(before))
+            h = rack.run_stacks(h, None, [stack])
+            masked = x == self.mask_id
+            if not bool(masked.any()):
+                break
+            self.stats.steps += 1
+            logits = rack.logits(h).float()
+            logits[..., self.banned] = -math.inf
+            tokens = draw(logits, self.s.temperature, self.s.top_k, self.s.top_p, self.gen)
+            m_t, m_s = fractions[g], fractions[g + 1]
+            share = 1.0 if g == len(rack.stacks) - 1 or m_t <= 0 else (m_t - m_s) / m_t
+            if self.s.remasking_set:
+                reveal = self._remask(masked, logits, tokens, 1.0 / max(share, 1e-12))
+            else:
+                u = torch.rand(masked.shape, generator=self.gen, dtype=torch.float64)
+                reveal = masked & (u.to(masked.device) < share)
+            before, x = x, torch.where(reveal, tokens, x)
+        self.stats.forward_passes += 1
+        self.stats.row_passes += x.shape[0]
+        return x
+
     def _ancestral(self, masked: torch.Tensor, j: int, steps: int) -> torch.Tensor:
         grid = torch.tensor([1 - j / steps, 1 - (j + 1) / steps], dtype=torch.float32)
         m_t, m_s = self.schedule.mask_fraction(grid.clamp_min(0.0)).double().tolist()
@@ -183,7 +228,7 @@ class MaskedSampler:
         reveal = torch.zeros_like(masked)
         for row in range(masked.shape[0]):
             n = int(masked[row].sum())
-            k = math.ceil(n / left) if n else 0
+            k = min(n, math.ceil(n / left - 1e-9)) if n else 0
             if k:
                 reveal[row, scores[row].topk(k).indices] = True
         return reveal & masked

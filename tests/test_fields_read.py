@@ -129,6 +129,7 @@ GENERIC: dict[str, tuple[Any, dict]] = {
     "progressive.stacks": ({1: {"lr": 0.1}}, PG),
     "progressive.time_interpretation": ("depth", PG),
     "progressive.depth_mapping": ("exponential", "PGD"),
+    "progressive.depth_order": ("high_to_low", "PGD"),
     "progressive.depth_growth": (4.0, "PGD_EXP"),
     "progressive.time_per_stack": (1, "PGD_GRID"),
     "progressive.save_stacks": (False, PG),

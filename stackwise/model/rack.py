@@ -7,12 +7,14 @@ boundary.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from stackwise.config import ModelConfig
+from stackwise.model.chain import DenoisingChain, nested_inputs
 from stackwise.model.layers import KVCache, RMSNorm, Rotary, Stack, init_weights
 from stackwise.model.time import LearnedTime, SinusoidalTime
 
@@ -64,6 +66,7 @@ class Rack(nn.Module):
         )
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.depth_ranges: list[tuple[int, float, float]] | None = None
+        self.chain: DenoisingChain | None = None
         self.lm_head: nn.Linear | None = None
         if not cfg.tie_embeddings:
             self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
@@ -74,14 +77,27 @@ class Rack(nn.Module):
         """Whether forward needs t: for its time embedding, or to route by depth."""
         return self.time_embed is not None or self.depth_ranges is not None
 
-    def set_depth_routing(self, ranges: list[tuple[int, float, float]] | None) -> None:
+    def set_depth_routing(
+        self,
+        ranges: list[tuple[int, float, float]] | None,
+        chain: DenoisingChain | None = None,
+    ) -> None:
         """Time as depth: per rack position, (growth index, lo, hi) of the noise range its stack
         was trained at. With it set, an input at noise t runs only the stacks grown up to the one
         whose range holds t (in rack order), then the head: exactly the sub-rack that stage
-        trained for that noise (with a frozen trunk). None runs every stack for every t."""
+        trained for that noise (with a frozen trunk). None runs every stack for every t.
+        With `chain` (stacks grown high-noise-to-low), those stacks run as a denoising chain
+        (see stackwise.model.chain)."""
         if ranges is not None and len(ranges) != len(self.stacks):
             raise ValueError(f"{len(ranges)} depth ranges for {len(self.stacks)} stacks")
+        if chain is not None:
+            if ranges is None or [r[0] for r in ranges] != list(range(len(ranges))):
+                raise ValueError("a denoising chain needs stacks in growth order (append mode)")
+            tops = [r[2] for r in ranges]
+            if any(b >= a for a, b in itertools.pairwise(tops)):
+                raise ValueError(f"a denoising chain needs decreasing noise levels, got {tops}")
         self.depth_ranges = ranges
+        self.chain = chain
 
     def depth_of(self, t: torch.Tensor) -> torch.Tensor:
         """(B,) the growth index whose noise range holds each t (the nearest one if none)."""
@@ -107,6 +123,30 @@ class Rack(nn.Module):
             stacks = [s for s, r in zip(self.stacks, self.depth_ranges, strict=True) if r[0] <= g]
             mask = attention_mask[rows] if attention_mask is not None else None
             part = self.logits(self.run_stacks(h[rows], mask, stacks))
+            if out is None:
+                out = part.new_empty((*input_ids.shape, part.shape[-1]))
+            out[rows] = part
+        assert out is not None
+        return out
+
+    def _chained(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, t: torch.Tensor
+    ) -> torch.Tensor:
+        """Stacks 0..g as one denoising chain for an input at noise t in stack g's range."""
+        assert self.depth_ranges is not None and self.chain is not None
+        tops = [r[2] for r in self.depth_ranges]
+        depth = self.depth_of(t)
+        out: torch.Tensor | None = None
+        for g in depth.unique().tolist():
+            rows = depth == g
+            mask = attention_mask[rows] if attention_mask is not None else None
+            inputs = nested_inputs(self.chain, input_ids[rows], t[rows], tops[:g], mask)
+            h = self.embed(inputs[0])
+            for i in range(g + 1):
+                if i:
+                    h = h + (self.embed_tokens(inputs[i]) - self.embed_tokens(inputs[i - 1]))
+                h = self.run_stacks(h, mask, [self.stacks[i]])
+            part = self.logits(h)
             if out is None:
                 out = part.new_empty((*input_ids.shape, part.shape[-1]))
             out[rows] = part
@@ -166,6 +206,8 @@ class Rack(nn.Module):
         if self.depth_ranges is not None:
             if t is None:
                 raise ValueError("this rack routes by noise level (time as depth): pass t")
+            if self.chain is not None:
+                return self._chained(input_ids, attention_mask, t)
             return self._routed(input_ids, attention_mask, t)
         h = self.run_stacks(self.embed(input_ids, t), attention_mask, cache=cache)
         return self.logits(h)

@@ -159,6 +159,8 @@ class StageModel(nn.Module):
         t: torch.Tensor | None = None,
         cache_key: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if self.rack.chain is not None:  # a denoising chain: the rack runs it (model.chain)
+            return self.rack(input_ids, attention_mask, t)
         use_cache = (
             self.cache is not None
             and cache_key is not None

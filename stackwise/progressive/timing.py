@@ -1,9 +1,11 @@
 """Time as depth: which noise range (t_lo, t_hi] each stack trains at.
 
-Stacks are numbered by growth order g = 0, 1, ... and every mapping makes t grow with g. In
-append mode stack g sits at position g, so noise runs low to high from the embeddings towards
-the head; in prepend mode stack g sits before all earlier ones, so the finished rack runs from
-high noise at the embeddings to low noise next to the head.
+Stacks are numbered by growth order g = 0, 1, ... and the built-in mappings make t grow with g
+(`depth_order: low_to_high`). In append mode stack g sits at position g, so noise runs low to
+high from the embeddings towards the head; in prepend mode stack g sits before all earlier ones,
+so the finished rack runs from high noise at the embeddings to low noise next to the head.
+`depth_order: high_to_low` mirrors them (stack 0 takes the top of the range): the stacks are then
+grown as one denoising chain (stackwise.model.chain). A table or a callable is taken as given.
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ def depth_range(
     elif cfg.depth_mapping == "custom":
         assert cfg.depth_time_table is not None
         lo, hi = _as_range(cfg.depth_time_table[index])
+    elif cfg.depth_order == "high_to_low":
+        lo, hi = depth_range(
+            n_stacks - 1 - index,
+            n_stacks,
+            cfg.model_copy(update={"depth_order": "low_to_high"}),
+            num_time_steps,
+        )
     elif cfg.depth_mapping == "exponential":
         g = cfg.depth_growth
         total = g**n_stacks - 1.0

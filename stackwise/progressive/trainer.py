@@ -9,6 +9,7 @@ finishes, and adds a row to the per-stack history.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -24,6 +25,7 @@ from safetensors.torch import load_file
 from stackwise.config import Config, save_config, stack_config
 from stackwise.data.pack import PreparedData
 from stackwise.errors import StackWiseError
+from stackwise.model.chain import DenoisingChain
 from stackwise.model.rack import Rack, count_parameters
 from stackwise.model.stack_files import (
     ANCHOR,
@@ -297,6 +299,7 @@ class ProgressiveTrainer:
             },
             logging={"run_name": None},
         )
+        b.rack.set_depth_routing(self.depth_ranges() if self.chain() else None, self.chain())
         model = StageModel(b.rack, new, cache, acc.mixed_precision)
         before = cache.stats.as_dict() if cache else {}
         calls_before = cache.trunk_calls if cache else 0
@@ -316,6 +319,7 @@ class ProgressiveTrainer:
         start = time.perf_counter()
         state = trainer.train()
         seconds = time.perf_counter() - start
+        b.rack.set_depth_routing(None)  # the next stage grows the rack
         losses = [h for h in state.history if "loss" in h]
         cache_info: dict[str, Any] = {}
         if cache is not None:
@@ -418,6 +422,21 @@ class ProgressiveTrainer:
                     f"The time mapping gives the {n} stacks noise levels up to t={top:g} only, but "
                     "sampling starts from full noise (t=1). Make the last stack's range reach 1."
                 )
+            tops = [r[1] for r in ranges if r is not None]
+            if self.chain() and any(b >= a for a, b in itertools.pairwise(tops)):
+                raise StackWiseError(
+                    f"progressive.depth_order: high_to_low grows a denoising chain from stack 0 "
+                    f"at the highest noise down; the time mapping gives range tops {tops}, which "
+                    "do not decrease. Give stack 0 the noisiest range."
+                )
+
+    def chain(self) -> DenoisingChain | None:
+        """The denoising chain of a rack grown high-noise-to-low (time as depth), else None."""
+        if self.p.time_interpretation != "depth" or self.p.depth_order != "high_to_low":
+            return None
+        objective = build_objective(self.config, self.data.specials)
+        assert isinstance(objective, Diffusion)
+        return DenoisingChain(self.data.specials.mask_id, objective.schedule.mask_fraction)
 
     def depth_ranges(self) -> list[tuple[int, float, float]] | None:
         """Per rack position, (growth index, lo, hi) when time is depth; else None. A fused
@@ -445,7 +464,7 @@ class ProgressiveTrainer:
             return self._score_rack()
         self.builder.rack.set_depth_routing(None)
         whole = self._score_rack()
-        self.builder.rack.set_depth_routing(ranges)
+        self.builder.rack.set_depth_routing(ranges, self.chain())
         routed = self._score_rack()
         routed["whole_rack_nelbo"] = whole["nelbo"]
         if "bpc" in whole:

@@ -16,6 +16,7 @@ from transformers import PreTrainedTokenizerBase
 from stackwise.config import Config, load_config
 from stackwise.data.tokenizer import load_tokenizer_dir
 from stackwise.errors import StackWiseError
+from stackwise.model.chain import DenoisingChain
 from stackwise.model.rack import Rack
 from stackwise.model.stack_files import needs_structure, rack_from_stacks, read_manifest
 
@@ -64,6 +65,20 @@ def load_weights(model: nn.Module, path: Path) -> None:
     model.load_state_dict(state)
 
 
+def chain_of(config: Config, tokenizer: PreTrainedTokenizerBase) -> DenoisingChain | None:
+    """The denoising chain a rack grown with depth_order high_to_low runs (else None)."""
+    p = config.progressive
+    if p.time_interpretation != "depth" or p.depth_order != "high_to_low":
+        return None
+    from stackwise.data.pack import specials_of
+    from stackwise.objectives import Diffusion, build_objective
+
+    specials = specials_of(tokenizer)
+    objective = build_objective(config, specials)
+    assert isinstance(objective, Diffusion)
+    return DenoisingChain(specials.mask_id, objective.schedule.mask_fraction)
+
+
 def load_trained(
     folder: str | Path, device: torch.device | str = "cpu"
 ) -> tuple[Config, Rack, PreTrainedTokenizerBase]:
@@ -88,5 +103,7 @@ def load_trained(
         rack = rack_from_stacks(config, vocab, folder)
     routed = config.progressive.mode != "fused"  # joint tuning trained the whole rack
     if routed and metas and all(m.get("t_range") for m in metas):  # time as depth
-        rack.set_depth_routing([(m["growth_index"], *m["t_range"]) for m in metas])
+        rack.set_depth_routing(
+            [(m["growth_index"], *m["t_range"]) for m in metas], chain_of(config, tokenizer)
+        )
     return config, rack.to(device).eval(), tokenizer
