@@ -264,6 +264,11 @@ class GroupLR(Section):
     head: PositiveFloat | None = None
     time: PositiveFloat | None = None
     lora: PositiveFloat | None = Field(None, description="Every LoRA adapter (the lora_lr).")
+    trunk: PositiveFloat | None = Field(
+        None,
+        description="progressive, trunk_strategy full: the stacks grown before the current "
+        "stage's new one (a lower LR keeps growth from undoing them).",
+    )
 
 
 class TrainConfig(Section):
@@ -1056,6 +1061,15 @@ class Config(Section):
             )
         if tc == "learned" and m.num_time_steps is None:
             raise ValueError("time_conditioning 'learned' needs masking.num_time_steps (its table)")
+        p = self.progressive
+        if self.train.group_lr.trunk is not None and (
+            p.strategy != "progressive" or p.trunk_strategy != "full"
+        ):
+            raise ValueError(
+                "train.group_lr.trunk sets the LR of a trunk that trains: it needs "
+                "progressive.strategy: progressive with trunk_strategy: full (a frozen trunk "
+                "does not train; a qlora trunk trains its adapters, at group_lr.lora)"
+            )
         if tc == "none" and self.train.group_lr.time is not None:
             raise ValueError("train.group_lr.time needs model.time_conditioning other than none")
         if self.model.tie_embeddings and self.train.group_lr.head is not None:

@@ -7,7 +7,7 @@
   prompt is never masked): Monte-Carlo over `mc_num` noise levels for masked racks, exact for
   causal ones. This is what multiple-choice evals score.
 - Samples: generative perplexity under a reference causal rack, unigram entropy, distinct
-  2/3-grams of words, the share of sampled words found in the training corpus, and sampler
+  2/3-grams of words, the share of sampled (whole) words found in the training corpus, sampler
   speed (tokens/s, forward passes per sample).
 """
 
@@ -190,7 +190,16 @@ def word_stats(texts: list[str], vocabulary: set[str]) -> dict[str, float]:
     for n in (2, 3):
         grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
         out[f"distinct_{n}"] = len(set(grams)) / len(grams) if grams else 0.0
-    out["in_corpus"] = sum(w in vocabulary for w in words) / len(words) if words else 0.0
+    # a word touching either end of a sample may be a fragment: training windows start and end
+    # mid-word, and so do samples. Realness is judged on the words whole inside the sample.
+    whole = [
+        m.group().lower()
+        for t in texts
+        for m in WORD.finditer(t)
+        if m.start() > 0 and m.end() < len(t)
+    ]
+    out["whole_words"] = float(len(whole))
+    out["in_corpus"] = sum(w in vocabulary for w in whole) / len(whole) if whole else 0.0
     run = longest = 1
     for a, b in itertools.pairwise(words):
         run = run + 1 if a == b else 1
@@ -311,7 +320,7 @@ def render(report: dict[str, Any]) -> str:
         ("  gen PPL (reference)", f"{smp['gen_ppl']:.2f}" if "gen_ppl" in smp else "-"),
         ("  unigram entropy", f"{smp['entropy']:.3f} (val text: {smp['corpus_entropy']:.3f})"),
         ("  distinct-2 / -3", f"{smp['distinct_2']:.3f} / {smp['distinct_3']:.3f}"),
-        ("  words in corpus", f"{100 * smp['in_corpus']:.1f}% of {int(smp['words'])}"),
+        ("  words in corpus", f"{100 * smp['in_corpus']:.1f}% of {int(smp['whole_words'])} whole"),
         ("  longest repeated-word run", f"{int(smp['longest_repeat_run'])}"),
         ("  sampler speed", f"{smp['tokens_per_s']:.0f} tokens/s"),
         ("  forward passes / sample", f"{smp['forward_passes_per_sample']}"),

@@ -67,9 +67,11 @@ def test_conditional_estimate_never_masks_the_prompt():
 
 
 def test_word_statistics_on_known_text():
-    stats = word_stats(["the king the king the the the queen"], {"the", "king"})
+    stats = word_stats(["\nthe king the king the the the queen."], {"the", "king"})
     assert stats["words"] == 8
     assert stats["in_corpus"] == pytest.approx(7 / 8)
+    cut = word_stats(["ngdom the kin", "queen"], {"the"})  # fragments at the sample's ends
+    assert cut["words"] == 4 and cut["whole_words"] == 1 and cut["in_corpus"] == 1.0
     assert stats["longest_repeat_run"] == 3
     assert stats["distinct_2"] == pytest.approx(4 / 7)  # the king / king the / the the / the queen
     assert unigram_entropy([[1, 1, 2, 2]]) == pytest.approx(math.log(2))

@@ -142,6 +142,10 @@ GENERIC: dict[str, tuple[Any, dict]] = {
     "progressive.cache.time_step_cache_size": (2, "PGC"),
     "progressive.cache.mode": ("rack", "PGC"),
     "train.group_lr.lora": (0.5, "PGL"),
+    "train.group_lr.trunk": (
+        0.5,
+        {**PG, "progressive": {**PG["progressive"], "trunk_strategy": "full"}},
+    ),
     "lora.enabled": (True, PG),  # no frozen weights to adapt there: refused
     "lora.rank": (2, "PGL"),
     "lora.alpha": (4.0, "PGL"),

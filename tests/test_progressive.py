@@ -774,3 +774,37 @@ def test_growing_a_depth_rack_again_after_it_was_scored(tiny):
     assert first.rack.depth_ranges is not None and len(first.rack.depth_ranges) == 2
     again = tr.train_progressively(target_stacks=3)
     assert len(again.rack.depth_ranges) == 3 and "whole_rack_nelbo" in again.final_eval
+
+
+def test_group_lr_trunk_sets_the_lr_of_stacks_grown_earlier(tiny):
+    """With a trainable trunk, train.group_lr.trunk is the LR of the earlier stacks only; the new
+    stack keeps train.lr (and the trunk stacks really step at the lower rate)."""
+    cfg = grown(
+        tiny,
+        2,
+        {"trunk_strategy": "full", "head_policy": "always", "steps_per_stack": 3},
+        train={"lr": 1e-2, "group_lr": {"trunk": 1e-4}, "scheduler": "constant"},
+    )
+    data = build_data(cfg.data)
+    cfg = resolve_vocab(cfg, len(data.tokenizer))
+    tr = ProgressiveTrainer(cfg, data, quiet=True)
+    tr.train_progressively(target_stacks=1)
+    trunk_before = state_of(tr.builder.rack.stacks[0])
+    tr.train_progressively(target_stacks=2)
+    groups = {g["name"]: g for g in tr.last_trainer.optimizer.param_groups}
+    trunk_ids = {id(p) for p in tr.builder.rack.stacks[0].parameters()}
+    new_ids = {id(p) for p in tr.builder.rack.stacks[1].parameters()}
+    assert groups["trunk"]["lr"] == pytest.approx(1e-4)
+    assert groups["blocks"]["lr"] == pytest.approx(1e-2)
+    assert {id(p) for p in groups["trunk"]["params"]} <= trunk_ids
+    assert {id(p) for p in groups["blocks"]["params"]} <= new_ids
+    moved = max(
+        (v - trunk_before[k]).abs().max().item()
+        for k, v in tr.builder.rack.stacks[0].state_dict().items()
+    )
+    assert 0 < moved < 3 * 1e-4 * 1.5  # Adam moves a weight by about lr per step
+
+
+def test_group_lr_trunk_needs_a_trunk_that_trains(tiny):
+    with pytest.raises(StackWiseError, match=r"group_lr\.trunk"):
+        grown(tiny, 2, {}, train={"group_lr": {"trunk": 1e-4}})

@@ -90,10 +90,13 @@ class StageModel(nn.Module):
         return len(self.before)
 
     def param_groups(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
-        return {
-            k: [(n, p) for n, p in v if p.requires_grad]
-            for k, v in self.rack.param_groups().items()
-        }
+        """The rack's groups, with the stacks grown before this stage's as `trunk`."""
+        groups = self.rack.param_groups()
+        new = {id(p) for p in self.new_stack.parameters()}
+        blocks = groups.pop("blocks")
+        groups["blocks"] = [(n, p) for n, p in blocks if id(p) in new]
+        groups["trunk"] = [(n, p) for n, p in blocks if id(p) not in new]
+        return {k: [(n, p) for n, p in v if p.requires_grad] for k, v in groups.items()}
 
     def train(self, mode: bool = True) -> StageModel:
         """Frozen stacks before the new one stay in eval mode: their output (and so the cache)
