@@ -612,6 +612,11 @@ class ProgressiveConfig(Section):
         description="depth: high_to_low grows stack 0 at the highest noise and trains the stacks "
         "as one denoising chain, which sample.sampler single_pass runs in one pass.",
     )
+    lr_schedule: Literal["per_stage", "global"] = Field(
+        "per_stage",
+        description="per_stage: each stage warms up and decays on its own; global: one warmup "
+        "and one decay over all stages' steps, so growth never re-warms the LR.",
+    )
     save_stacks: bool = True
     save_rack: bool = True
     cache: CacheConfig = Field(default_factory=CacheConfig)
@@ -664,6 +669,7 @@ class ProgressiveConfig(Section):
             "epochs_per_stack",
             "stacks",
             "time_interpretation",
+            "lr_schedule",
             "cache",
         )
         if self.strategy == "end_to_end":

@@ -184,11 +184,11 @@ def conditional_likelihood(
 
 
 def word_stats(texts: list[str], vocabulary: set[str]) -> dict[str, float]:
-    """Repetition and realness of sampled words."""
-    words = [w.lower() for t in texts for w in WORD.findall(t)]
-    out: dict[str, float] = {"words": float(len(words))}
+    """Repetition and realness of sampled words. N-grams and runs stay inside one sample."""
+    per_text = [[w.lower() for w in WORD.findall(t)] for t in texts]
+    out: dict[str, float] = {"words": float(sum(map(len, per_text)))}
     for n in (2, 3):
-        grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+        grams = [tuple(ws[i : i + n]) for ws in per_text for i in range(len(ws) - n + 1)]
         out[f"distinct_{n}"] = len(set(grams)) / len(grams) if grams else 0.0
     # a word touching either end of a sample may be a fragment: training windows start and end
     # mid-word, and so do samples. Realness is judged on the words whole inside the sample.
@@ -200,11 +200,14 @@ def word_stats(texts: list[str], vocabulary: set[str]) -> dict[str, float]:
     ]
     out["whole_words"] = float(len(whole))
     out["in_corpus"] = sum(w in vocabulary for w in whole) / len(whole) if whole else 0.0
-    run = longest = 1
-    for a, b in itertools.pairwise(words):
-        run = run + 1 if a == b else 1
-        longest = max(longest, run)
-    out["longest_repeat_run"] = float(longest if words else 0)
+    longest = 0
+    for ws in per_text:
+        run = 1
+        for a, b in itertools.pairwise(ws):
+            run = run + 1 if a == b else 1
+            longest = max(longest, run)
+        longest = max(longest, 1 if ws else 0)
+    out["longest_repeat_run"] = float(longest)
     return out
 
 

@@ -72,6 +72,8 @@ def test_word_statistics_on_known_text():
     assert stats["in_corpus"] == pytest.approx(7 / 8)
     cut = word_stats(["ngdom the kin", "queen"], {"the"})  # fragments at the sample's ends
     assert cut["words"] == 4 and cut["whole_words"] == 1 and cut["in_corpus"] == 1.0
+    apart = word_stats([" the king", "king the "], set())  # n-grams and runs stay in a sample
+    assert apart["longest_repeat_run"] == 1 and apart["distinct_2"] == 1.0
     assert stats["longest_repeat_run"] == 3
     assert stats["distinct_2"] == pytest.approx(4 / 7)  # the king / king the / the the / the queen
     assert unigram_entropy([[1, 1, 2, 2]]) == pytest.approx(math.log(2))

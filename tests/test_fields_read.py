@@ -128,6 +128,7 @@ GENERIC: dict[str, tuple[Any, dict]] = {
     "progressive.epochs_per_stack": (0.05, PG),
     "progressive.stacks": ({1: {"lr": 0.1}}, PG),
     "progressive.time_interpretation": ("depth", PG),
+    "progressive.lr_schedule": ("global", PG),
     "progressive.depth_mapping": ("exponential", "PGD"),
     "progressive.depth_order": ("high_to_low", "PGD"),
     "progressive.depth_growth": (4.0, "PGD_EXP"),

@@ -808,3 +808,40 @@ def test_group_lr_trunk_sets_the_lr_of_stacks_grown_earlier(tiny):
 def test_group_lr_trunk_needs_a_trunk_that_trains(tiny):
     with pytest.raises(StackWiseError, match=r"group_lr\.trunk"):
         grown(tiny, 2, {}, train={"group_lr": {"trunk": 1e-4}})
+
+
+def test_global_lr_schedule_warms_up_once_and_decays_across_stages(tiny):
+    """lr_schedule global: stage k continues one schedule over every stage's steps; per_stage
+    restarts it (warmup included) at every stage."""
+    from stackwise.train.optim import lr_factor
+
+    def lrs(schedule):
+        cfg = grown(
+            tiny,
+            2,
+            {"steps_per_stack": 6, "lr_schedule": schedule},
+            train={
+                "lr": 1e-2,
+                "warmup_steps": 2,
+                "scheduler": "linear",
+                "min_lr_ratio": 0.1,
+                "overwrite_output_dir": True,
+            },
+        )
+        data = build_data(cfg.data)
+        cfg = resolve_vocab(cfg, len(data.tokenizer))
+        tr = ProgressiveTrainer(cfg, data, quiet=True)
+        seen = []
+        for target in (1, 2):
+            tr.train_progressively(target_stacks=target)
+            sch = tr.last_trainer.scheduler
+            seen.append((sch.last_epoch, sch.get_last_lr()[0]))
+        return cfg, seen
+
+    cfg, seen = lrs("global")
+    whole = cfg.train.model_copy(update={"max_steps": 12})
+    assert seen[0] == (6, pytest.approx(1e-2 * lr_factor(6, whole)))
+    assert seen[1] == (6, pytest.approx(1e-2 * lr_factor(12, whole)))  # stage 1: steps 6..12
+    assert seen[0][1] > seen[1][1] == pytest.approx(1e-3)
+    _, restarted = lrs("per_stage")
+    assert restarted[0][1] == pytest.approx(restarted[1][1]) == pytest.approx(1e-3)

@@ -21,6 +21,7 @@ import torch
 from accelerate import Accelerator
 from safetensors import SafetensorError
 from safetensors.torch import load_file
+from torch.optim.lr_scheduler import LambdaLR
 
 from stackwise.config import Config, save_config, stack_config
 from stackwise.data.pack import PreparedData
@@ -41,6 +42,7 @@ from stackwise.progressive.timing import TimeMapping, depth_range
 from stackwise.quant.lora import rank_for
 from stackwise.train.checkpoint import save_model
 from stackwise.train.checkpointing import rng_state, set_rng_state, write_atomic
+from stackwise.train.optim import lr_factor
 from stackwise.train.trainer import (
     Trainer,
     claim_output_dir,
@@ -154,6 +156,15 @@ class ProgressiveTrainer:
         if self.p.steps_per_stack:
             return self.p.steps_per_stack
         return max(1, tc.max_steps // n_stacks)
+
+    def global_scheduler(self, trainer: Trainer, cfg: Config, index: int) -> LambdaLR:
+        """Stage `index`'s slice of one schedule over every stage's steps (lr_schedule global):
+        the warmup happens once, in stage 0, and the LR only decays after it."""
+        n, items = self.config.model.n_stacks, len(self.data.train)
+        budgets = [self.budget(i, items, n) for i in range(n)]
+        offset = sum(budgets[:index])
+        whole = cfg.train.model_copy(update={"max_steps": sum(budgets)})
+        return LambdaLR(trainer.optimizer.optimizer, lambda step: lr_factor(offset + step, whole))
 
     def adapter_spec(self, rank: int, alpha: float) -> AdapterSpec:
         lo, q = self.config.lora, self.config.quant
@@ -310,6 +321,8 @@ class ProgressiveTrainer:
             + (f", cache carried {carried:,} entries" if use_cache else "")
         )
         trainer = Trainer(cfg, model, objective, train_data, self.data.val, accelerator=acc)
+        if p.lr_schedule == "global":
+            trainer.scheduler = self.global_scheduler(trainer, cfg, index)
         self.last_trainer = trainer  # inspected by tests (optimizer membership)
         trainer.stack_index, trainer.progressive = index, self
         trainer._call("on_stack_begin", index)
