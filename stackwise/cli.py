@@ -125,11 +125,9 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
     config = _load(ns.args)
     if config.train.output_dir is None:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        config = config.model_copy(
-            update={
-                "train": config.train.model_copy(update={"output_dir": f"outputs/lr-find-{stamp}"})
-            }
-        )
+        from stackwise.config import derive
+
+        config = derive(config, {"train.output_dir": f"outputs/lr-find-{stamp}"}, "lr-find")
     trainer = build_trainer(config)
     result = lr_find(trainer, ns.min_lr, ns.max_lr, ns.steps)
     plot = result.plot(Path(ns.plot) if ns.plot else trainer.output_dir / "lr_find.png")
@@ -171,6 +169,16 @@ def cmd_env(ns: argparse.Namespace) -> int:
 
 
 def cmd_config(ns: argparse.Namespace) -> int:
+    if ns.aliases:
+        from stackwise.config import alias_table
+
+        if ns.action != "show" or ns.args:
+            raise StackWiseError("--aliases goes with `stackwise config show` alone.")
+        width = max(len(a) for a, _ in alias_table())
+        print("the seeds' legacy names StackWise accepts, and what each means:")
+        for alias, meaning in alias_table():
+            print(f"  {alias:<{width}}  ->  {meaning}")
+        return 0
     config = _load(ns.args)
     if ns.action == "show":
         print(config.to_yaml(), end="")
@@ -279,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("config", help="show or validate a config")
     c.add_argument("action", choices=["show", "validate"])
     c.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]")
+    c.add_argument(
+        "--aliases", action="store_true", help="show: list the accepted legacy (seed) key names"
+    )
     c.set_defaults(func=cmd_config)
     return p
 

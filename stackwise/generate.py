@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from stackwise.config import Config, SampleConfig, from_dict
+from stackwise.config import Config, SampleConfig, derive
 from stackwise.model.layers import KVCache
 from stackwise.model.rack import Rack
 from stackwise.objectives import build_objective
@@ -89,9 +89,8 @@ def generate(
 
     updates = {k: v for k, v in overrides.items() if v is not None}
     if updates:  # checked against the whole config: a setting this rack ignores is refused
-        data = config.model_dump(mode="json")
-        data["sample"] = {**data["sample"], **updates}
-        config = from_dict(data, "the sampling settings")
+        changes = {f"sample.{key}": value for key, value in updates.items()}
+        config = derive(config, changes, "the sampling settings")
     s = config.sample
     n = s.num_samples if n is None else n
     prompt = s.prompt if prompt is None else prompt

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from typing import Any
 
 import pytest
 import yaml
@@ -232,7 +233,7 @@ def _literal_fields() -> list[tuple[str, tuple[str, ...]]]:
     """(dotted path, string choices) of every Literal field in the schema."""
     from pydantic import BaseModel
 
-    from stackwise.config import _string_choices
+    from stackwise.config.base import _string_choices
 
     found = []
 
@@ -279,3 +280,40 @@ def test_every_choice_field_takes_yaml_booleans_or_says_how_to_quote(field, word
     for part in path.split("."):
         node = getattr(node, part)
     assert node == colliding[0]
+
+
+def test_every_legacy_name_is_in_the_readme_and_maps_to_a_real_key():
+    """One alias table; the README lists each legacy name, and each target is a real field."""
+    import re
+    from pathlib import Path
+
+    from stackwise.config import KEY_ALIASES, VALUE_ALIASES, Config
+
+    readme = Path(__file__).parents[1].joinpath("README.md").read_text()
+    documented = set(re.findall(r"`([a-z_0-9]+)`", readme))
+    for alias, target in KEY_ALIASES.items():
+        assert alias.split(".")[-1] in documented, alias
+        node: Any = Config
+        for part in target.split("."):
+            node = node.model_fields[part].annotation
+    for path, values in VALUE_ALIASES.items():
+        for old in values:
+            assert old in documented, (path, old)
+    assert from_dict({"train": {"eval_steps": 7}}).train.eval_every == 7
+
+
+def test_all_problems_of_a_config_are_reported_together():
+    with pytest.raises(StackWiseError) as err:
+        from_dict(
+            {
+                "model": {"d_model": 96, "n_heads": 5},
+                "train": {"warmup_steps": 5, "warmup_ratio": 0.1, "poly_power": 2.0},
+            }
+        )
+    text = str(err.value)
+    assert "problems" in text
+    for needle in ("must divide d_model", "not both", "poly_power only applies"):
+        assert needle in text, needle
+    with pytest.raises(StackWiseError) as err:
+        from_dict({"objective": {"name": "clm"}, "sample": {"steps": 3, "block_length": 2}})
+    assert "sample.steps" in str(err.value) and "sample.block_length" in str(err.value)

@@ -23,7 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch.optim.lr_scheduler import LambdaLR
 
-from stackwise.config import Config, save_config, stack_config
+from stackwise.config import Config, derive, save_config, stack_config
 from stackwise.data.pack import PreparedData
 from stackwise.errors import StackWiseError
 from stackwise.model.chain import DenoisingChain
@@ -82,12 +82,14 @@ class ProgressiveResult:
 
 
 def _with(config: Config, **sections: dict[str, Any]) -> Config:
-    data = config.model_dump(mode="json")
     # a stage's budget is its train.max_steps: the per-stack budget keys have been resolved
-    data["progressive"].update(steps_per_stack=None, epochs_per_stack=None)
+    changes: dict[str, Any] = {
+        "progressive.steps_per_stack": None,
+        "progressive.epochs_per_stack": None,
+    }
     for sec, values in sections.items():
-        data[sec] = {**data[sec], **values}
-    return Config.model_validate(data)
+        changes.update({f"{sec}.{key}": value for key, value in values.items()})
+    return derive(config, changes, "a stage's config")
 
 
 class ProgressiveTrainer:

@@ -11,11 +11,11 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from pydantic import ValidationError
 
-from stackwise.config import Config, save_config
+from stackwise.config import Config, derive, save_config
 from stackwise.errors import StackWiseError
 from stackwise.model.rack import Rack
 from stackwise.model.stack_files import read_manifest, save_anchor_and_manifest, save_stack
@@ -60,15 +60,16 @@ def probe_logits(config: Config, rack: Rack, seed: int = 0) -> torch.Tensor:
 
 def _plain_config(config: Config, n_stacks: int) -> Config:
     """The merged rack's config: no adapters, nothing quantized, full-precision stacks."""
-    data = config.model_dump(mode="json")
-    data["lora"], data["quant"] = {}, {}
-    data["train"]["group_lr"]["lora"] = None
-    data["model"]["n_stacks"] = n_stacks
-    prog = data["progressive"]
-    prog["new_stack_precision"] = "full"
-    if prog["trunk_strategy"] == "qlora":
-        prog["trunk_strategy"] = "frozen"
-    return Config.model_validate(data)
+    changes: dict[str, Any] = {
+        "lora": {},
+        "quant": {},
+        "train.group_lr.lora": None,
+        "model.n_stacks": n_stacks,
+        "progressive.new_stack_precision": "full",
+    }
+    if config.progressive.trunk_strategy == "qlora":
+        changes["progressive.trunk_strategy"] = "frozen"
+    return derive(config, changes, "the merged rack's config")
 
 
 def merge_checkpoint(src: str | Path, out: str | Path, requantize: bool = False) -> MergeReport:
@@ -89,7 +90,7 @@ def merge_checkpoint(src: str | Path, out: str | Path, requantize: bool = False)
         )
     try:  # validated before any work is done
         plain = _plain_config(config, len(rack.stacks))
-    except ValidationError as err:
+    except StackWiseError as err:
         raise StackWiseError(
             f"The config of '{src}' cannot be turned into a plain rack's config ({err}). Edit "
             "its config.yaml to drop adapter-only settings, then rerun."

@@ -1,0 +1,114 @@
+"""The base of every config section, and how cross-field rules are run and reported.
+
+A rule is a small named function that yields the problems it finds (one sentence each, saying
+what to change). A section runs its own rules when it is built, the root config runs the rules
+that span sections; every rule runs, and all problems come back in one message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Literal, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+YAML_TRUE = frozenset({"yes", "on", "true"})
+YAML_FALSE = frozenset({"no", "off", "false"})
+QUOTE_HINT = (
+    "YAML reads yes/no/on/off/true/false as booleans; to pass the word, quote it: "
+    'key=\'"word"\' on the command line, key: "word" in a file'
+)
+
+Rule = Callable[[Any], Iterable[str]]
+# section class name -> its rules, filled by stackwise.config.rules (imported by the package)
+SECTION_RULES: dict[str, list[Rule]] = {}
+# rules over the whole config, filled by stackwise.config.rules_cross
+CROSS_RULES: list[Rule] = []
+
+
+def section_rule(section: str) -> Callable[[Rule], Rule]:
+    """Register a rule that checks one section on its own."""
+
+    def register(fn: Rule) -> Rule:
+        SECTION_RULES.setdefault(section, []).append(fn)
+        return fn
+
+    return register
+
+
+def cross_rule(fn: Rule) -> Rule:
+    """Register a rule that checks the whole config (run once every section is valid)."""
+    CROSS_RULES.append(fn)
+    return fn
+
+
+def problems_of(target: Any, rules: Iterable[Rule]) -> list[str]:
+    """Every problem every rule finds. A rule that trips over an earlier problem (its input is
+    already invalid) is skipped rather than reported twice."""
+    found: list[str] = []
+    for rule in rules:
+        try:
+            found.extend(rule(target))
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+            if not found:
+                raise
+    return found
+
+
+def joined(problems: list[str]) -> str:
+    """One message: the problem itself, or all of them numbered."""
+    if len(problems) == 1:
+        return problems[0]
+    return f"{len(problems)} problems: " + "; ".join(
+        f"({i}) {p}" for i, p in enumerate(problems, 1)
+    )
+
+
+def _string_choices(annotation: Any) -> tuple[str, ...]:
+    """The string choices of a Literal field (also inside `Literal[...] | None`)."""
+    if get_origin(annotation) is Literal:
+        return tuple(a for a in get_args(annotation) if isinstance(a, str))
+    return tuple(c for arg in get_args(annotation) for c in _string_choices(arg))
+
+
+def _choice_for_bool(choices: tuple[str, ...], value: bool) -> str | None:
+    """The one choice whose name YAML would read as `value` (`no` for False), if any."""
+    words = YAML_TRUE if value else YAML_FALSE
+    matches = [c for c in choices if c.lower() in words]
+    return matches[0] if len(matches) == 1 else None
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_booleans_as_choices(cls, data: Any) -> Any:
+        """`mixed_precision: no` arrives from YAML as False: read it back as the choice `no`."""
+        if not isinstance(data, dict):
+            return data
+        for name, value in list(data.items()):
+            field = cls.model_fields.get(name)
+            if field is None or not isinstance(value, bool):
+                continue
+            choice = _choice_for_bool(_string_choices(field.annotation), value)
+            if choice is not None:
+                data = {**data, name: choice}
+        return data
+
+    @model_validator(mode="after")
+    def _section_rules(self) -> Section:
+        found = problems_of(self, SECTION_RULES.get(type(self).__name__, []))
+        if found:
+            raise ValueError(joined(found))
+        return self
+
+    def changed(self, name: str) -> bool:
+        """True when `name` differs from its default (robust to YAML round-trips)."""
+        field = type(self).model_fields[name]
+        return getattr(self, name) != field.get_default(call_default_factory=True)
+
+
+def changed_fields(section: Section, names: Iterable[str]) -> Iterator[str]:
+    """The names among `names` that `section` sets away from their defaults."""
+    return (n for n in names if section.changed(n))

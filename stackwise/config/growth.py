@@ -1,0 +1,154 @@
+"""The config sections of progressive growth: LoRA, quantization, the cache, per-stack overrides."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
+
+from stackwise.config.base import Section
+from stackwise.config.sections import ObjectiveConfig
+
+PrecisionName = Literal["full", "bf16", "fp16", "nf4", "fp8", "nvfp4", "qlora"]
+QUANTIZED = ("nf4", "fp8", "nvfp4", "qlora")
+RankPattern = Literal["constant", "increasing", "decreasing", "linear"]
+
+
+class LoraStackSetting(Section):
+    rank: PositiveInt
+    alpha: PositiveFloat | None = Field(None, description="Default: 2 x rank.")
+
+
+class LoraConfig(Section):
+    """LoRA through PEFT on every linear of a stack (q, k, v, o, gate, up, down)."""
+
+    enabled: bool = False
+    rank: PositiveInt = 8
+    alpha: PositiveFloat = 16.0
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    strategy: Literal["simplified", "progressive", "variable"] = Field(
+        "simplified",
+        description="simplified: one rank; progressive: rank_pattern over stacks; variable: "
+        "per_stack table.",
+    )
+    rank_pattern: RankPattern = Field(
+        "constant",
+        description="progressive: constant r, increasing r*2^k, decreasing r*2^(n-1-k), "
+        "linear r*(k+1).",
+    )
+    alpha_pattern: RankPattern = "constant"
+    per_stack: dict[int, LoraStackSetting] = Field(default_factory=dict)
+    trunk_adapters: bool = Field(
+        False, description="progressive_qlora: one trainable adapter per trunk stack."
+    )
+    trunk_rank: PositiveInt = 4
+    trunk_alpha: PositiveFloat = 8.0
+
+
+class QuantConfig(Section):
+    """How frozen weights are stored; adapters (LoRA) stay trainable on top."""
+
+    enabled: bool = Field(False, description="quantization_enabled")
+    type: Literal["nf4", "fp8", "nvfp4", "fp16", "bf16", "fp32"] = Field(
+        "nf4", description="quantization_type; 'nf_fp8' is accepted as an alias of fp8."
+    )
+    double_quant: bool = Field(False, description="nf4: quantize the block scales too.")
+    backbone_quantized: bool = Field(
+        True, description="Quantize each trunk stack to `type` once it is frozen."
+    )
+    adapters_full_precision: bool = Field(
+        True, description="Keep LoRA weights in fp32 (false: bf16)."
+    )
+
+
+class CacheConfig(Section):
+    """Trunk activation cache: append mode with a frozen trunk (the memory-light path)."""
+
+    enabled: bool = False
+    storage: Literal["memory", "disk"] = Field("memory", description="disk: a memmap in dir.")
+    dir: str | None = Field(None, description="disk storage folder; default <run>/cache.")
+    dtype: Literal["bf16", "fp16"] = "bf16"
+    max_bytes: PositiveInt | None = Field(None, description="Byte budget; None = all samples.")
+    on_full: Literal["evict", "error"] = Field("evict", description="evict: least recently used.")
+    store_all_time_steps: bool = Field(
+        False, description="diffusion with num_time_steps: one entry per sample and grid step."
+    )
+    time_step_cache_size: PositiveInt = Field(
+        1, description="Masked variants (time steps / mask seeds) kept per sample."
+    )
+    mode: Literal["stack", "rack"] = Field(
+        "stack", description="stack: the last trunk boundary; rack: every stack boundary."
+    )
+
+
+class StackOverride(Section):
+    """Per-stack budget, LR and objective; unset fields follow the progressive defaults."""
+
+    steps: PositiveInt | None = None
+    epochs: PositiveFloat | None = None
+    lr: PositiveFloat | None = None
+    objective: ObjectiveConfig | None = None
+    masking: dict[str, Any] | None = Field(None, description="masking fields for this stack.")
+
+
+class ProgressiveConfig(Section):
+    strategy: Literal["end_to_end", "progressive"] = Field(
+        "end_to_end", description="progressive grows the rack one stack at a time."
+    )
+    end_to_end_scope: Literal["rackwise", "stackwise"] = Field(
+        "rackwise", description="stackwise: a detached local loss per stack via the shared head."
+    )
+    mode: Literal["blockwise", "layerwise", "fused"] = Field(
+        "blockwise",
+        description="layerwise: 1 block per stack; fused: then joint_tuning_steps on the rack.",
+    )
+    block_size: PositiveInt | None = Field(None, description="blockwise/fused: blocks per stack.")
+    joint_tuning_steps: NonNegativeInt = 0
+    building_mode: Literal["append", "prepend"] = "append"
+    trunk_strategy: Literal["frozen", "full", "qlora"] = Field(
+        "frozen",
+        description="frozen (+ cache.enabled): the memory-light path; qlora: quantized trunk "
+        "adapted by LoRA, the adaptable path (no cache); full: the trunk trains too.",
+    )
+    head_policy: Literal["train_first", "always", "frozen"] = "train_first"
+    new_stack_precision: PrecisionName = Field(
+        "full",
+        description="qlora = nf4 + a LoRA adapter; nf4/fp8/nvfp4 train only LoRA. The seeds' "
+        "'half' and 'bfloat16' are accepted for fp16 and bf16.",
+    )
+    steps_per_stack: PositiveInt | None = Field(
+        None, description="Default: train.max_steps split evenly over the stacks."
+    )
+    epochs_per_stack: PositiveFloat | None = None
+    stacks: dict[int, StackOverride] = Field(default_factory=dict)
+    time_interpretation: Literal["input", "depth"] = "input"
+    depth_mapping: Literal["linear", "exponential", "custom"] = "linear"
+    depth_growth: float = Field(2.0, gt=1.0, description="exponential: width ratio per stack.")
+    time_per_stack: PositiveInt | None = Field(
+        None, description="depth: grid steps per stack (needs masking.num_time_steps)."
+    )
+    depth_time_table: list[float | tuple[float, float]] | None = Field(
+        None, description="custom: per stack a t or a [low, high] range in [0, 1]."
+    )
+    depth_order: Literal["low_to_high", "high_to_low"] = Field(
+        "low_to_high",
+        description="depth: high_to_low grows stack 0 at the highest noise and trains the stacks "
+        "as one denoising chain, which sample.sampler single_pass runs in one pass.",
+    )
+    lr_schedule: Literal["per_stage", "global"] = Field(
+        "per_stage",
+        description="per_stage: each stage warms up and decays on its own; global: one warmup "
+        "and one decay over all stages' steps, so growth never re-warms the LR.",
+    )
+    save_stacks: bool = True
+    save_rack: bool = True
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+
+    @field_validator("depth_time_table")
+    @classmethod
+    def _table(cls, v: list | None) -> list | None:
+        for item in v or []:
+            lo, hi = (item, item) if isinstance(item, float | int) else item
+            if not 0.0 <= lo <= hi <= 1.0:
+                raise ValueError("depth_time_table entries must be t or [low, high] in [0, 1]")
+        return v

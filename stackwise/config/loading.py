@@ -1,0 +1,144 @@
+"""Reading configs: files (YAML via safe_load, or JSON), dotted overrides, aliases, and errors
+that name the key and the fix."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from stackwise.config.aliases import apply_aliases
+from stackwise.config.base import QUOTE_HINT
+from stackwise.config.root import Config
+from stackwise.errors import StackWiseError
+
+
+def _field_names(model: type[BaseModel]) -> list[str]:
+    return list(model.model_fields)
+
+
+def _check_keys(data: Any, model: type[BaseModel], path: str = "") -> None:
+    """Reject unknown keys with a nearest-match hint before pydantic sees them."""
+    if not isinstance(data, dict):
+        return
+    names = _field_names(model)
+    for key, value in data.items():
+        where = f"{path}{key}"
+        if not isinstance(key, str) or key not in names:
+            hint = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
+            # also search one level down, so `blocks_per_stack` at top level finds model.*
+            if not hint and not path:
+                for sec in names:
+                    sub = model.model_fields[sec].annotation
+                    if isinstance(sub, type) and issubclass(sub, BaseModel):
+                        close = difflib.get_close_matches(str(key), _field_names(sub), 1, 0.7)
+                        if close:
+                            hint = [f"{sec}.{close[0]}"]
+                            break
+            suggestion = f" — did you mean '{hint[0]}'?" if hint else ""
+            valid = ", ".join(names)
+            raise StackWiseError(
+                f"Unknown config key '{where}'{suggestion} Valid keys here: {valid}."
+            )
+        sub = model.model_fields[key].annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            _check_keys(value, sub, f"{where}.")
+
+
+def format_validation(err: ValidationError, origin: str) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+        msg = e["msg"].removeprefix("Value error, ")
+        given = e.get("input")
+        shown = "" if isinstance(given, dict) else f" (got {given!r})"
+        if isinstance(given, bool):
+            shown += f" ({QUOTE_HINT})"
+        parts.append(f"{loc or 'config'}: {msg}{shown}")
+    return f"Invalid config in {origin}: " + "; ".join(parts) + ". Fix the value and rerun."
+
+
+def from_dict(data: Any, origin: str = "config") -> Config:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise StackWiseError(
+            f"{origin} must be a mapping of sections (model:, data:, train: ...), "
+            f"but it holds a {type(data).__name__}."
+        )
+    data = apply_aliases(data)
+    _check_keys(data, Config)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise StackWiseError(format_validation(err, origin)) from None
+
+
+def read_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise StackWiseError(f"Config file '{path}' does not exist. Check the path.")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise StackWiseError(f"Cannot read config file '{path}': {err}.") from None
+    try:
+        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as err:
+        where = str(err).replace("\n", " ")
+        raise StackWiseError(
+            f"Config file '{path}' is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+            f"{where}. Fix the syntax and rerun."
+        ) from None
+    return data if data is not None else {}
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`train.lr=1e-3` -> (['train', 'lr'], 0.001); the value is read as YAML."""
+    if "=" not in item:
+        raise StackWiseError(
+            f"Override '{item}' is not of the form section.key=value (e.g. train.max_steps=50)."
+        )
+    key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise StackWiseError(f"Override key '{key}' is malformed; use section.key=value.")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = data
+        for p in parts[:-1]:
+            child = node.get(p)
+            if child is None:
+                child = node[p] = {}
+            if not isinstance(child, dict):
+                raise StackWiseError(f"Override '{item}': '{p}' is a value, not a section.")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    data = read_file(path) if path is not None else {}
+    origin = str(path) if path is not None else "defaults"
+    if overrides:
+        if not isinstance(data, dict):
+            return from_dict(data, origin)
+        data = apply_overrides(data, overrides)
+        origin += " + overrides"
+    return from_dict(data, origin)
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    Path(path).write_text(config.to_yaml(), encoding="utf-8")

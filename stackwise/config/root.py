@@ -1,0 +1,66 @@
+"""The root config: one section per concern, checked by every rule at once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from pydantic import Field, model_validator
+
+from stackwise.config.base import CROSS_RULES, Section, joined, problems_of
+from stackwise.config.growth import LoraConfig, ProgressiveConfig, QuantConfig
+from stackwise.config.sections import (
+    DataConfig,
+    LoggingConfig,
+    MaskingConfig,
+    ModelConfig,
+    ObjectiveConfig,
+    SampleConfig,
+    TrainConfig,
+)
+
+
+class Config(Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
+    masking: MaskingConfig = Field(default_factory=MaskingConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    sample: SampleConfig = Field(default_factory=SampleConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    quant: QuantConfig = Field(default_factory=QuantConfig)
+    progressive: ProgressiveConfig = Field(default_factory=ProgressiveConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stack_shape(cls, data: Any) -> Any:
+        """progressive.mode layerwise/blockwise set model.blocks_per_stack (one source of truth)."""
+        if not isinstance(data, dict):
+            return data
+        prog = data.get("progressive") or {}
+        if not isinstance(prog, dict):
+            return data
+        mode, size = prog.get("mode", "blockwise"), prog.get("block_size")
+        want = 1 if mode == "layerwise" else size
+        if want is None:
+            return data
+        model = dict(data.get("model") or {})
+        given = model.get("blocks_per_stack")
+        if given is not None and given != want:
+            raise ValueError(
+                f"progressive.mode {mode} means blocks_per_stack={want}, but model.blocks_per_stack"
+                f" is {given}; remove one of them"
+            )
+        model["blocks_per_stack"] = want
+        return {**data, "model": model}
+
+    @model_validator(mode="after")
+    def _cross_rules(self) -> Config:
+        found = problems_of(self, CROSS_RULES)
+        if found:
+            raise ValueError(joined(found))
+        return self
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,310 @@
+"""Rules inside one section: each yields what is wrong and how to fix it.
+
+A field that only matters for some settings (say `mask_ratio` with a causal objective) is
+refused when changed from its default while irrelevant, so a key never silently does nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+from stackwise.config.base import section_rule
+from stackwise.config.growth import (
+    LoraConfig,
+    ProgressiveConfig,
+    QuantConfig,
+    StackOverride,
+)
+from stackwise.config.sections import (
+    DataConfig,
+    LoggingConfig,
+    MaskingConfig,
+    ModelConfig,
+    TrainConfig,
+)
+
+
+@section_rule("ModelConfig")
+def model_shapes(s: ModelConfig) -> Iterator[str]:
+    if s.d_model % s.n_heads:
+        yield (
+            f"n_heads ({s.n_heads}) must divide d_model ({s.d_model}); "
+            "pick a head count such as 2, 4 or 8 that divides it"
+        )
+    if (s.d_model // s.n_heads) % 2:
+        yield (f"head size d_model/n_heads = {s.d_model // s.n_heads} must be even for RoPE")
+    if s.n_kv_heads is not None and s.n_heads % s.n_kv_heads:
+        yield (f"n_kv_heads ({s.n_kv_heads}) must divide n_heads ({s.n_heads}) for GQA")
+
+
+@section_rule("DataConfig")
+def data_sources(s: DataConfig) -> Iterator[str]:
+    if s.source == "files" and not s.files:
+        yield "source 'files' needs data.files: [path, ...]"
+    if s.source == "shakespeare":
+        for name in ("files", "format", "text_field"):
+            if s.changed(name):
+                yield (
+                    f"data.{name} only applies to source: files (the built-in corpus is "
+                    "plain text); set data.source: files or remove it"
+                )
+    if s.tokenizer is not None and s.changed("bpe_vocab_size"):
+        yield (
+            "bpe_vocab_size only applies to the BPE trained when data.tokenizer is unset; "
+            "remove one of them"
+        )
+
+
+@section_rule("MaskingConfig")
+def masking_table(s: MaskingConfig) -> Iterator[str]:
+    table = s.time_step_mask_fractions
+    if s.schedule == "table":
+        if not table or s.num_time_steps is None:
+            yield (
+                "schedule 'table' needs num_time_steps and time_step_mask_fractions "
+                "(e.g. {0: 0.15, 5: 0.5, 9: 0.9})"
+            )
+            return
+        steps = sorted(table)
+        if steps[0] < 0 or steps[-1] >= s.num_time_steps:
+            yield (f"time_step_mask_fractions steps must lie in 0..{s.num_time_steps - 1}")
+        fracs = [table[k] for k in steps]
+        if any(not 0.0 < f <= 1.0 for f in fracs):
+            yield "time_step_mask_fractions values must be in (0, 1]"
+        if any(b < a for a, b in itertools.pairwise(fracs)):
+            yield "time_step_mask_fractions must not decrease with the step"
+    elif table is not None:
+        yield "time_step_mask_fractions needs schedule: table"
+    if s.num_time_steps is not None and s.schedule != "loglinear" and s.changed("eps"):
+        yield (
+            "masking.eps bounds continuous t; with num_time_steps t lies on a grid, so eps "
+            "has no effect (except in the loglinear schedule); remove it"
+        )
+
+
+@section_rule("TrainConfig")
+def train_schedule(s: TrainConfig) -> Iterator[str]:
+    if s.warmup_ratio is not None and s.warmup_steps:
+        yield "set warmup_steps or warmup_ratio, not both"
+    if s.scheduler == "constant":
+        for name in ("warmup_steps", "warmup_ratio"):
+            if s.changed(name):
+                yield (
+                    f"scheduler 'constant' has no warmup; use "
+                    f"'constant_with_warmup' or remove {name}"
+                )
+    if s.scheduler in ("constant", "constant_with_warmup") and s.changed("min_lr_ratio"):
+        yield f"min_lr_ratio has no effect with scheduler '{s.scheduler}'"
+    if s.scheduler != "polynomial" and s.changed("poly_power"):
+        yield "poly_power only applies to scheduler: polynomial"
+    tracks = s.save_best_model or s.early_stopping_patience is not None
+    for name in ("metric_for_best", "greater_is_better"):
+        if s.changed(name) and not tracks:
+            yield (f"{name} is read by save_best_model and early stopping; turn one of them on")
+    if s.changed("early_stopping_threshold") and s.early_stopping_patience is None:
+        yield "early_stopping_threshold needs early_stopping_patience"
+    if s.save_total_limit is not None and not (s.save_steps or s.save_best_model):
+        yield (
+            "save_total_limit rotates checkpoints, but none are written: set save_steps "
+            "(or save_best_model)"
+        )
+    if s.save_steps > s.max_steps:
+        yield (
+            f"save_steps ({s.save_steps}) exceeds max_steps ({s.max_steps}), so no "
+            "checkpoint would ever be written; lower it (0 turns checkpoints off)"
+        )
+    builtin = {
+        "best_model": "save_best_model: true",
+        "early_stopping": "early_stopping_patience",
+        "console": "logging.console",
+        "jsonl": "logging.jsonl",
+        "tensorboard": "logging.tensorboard",
+        "wandb": "logging.log_to_wandb",
+        "progress_bar": "logging.progress_bar",
+    }
+    for name in s.enabled_extensions:
+        if name in builtin:
+            yield (
+                f"enabled_extensions lists the built-in '{name}', which its own setting "
+                f"turns on ({builtin[name]}); remove it from the list"
+            )
+    if len(set(s.enabled_extensions)) != len(s.enabled_extensions):
+        yield "enabled_extensions lists an extension twice"
+    if tracks and s.eval_every > s.max_steps:
+        yield (
+            f"save_best_model / early stopping act on evaluations, but eval_every "
+            f"({s.eval_every}) exceeds max_steps ({s.max_steps}); lower eval_every"
+        )
+
+
+@section_rule("LoggingConfig")
+def logging_wandb(s: LoggingConfig) -> Iterator[str]:
+    if s.changed("wandb_project") and not s.log_to_wandb:
+        yield "wandb_project needs log_to_wandb: true"
+    if s.log_to_wandb:
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            yield (
+                "log_to_wandb is on but wandb is not installed: pip install wandb (set "
+                "WANDB_MODE=offline to log without an account), or turn it off"
+            )
+
+
+@section_rule("LoraConfig")
+def lora_relevance(s: LoraConfig) -> Iterator[str]:
+    if not s.enabled:
+        for name in type(s).model_fields:
+            if name != "enabled" and s.changed(name):
+                yield f"lora.{name} needs lora.enabled: true"
+    if s.strategy != "progressive":
+        for name in ("rank_pattern", "alpha_pattern"):
+            if s.changed(name):
+                yield f"lora.{name} needs lora.strategy: progressive"
+    if s.strategy != "variable" and s.per_stack:
+        yield "lora.per_stack needs lora.strategy: variable"
+    if s.strategy == "variable" and not s.per_stack:
+        yield "lora.strategy 'variable' needs lora.per_stack: {stack: {rank: r}}"
+    if not s.trunk_adapters:
+        for name in ("trunk_rank", "trunk_alpha"):
+            if s.changed(name):
+                yield f"lora.{name} needs lora.trunk_adapters: true"
+
+
+@section_rule("QuantConfig")
+def quant_relevance(s: QuantConfig) -> Iterator[str]:
+    if not s.enabled:
+        for name in type(s).model_fields:
+            if name != "enabled" and s.changed(name):
+                yield f"quant.{name} needs quant.enabled: true"
+    if s.type != "nf4" and s.changed("double_quant"):
+        yield "quant.double_quant applies to type nf4 only"
+
+
+@section_rule("StackOverride")
+def stackoverride_budget(s: StackOverride) -> Iterator[str]:
+    if s.steps is not None and s.epochs is not None:
+        yield "a stack override takes steps or epochs, not both"
+
+
+@section_rule("ProgressiveConfig")
+def progressive_consistent(s: ProgressiveConfig) -> Iterator[str]:
+    grown = (
+        "mode",
+        "block_size",
+        "joint_tuning_steps",
+        "building_mode",
+        "trunk_strategy",
+        "head_policy",
+        "new_stack_precision",
+        "steps_per_stack",
+        "epochs_per_stack",
+        "stacks",
+        "time_interpretation",
+        "lr_schedule",
+        "cache",
+    )
+    if s.strategy == "end_to_end":
+        for name in grown:
+            if s.changed(name):
+                yield (
+                    f"progressive.{name} only applies to strategy: progressive; set "
+                    "progressive.strategy: progressive or remove it"
+                )
+    elif s.changed("end_to_end_scope"):
+        yield "progressive.end_to_end_scope only applies to strategy: end_to_end"
+    if (
+        s.strategy == "progressive"
+        and not s.save_stacks
+        and (s.new_stack_precision != "full" or s.trunk_strategy == "qlora")
+    ):
+        yield (
+            "stacks stored as bf16/fp16 or quantized are rebuilt from their stack files on "
+            "load; keep save_stacks: true"
+        )
+    if not (s.save_rack or s.save_stacks):
+        yield ("with save_rack and save_stacks both false nothing would be saved; keep one")
+    if s.steps_per_stack is not None and s.epochs_per_stack is not None:
+        yield "set progressive.steps_per_stack or epochs_per_stack, not both"
+    if (s.mode == "fused") != (s.joint_tuning_steps > 0):
+        yield (
+            "mode 'fused' means progressive growth followed by joint_tuning_steps (> 0) of "
+            "whole-rack tuning; set both, or neither"
+        )
+    if s.mode == "layerwise" and s.changed("block_size"):
+        yield "mode 'layerwise' has one block per stack; remove block_size"
+    if s.time_interpretation != "depth":
+        for name in (
+            "depth_mapping",
+            "depth_growth",
+            "time_per_stack",
+            "depth_time_table",
+            "depth_order",
+        ):
+            if s.changed(name):
+                yield f"progressive.{name} needs time_interpretation: depth"
+    else:
+        if s.depth_mapping != "linear" and s.time_per_stack is not None:
+            yield ("progressive.time_per_stack sets linear widths; use depth_mapping: linear")
+        if s.depth_mapping != "exponential" and s.changed("depth_growth"):
+            yield "progressive.depth_growth needs depth_mapping: exponential"
+        if (s.depth_mapping == "custom") != (s.depth_time_table is not None):
+            yield (
+                "depth_mapping 'custom' takes its times from depth_time_table; set both "
+                "(a callable mapping is available from the Python API)"
+            )
+    c = s.cache
+    if c.enabled:
+        if s.building_mode != "append" or s.trunk_strategy != "frozen":
+            yield (
+                "the activation cache stores a frozen trunk's output before the new stack, "
+                "so it needs building_mode: append and trunk_strategy: frozen (frozen + "
+                "cache is the memory-light path; 'qlora' and 'full' keep adapting the trunk, "
+                "so its activations cannot be cached)"
+            )
+        if s.head_policy == "always":
+            yield (
+                "with head_policy 'always' the embeddings keep training, so cached trunk "
+                "activations would go stale; use train_first or frozen, or disable the cache"
+            )
+    else:
+        for name in type(c).model_fields:
+            if name != "enabled" and c.changed(name):
+                yield f"progressive.cache.{name} needs progressive.cache.enabled"
+    if c.storage != "disk" and c.changed("dir"):
+        yield "progressive.cache.dir needs cache.storage: disk"
+    if c.max_bytes is None and c.changed("on_full"):
+        yield "progressive.cache.on_full needs a cache.max_bytes budget"
+    if c.store_all_time_steps and c.changed("time_step_cache_size"):
+        yield ("store_all_time_steps keeps every grid step; remove time_step_cache_size")
+
+
+@section_rule("ProgressiveConfig")
+def progressive_chain(s: ProgressiveConfig) -> Iterator[str]:
+    """What a denoising chain (depth_order high_to_low) cannot combine with."""
+    if s.time_interpretation != "depth" or s.depth_order != "high_to_low":
+        return
+    if s.building_mode != "append":
+        yield (
+            "progressive.depth_order: high_to_low needs building_mode: append (each stack "
+            "continues the one grown before it)"
+        )
+    if s.mode == "fused":
+        yield (
+            "progressive.depth_order: high_to_low needs no joint tuning (mode fused tunes the "
+            "whole rack on every noise level)"
+        )
+    if s.cache.enabled:
+        yield (
+            "progressive.depth_order: high_to_low needs no activation cache (the trunk sees its "
+            "own, further-masked inputs)"
+        )
+    table = s.depth_time_table
+    if table is not None:
+        tops = [e if isinstance(e, float | int) else e[1] for e in table]
+        if any(b >= a for a, b in itertools.pairwise(tops)):
+            yield (
+                "progressive.depth_order: high_to_low needs depth_time_table ranges whose "
+                f"tops decrease stack by stack (stack 0 the noisiest); got {tops}"
+            )

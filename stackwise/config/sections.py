@@ -1,0 +1,255 @@
+"""The config sections a plain run reads: model, data, objective, masking, train, logging, sample.
+
+Field types and single-field checks live here; rules that relate fields are in
+`stackwise.config.rules`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+)
+
+from stackwise.config.base import Section
+
+
+class ModelConfig(Section):
+    vocab_size: PositiveInt | None = Field(
+        None, description="Vocabulary size; None takes it from the tokenizer."
+    )
+    d_model: PositiveInt = 128
+    n_heads: PositiveInt = 4
+    n_kv_heads: PositiveInt | None = Field(None, description="Key/value heads (GQA); None = MHA.")
+    n_stacks: PositiveInt = 2
+    blocks_per_stack: PositiveInt = 2
+    ffn_hidden: PositiveInt | None = Field(None, description="SwiGLU width; None = ~8/3 d_model.")
+    max_seq_len: PositiveInt = 256
+    rope_theta: PositiveFloat = 10000.0
+    norm_eps: PositiveFloat = 1e-5
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    tie_embeddings: bool = True
+    frozen_up_proj: bool = Field(False, description="Freeze a random SwiGLU up-projection.")
+    time_conditioning: Literal["none", "sinusoidal", "learned"] = "none"
+    init_std: PositiveFloat = 0.02
+    gradient_checkpointing: bool = False
+
+    @property
+    def n_layers(self) -> int:
+        return self.n_stacks * self.blocks_per_stack
+
+    @property
+    def ffn_width(self) -> int:
+        if self.ffn_hidden is not None:
+            return self.ffn_hidden
+        return ((8 * self.d_model // 3) + 7) // 8 * 8
+
+
+class DataConfig(Section):
+    source: Literal["shakespeare", "files"] = "shakespeare"
+    files: list[str] = Field(default_factory=list, description="Local .txt/.jsonl/.json/.parquet")
+    format: Literal["auto", "text", "json", "parquet"] = "auto"
+    text_field: str | list[str] = "text"
+    mode: Literal["pretraining"] = "pretraining"
+    seq_len: PositiveInt = 128
+    num_samples: PositiveInt | None = Field(None, description="Cap on training sequences.")
+    val_fraction: float = Field(0.05, gt=0.0, le=0.5)
+    tokenizer: str | None = Field(
+        None,
+        description=(
+            "None trains a byte-level BPE on the corpus; `char` or `byte` builds a character- or "
+            "byte-level tokenizer; anything else is a local HF tokenizer dir (./char for a dir "
+            "named char)."
+        ),
+    )
+    bpe_vocab_size: int = Field(2048, ge=300, le=65536)
+    cache_dir: str | None = Field(None, description="Default: $STACKWISE_CACHE or ~/.cache.")
+    num_workers: NonNegativeInt = 0
+
+    @field_validator("files", mode="before")
+    @classmethod
+    def _one_file(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode(cls, v: Any) -> Any:
+        if v == "instruction":
+            raise ValueError("instruction (chat) data is not supported yet; use mode: pretraining")
+        return v
+
+
+class ObjectiveConfig(Section):
+    name: Literal["clm", "mlm", "diffusion", "custom"] = "clm"
+    attention: Literal["auto", "causal", "bidirectional"] = Field(
+        "auto", description="auto: causal for clm/custom, bidirectional for mlm/diffusion."
+    )
+    weighting: Literal["elbo", "uniform"] = Field(
+        "elbo", description="diffusion: -alpha'/(1-alpha) (NELBO) or 1."
+    )
+    random_length_ratio: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of training sequences cut to a random shorter length (the rest "
+        "padded and ignored): against repetition and for variable-length sampling.",
+    )
+
+    @property
+    def causal(self) -> bool:
+        if self.attention == "auto":
+            return self.name in ("clm", "custom")
+        return self.attention == "causal"
+
+
+class MaskingConfig(Section):
+    mask_ratio: float | tuple[float, float] = Field(
+        0.15, description="mlm: a ratio, or [low, high] drawn per example."
+    )
+    bert_mix: bool = Field(False, description="mlm: 80% mask, 10% random, 10% kept.")
+    schedule: Literal["linear", "loglinear", "cosine", "table"] = "linear"
+    eps: float = Field(1e-3, gt=0.0, lt=0.5, description="diffusion: t ~ U(eps, 1).")
+    antithetic: bool = True
+    num_time_steps: PositiveInt | None = Field(
+        None, description="diffusion: draw t on a grid of this many steps."
+    )
+    time_step_mask_fractions: dict[int, float] | None = Field(
+        None, description="schedule table: {step: mask fraction}, interpolated."
+    )
+
+    @field_validator("mask_ratio")
+    @classmethod
+    def _ratio(cls, v: float | tuple[float, float]) -> float | tuple[float, float]:
+        lo, hi = (v, v) if isinstance(v, float | int) else v
+        if not 0.0 < lo <= hi <= 1.0:
+            raise ValueError(
+                "mask_ratio must be in (0, 1], or [low, high] with 0 < low <= high <= 1"
+            )
+        return v
+
+
+SchedulerName = Literal["linear", "cosine", "constant", "constant_with_warmup", "polynomial"]
+
+
+class GroupLR(Section):
+    """Absolute learning rates per named parameter group; None uses train.lr."""
+
+    embeddings: PositiveFloat | None = None
+    blocks: PositiveFloat | None = None
+    head: PositiveFloat | None = None
+    time: PositiveFloat | None = None
+    lora: PositiveFloat | None = Field(None, description="Every LoRA adapter (the lora_lr).")
+    trunk: PositiveFloat | None = Field(
+        None,
+        description="progressive, trunk_strategy full: the stacks grown before the current "
+        "stage's new one (a lower LR keeps growth from undoing them).",
+    )
+
+
+class TrainConfig(Section):
+    seed: int = Field(
+        0, ge=0, le=2**31 - 1, description="Below 2^31: stages offset it modulo 2^31."
+    )
+    max_steps: PositiveInt = 600
+    batch_size: PositiveInt = 16
+    grad_accum_steps: PositiveInt = 1
+    lr: PositiveFloat = 2e-3
+    group_lr: GroupLR = Field(default_factory=GroupLR)
+    weight_decay: NonNegativeFloat = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    adam_eps: PositiveFloat = 1e-8
+    fused_adamw: bool = False
+    max_grad_norm: NonNegativeFloat = Field(1.0, description="0 disables clipping.")
+    scheduler: SchedulerName = "cosine"
+    warmup_steps: NonNegativeInt = 0
+    warmup_ratio: float | None = Field(None, ge=0.0, lt=1.0)
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="LR floor for decaying schedules.")
+    poly_power: PositiveFloat = 1.0
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 where the hardware runs it natively, else fp32 (no)."
+    )
+    compile: bool = False
+    eval_every: PositiveInt = 100
+    eval_batches: PositiveInt = 10
+    output_dir: str | None = Field(None, description="Default: outputs/<run_name>.")
+    overwrite_output_dir: bool = False
+    save_steps: NonNegativeInt = Field(
+        0, description="Write output_dir/checkpoint-<step> every N steps; 0: none."
+    )
+    save_total_limit: PositiveInt | None = Field(
+        None, description="Keep the N newest checkpoints (never deleting the best)."
+    )
+    resume_from_checkpoint: str | None = Field(
+        None, description="'latest' (output_dir's pointer) or a checkpoint-<step> folder."
+    )
+    save_best_model: bool = Field(
+        False, description="Checkpoint at every eval that improves metric_for_best."
+    )
+    metric_for_best: Literal["loss", "nelbo", "ppl", "ppl_bound", "accuracy"] = "loss"
+    greater_is_better: bool | None = Field(
+        None, description="Default: true for accuracy, false otherwise."
+    )
+    early_stopping_patience: PositiveInt | None = Field(
+        None, description="Stop after N evals without improvement of metric_for_best."
+    )
+    early_stopping_threshold: NonNegativeFloat = Field(
+        0.0, description="An improvement must exceed this to count."
+    )
+    skip_nonfinite_steps: bool = Field(
+        False, description="Skip the update of a step whose loss or gradient is NaN/inf."
+    )
+    enabled_extensions: list[str] = Field(
+        default_factory=list, description="Registered extensions to run (by name)."
+    )
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError("betas must both lie in [0, 1)")
+        return v
+
+
+class LoggingConfig(Section):
+    run_name: str | None = Field(None, description="Default: <objective>-<timestamp>.")
+    log_every: PositiveInt = 10
+    console: bool = True
+    jsonl: bool = True
+    tensorboard: bool = True
+    progress_bar: Literal["auto", "always", "never"] = "auto"
+    log_to_wandb: bool = Field(False, description="W&B; WANDB_MODE=offline works without login.")
+    wandb_project: str = "stackwise"
+
+
+class SampleConfig(Section):
+    """End-of-training samples, and the defaults of `stackwise generate`."""
+
+    num_samples: NonNegativeInt = 2
+    prompt: str = ""
+    max_new_tokens: PositiveInt = 64
+    temperature: NonNegativeFloat = 0.8
+    top_k: NonNegativeInt = Field(0, description="Keep the k likeliest tokens; 0 disables.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling.")
+    steps: PositiveInt = Field(32, description="mlm/diffusion: denoising steps.")
+    sampler: Literal["auto", "ancestral", "remask", "single_pass"] = Field(
+        "auto",
+        description="mlm/diffusion. auto: ancestral (MDLM) for diffusion, remask for mlm; "
+        "single_pass: one pass through a rack grown with depth_order high_to_low.",
+    )
+    remasking: Literal["low_confidence", "random", "entropy", "margin"] = Field(
+        "low_confidence", description="remask: which masked positions are revealed first."
+    )
+    block_length: NonNegativeInt = Field(
+        0, description="mlm/diffusion: fill blocks of this many tokens left to right; 0: one."
+    )
+
+    def resolved_sampler(self, objective: str) -> str:
+        if self.sampler != "auto":
+            return self.sampler
+        return "ancestral" if objective == "diffusion" else "remask"
