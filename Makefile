@@ -13,7 +13,7 @@ export WANDB_MODE ?= offline
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stackwise-installed
 
-.PHONY: setup train test lint bench clean
+.PHONY: setup train test lint structure bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,8 +31,11 @@ test: $(STAMP)
 	$(BIN)/python -m pytest tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 lint: $(STAMP)
-	$(BIN)/ruff check stackwise tests benchmarks
-	$(BIN)/ruff format --check stackwise tests benchmarks
+	$(BIN)/ruff check stackwise tests benchmarks tools
+	$(BIN)/ruff format --check stackwise tests benchmarks tools
+
+structure: $(STAMP)
+	$(BIN)/python tools/structure.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py

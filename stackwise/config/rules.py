@@ -189,7 +189,8 @@ def stackoverride_budget(s: StackOverride) -> Iterator[str]:
 
 
 @section_rule("ProgressiveConfig")
-def progressive_consistent(s: ProgressiveConfig) -> Iterator[str]:
+def progressive_strategy(s: ProgressiveConfig) -> Iterator[str]:
+    """Growth keys need strategy progressive; end-to-end keys need end_to_end."""
     grown = (
         "mode",
         "block_size",
@@ -214,6 +215,11 @@ def progressive_consistent(s: ProgressiveConfig) -> Iterator[str]:
                 )
     elif s.changed("end_to_end_scope"):
         yield "progressive.end_to_end_scope only applies to strategy: end_to_end"
+
+
+@section_rule("ProgressiveConfig")
+def progressive_saving(s: ProgressiveConfig) -> Iterator[str]:
+    """What a run must save to be loaded again."""
     if (
         s.strategy == "progressive"
         and not s.save_stacks
@@ -225,6 +231,11 @@ def progressive_consistent(s: ProgressiveConfig) -> Iterator[str]:
         )
     if not (s.save_rack or s.save_stacks):
         yield ("with save_rack and save_stacks both false nothing would be saved; keep one")
+
+
+@section_rule("ProgressiveConfig")
+def progressive_shape(s: ProgressiveConfig) -> Iterator[str]:
+    """Budgets and stack shapes."""
     if s.steps_per_stack is not None and s.epochs_per_stack is not None:
         yield "set progressive.steps_per_stack or epochs_per_stack, not both"
     if (s.mode == "fused") != (s.joint_tuning_steps > 0):
@@ -234,6 +245,11 @@ def progressive_consistent(s: ProgressiveConfig) -> Iterator[str]:
         )
     if s.mode == "layerwise" and s.changed("block_size"):
         yield "mode 'layerwise' has one block per stack; remove block_size"
+
+
+@section_rule("ProgressiveConfig")
+def progressive_depth_keys(s: ProgressiveConfig) -> Iterator[str]:
+    """Time-as-depth keys and their mapping."""
     if s.time_interpretation != "depth":
         for name in (
             "depth_mapping",
@@ -254,6 +270,11 @@ def progressive_consistent(s: ProgressiveConfig) -> Iterator[str]:
                 "depth_mapping 'custom' takes its times from depth_time_table; set both "
                 "(a callable mapping is available from the Python API)"
             )
+
+
+@section_rule("ProgressiveConfig")
+def progressive_cache(s: ProgressiveConfig) -> Iterator[str]:
+    """The activation cache's settings and what it needs."""
     c = s.cache
     if c.enabled:
         if s.building_mode != "append" or s.trunk_strategy != "frozen":

@@ -1,0 +1,115 @@
+"""Report how the package's structure stands against the architecture's limits.
+
+    .venv/bin/python tools/structure.py      # exit 1 while any limit is broken
+
+Checks: no import cycles between modules, no module importing from a layer above its own
+(cli > pipeline/evaluate > progressive > train/generate > quant > model/objectives/data >
+config/errors), no module over 400 lines, no function over 60 lines. Imports inside functions
+count too: a lazy import is still a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "stackwise"
+MAX_MODULE, MAX_FUNCTION = 400, 60
+LAYERS = {  # first dotted parts -> layer, higher is further up
+    "cli": 7,
+    "pipeline": 6,
+    "evaluate": 6,
+    "envreport": 6,
+    "progressive": 5,
+    "train": 4,
+    "generate": 4,
+    "samplers": 4,
+    "quant": 3,
+    "model": 2,
+    "objectives": 2,
+    "data": 2,
+    "config": 1,
+    "errors": 1,
+    "paths": 1,
+    "hwprobe": 1,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.get(parts[1]) if len(parts) > 1 else None
+
+
+def imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("stackwise")}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = module.split(".")[: len(module.split(".")) - node.level + is_package]
+                base = ".".join(pkg + ([base] if base else []))
+            if base.startswith("stackwise"):
+                found.add(base)
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    out, state, stack = [], {}, []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                out.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt in graph and not state.get(nxt):
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if not state.get(node):
+            visit(node)
+    return out
+
+
+def main() -> int:
+    problems: list[str] = []
+    graph: dict[str, set[str]] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        module = module_name(path)
+        text = path.read_text()
+        tree = ast.parse(text)
+        deps = imports(tree, module, path.name == "__init__.py")
+        graph[module] = {d for d in deps if d != module and not module.startswith(d + ".")}
+        lines = len(text.splitlines())
+        if lines > MAX_MODULE:
+            problems.append(f"{module}: {lines} lines (limit {MAX_MODULE})")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION:
+                    problems.append(f"{module}.{node.name}: {length} lines (limit {MAX_FUNCTION})")
+        mine = layer(module)
+        for dep in sorted(graph[module]):
+            theirs = layer(dep)
+            if mine is not None and theirs is not None and theirs > mine:
+                problems.append(f"{module} imports {dep}, a layer above it")
+    for cycle in cycles(graph):
+        problems.append("import cycle: " + " -> ".join(cycle))
+    for p in problems:
+        print(p)
+    print(f"{len(problems)} structure problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
