@@ -5,18 +5,21 @@ Run from the repository root:
     .venv/bin/python benchmarks/diffusion_quality.py            # ~12 minutes on 2 cores
     .venv/bin/python benchmarks/diffusion_quality.py --quick    # a smoke run, ~2 minutes
 
-Five racks of the default preset's shape (4 stacks x 1 block, d_model 128, characters, seq 128,
-batch 32) train on the built-in corpus for the same number of tokens (`--steps` optimizer steps
-in all, split over the stacks for progressive runs):
+Six racks of the default preset's shape and settings (4 stacks x 1 block, d_model 128,
+characters, 64 sequences of 64 per step, cosine mask schedule, one LR schedule over all stages)
+train on the built-in corpus for the same number of tokens (`--steps` optimizer steps in all,
+split over the stacks for progressive runs):
 
   clm            causal, end to end (the reference for gen PPL)
   diff time      masked diffusion, end to end, sinusoidal time input
   diff no-time   masked diffusion, end to end, no time conditioning
   prog cache     progressive diffusion, frozen trunk, activation cache
   prog depth     progressive diffusion, frozen trunk, cache, time as depth (routed by noise)
+  prog chain     progressive diffusion, trainable trunk, time as depth grown high-noise-to-low
+                 (a denoising chain; sampled by single_pass too)
 
 `val bpc` is each run's final evaluation (the same validation batches; the NELBO bound for
-diffusion, the exact NLL for clm). Then, for each diffusion rack, 16 samples of 128 characters
+diffusion, the exact NLL for clm). Then, for each diffusion rack, 16 samples of 64 characters
 from every sampler at 32 and 128 steps (temperature 0.6): gen PPL under the clm rack, unigram
 entropy (the validation text's is printed for reference), and sampler tokens/s. Each training
 runs in a forked child; sampling runs in one more. The last line is the headline: the best
@@ -46,12 +49,24 @@ E2E = [
     "progressive.trunk_strategy=frozen",
     "progressive.head_policy=train_first",
 ]
+# (label, settings): one block over the whole sample at temperature 0.6, and the default
+# preset's own sampler (low-confidence remasking in blocks of 8 at temperature 1)
 SAMPLERS = [
-    {"sampler": "ancestral"},
-    {"sampler": "remask", "remasking": "low_confidence"},
-    {"sampler": "remask", "remasking": "entropy"},
-    {"sampler": "remask", "remasking": "margin"},
-    {"sampler": "remask", "remasking": "random"},
+    ("ancestral", {"sampler": "ancestral"}),
+    ("low_confidence", {"sampler": "remask", "remasking": "low_confidence"}),
+    ("entropy", {"sampler": "remask", "remasking": "entropy"}),
+    ("margin", {"sampler": "remask", "remasking": "margin"}),
+    ("random", {"sampler": "remask", "remasking": "random"}),
+    ("default (b8)", {"sampler": "remask", "block_length": 8, "temperature": 1.0}),
+]
+# settings only masked racks read, back at their defaults for the clm run
+MAX_NEW = 64  # the default preset's sample.max_new_tokens
+CLM_RESETS = [
+    "sample.steps=32",
+    "sample.sampler=auto",
+    "sample.remasking=low_confidence",
+    "sample.block_length=0",
+    "masking.schedule=linear",
 ]
 
 
@@ -67,11 +82,17 @@ def configs(steps: int) -> dict[str, list[str]]:
     ]
     e2e = [f"train.max_steps={steps}"]
     return {
-        "clm": ["objective.name=clm", "sample.steps=32", "sample.sampler=auto", *e2e],
+        "clm": ["objective.name=clm", *CLM_RESETS, *e2e],
         "diff time": ["model.time_conditioning=sinusoidal", *e2e],
         "diff no-time": e2e,
         "prog cache": prog,
         "prog depth": [*prog, "progressive.time_interpretation=depth"],
+        "prog chain": [
+            f"progressive.steps_per_stack={later}",
+            f"progressive.stacks.0.steps={first}",
+            "progressive.time_interpretation=depth",
+            "progressive.depth_order=high_to_low",
+        ],
     }
 
 
@@ -105,7 +126,23 @@ def sample_all(runs: dict[str, str], samples: int) -> dict[str, list[tuple]]:
     for name, folder in runs.items():
         config, rack, tok = load_trained(folder)
         rows = []
-        for kw in SAMPLERS if name != "clm" else [{}]:
+        if name == "prog chain":  # one pass through the rack, one step per stack
+            start = time.perf_counter()
+            got = generate(
+                config, rack, tok, n=samples, sampler="single_pass", steps=32, block_length=0
+            )
+            seconds = time.perf_counter() - start
+            ids = [r[got.prompt_len :].tolist() for r in got.ids]
+            rows.append(
+                (
+                    "single_pass",
+                    got.stats.steps,
+                    generative_perplexity(got.texts, reference),
+                    unigram_entropy(ids),
+                    got.stats.tokens / seconds,
+                )
+            )
+        for label, kw in SAMPLERS if name != "clm" else [("", {})]:
             if name == "clm":  # the reference's own samples: left to right
                 start = time.perf_counter()
                 got = generate(config, rack, tok, n=samples, temperature=0.6)
@@ -113,17 +150,24 @@ def sample_all(runs: dict[str, str], samples: int) -> dict[str, list[tuple]]:
                 ids = [r[got.prompt_len :].tolist() for r in got.ids]
                 ppl = generative_perplexity(got.texts, reference)
                 rows.append(
-                    ("left-to-right", 128, ppl, unigram_entropy(ids), got.stats.tokens / seconds)
+                    (
+                        "left-to-right",
+                        got.stats.forward_passes,
+                        ppl,
+                        unigram_entropy(ids),
+                        got.stats.tokens / seconds,
+                    )
                 )
                 continue
             for steps in (32, 128):
                 start = time.perf_counter()
-                got = generate(config, rack, tok, n=samples, steps=steps, temperature=0.6, **kw)
+                settings = {"temperature": 0.6, "block_length": 0, **kw}
+                got = generate(config, rack, tok, n=samples, steps=steps, **settings)
                 seconds = time.perf_counter() - start
                 ids = [r[got.prompt_len :].tolist() for r in got.ids]
                 rows.append(
                     (
-                        kw.get("remasking", kw["sampler"]),
+                        label,
                         steps,
                         generative_perplexity(got.texts, reference),
                         unigram_entropy(ids),
@@ -157,7 +201,10 @@ def main() -> None:
     clm = trained["clm"]["bpc"]
     for name, r in trained.items():
         print(f"{name:<13} {r['bpc']:>8.3f} {r['bpc'] / clm:>6.2f}x {r['wall']:>7.1f}")
-    print(f"\nsamples: {samples} x 128 characters, temperature 0.6; gen PPL under the clm rack;")
+    print(
+        f"\nsamples: {samples} x {MAX_NEW} characters, temperature 0.6 unless named; gen PPL "
+        "under the clm rack;"
+    )
     print(f"validation text unigram entropy {sampled['_val_entropy'][0][0]:.3f}")
     print(f"{'rack':<13} {'sampler':<15} {'steps':>5} {'gen PPL':>8} {'entropy':>7} {'tok/s':>7}")
     print("-" * 60)

@@ -200,6 +200,8 @@ def word_stats(texts: list[str], vocabulary: set[str]) -> dict[str, float]:
     ]
     out["whole_words"] = float(len(whole))
     out["in_corpus"] = sum(w in vocabulary for w in whole) / len(whole) if whole else 0.0
+    pairs = [(a, b) for ws in per_text for a, b in itertools.pairwise(ws)]
+    out["repeat_rate"] = sum(a == b for a, b in pairs) / len(pairs) if pairs else 0.0
     longest = 0
     for ws in per_text:
         run = 1
@@ -262,11 +264,15 @@ def sample_quality(
     specials = specials_of(data.tokenizer)
     dropped = {specials.mask_id, specials.pad_id, specials.eos_id}
     rows = [[i for i in row if i not in dropped] for row in rows]
-    val_rows = [blk.tolist() for blk in data.val.blocks[: s.samples]]
+    val_rows = [blk.tolist() for blk in data.val.blocks[: max(s.samples, 256)]]
+    val_text = [data.tokenizer.decode(r, skip_special_tokens=True) for r in val_rows]
     out: dict[str, Any] = {
         "samples": s.samples,
         "entropy": unigram_entropy(rows),
-        "corpus_entropy": unigram_entropy([r[: max(map(len, rows), default=0)] for r in val_rows]),
+        "corpus_entropy": unigram_entropy(
+            [r[: max(map(len, rows), default=0)] for r in val_rows[: s.samples]]
+        ),
+        "corpus_repeat_rate": word_stats(val_text, vocabulary)["repeat_rate"],
         **word_stats(got.texts, vocabulary),
         "tokens_per_s": got.stats.tokens / seconds if seconds else float("nan"),
         "forward_passes_per_sample": got.stats.forward_passes,  # a batch of samples shares them
@@ -325,6 +331,10 @@ def render(report: dict[str, Any]) -> str:
         ("  distinct-2 / -3", f"{smp['distinct_2']:.3f} / {smp['distinct_3']:.3f}"),
         ("  words in corpus", f"{100 * smp['in_corpus']:.1f}% of {int(smp['whole_words'])} whole"),
         ("  longest repeated-word run", f"{int(smp['longest_repeat_run'])}"),
+        (
+            "  repeated-word pairs",
+            f"{100 * smp['repeat_rate']:.2f}% (val text: {100 * smp['corpus_repeat_rate']:.2f}%)",
+        ),
         ("  sampler speed", f"{smp['tokens_per_s']:.0f} tokens/s"),
         ("  forward passes / sample", f"{smp['forward_passes_per_sample']}"),
     ]

@@ -75,6 +75,7 @@ def test_word_statistics_on_known_text():
     apart = word_stats([" the king", "king the "], set())  # n-grams and runs stay in a sample
     assert apart["longest_repeat_run"] == 1 and apart["distinct_2"] == 1.0
     assert stats["longest_repeat_run"] == 3
+    assert stats["repeat_rate"] == pytest.approx(2 / 7)  # "the the" twice among 7 pairs
     assert stats["distinct_2"] == pytest.approx(4 / 7)  # the king / king the / the the / the queen
     assert unigram_entropy([[1, 1, 2, 2]]) == pytest.approx(math.log(2))
     assert unigram_entropy([[3, 3, 3]]) == 0.0
