@@ -498,3 +498,44 @@ def test_diffusion_evals_score_the_same_noise_after_a_resume(tiny, tmp_path):
     a, b = resume_pair(tiny, tmp_path, objective={"name": "diffusion"})
     assert a.state.history == b.state.history
     assert all("bpc" in h and "nelbo" in h for h in a.state.history)
+
+
+class HookOrder(Extension):
+    """Records hook order, and whether the stage's TensorBoard writer is still open."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int | None, bool]] = []
+
+    def _writer_open(self, trainer) -> bool:
+        tb = [e for e in trainer.extensions if type(e).__name__ == "TensorBoardLogger"]
+        return bool(tb) and tb[0].writer is not None
+
+    def on_stack_end(self, trainer, index, record):
+        self.seen.append(("stack_end", index, self._writer_open(trainer)))
+
+    def on_train_end(self, trainer):
+        self.seen.append(("train_end", getattr(trainer, "stack_index", None), False))
+
+
+def test_on_stack_end_comes_before_the_stage_closes_its_loggers(tiny):
+    """Each stage reports its stack while TensorBoard/W&B are still open, then closes them."""
+    from test_progressive import grown
+
+    order = HookOrder()
+    REGISTRY["hook_order"] = lambda: order
+    try:
+        train_from_config(
+            grown(
+                tiny,
+                2,
+                {"steps_per_stack": 2},
+                train={"enabled_extensions": ["hook_order"]},
+                logging={"tensorboard": True},
+            ),
+            quiet=True,
+        )
+    finally:
+        del REGISTRY["hook_order"]
+    stages = [(kind, index) for kind, index, _ in order.seen]
+    assert stages == [("stack_end", 0), ("train_end", 0), ("stack_end", 1), ("train_end", 1)]
+    assert all(open_ for kind, _, open_ in order.seen if kind == "stack_end")

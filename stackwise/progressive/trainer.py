@@ -332,7 +332,7 @@ class ProgressiveTrainer:
         trainer.eval_seed = self.config.train.seed
         trainer.eval_objective = build_objective(self.config, self.data.specials)
         start = time.perf_counter()
-        state = trainer.train()
+        state = trainer.train(finish=False)  # finished once on_stack_end has run
         seconds = time.perf_counter() - start
         b.rack.set_depth_routing(None)  # the next stage grows the rack
         losses = [h for h in state.history if "loss" in h]
@@ -515,10 +515,14 @@ class ProgressiveTrainer:
             self.restore_progress(n)
         self.builder.rack.set_depth_routing(None)  # routing is for the finished rack only
         for index in range(len(self.builder.grown), n):
-            record = self.train_stage(index, n)
-            self.records.append(record)
-            self.write_history()
-            self.last_trainer._call("on_stack_end", index, record)
+            try:
+                record = self.train_stage(index, n)
+                self.records.append(record)
+                self.write_history()
+                self.last_trainer._call("on_stack_end", index, record)
+            finally:  # the stage's loggers close after its stack's own report, or on failure
+                if getattr(self, "last_trainer", None) is not None:
+                    self.last_trainer.finish()
         joint = self.joint_tuning() if self.p.mode == "fused" else None
         final = self.final_eval()
         self.joint = joint

@@ -501,7 +501,9 @@ class Trainer:
                 self.save_checkpoint()
         return metrics
 
-    def train(self) -> TrainState:
+    def train(self, finish: bool = True) -> TrainState:
+        """Run to max_steps. With finish=False the run's loggers stay open (a progressive stage
+        reports its stack first); call `finish()` then. A failure always finishes."""
         tc, lc = self.config.train, self.config.logging
         if tc.resume_from_checkpoint:
             spec = tc.resume_from_checkpoint
@@ -546,9 +548,18 @@ class Trainer:
                     self.save_checkpoint()
             if self.last_eval_step != self.state.step:
                 self._eval_and_log()
-        finally:
-            self._call("on_train_end")
+        except BaseException:
+            self.finish()
+            raise
+        if finish:
+            self.finish()
         return self.state
+
+    def finish(self) -> None:
+        """End of the run for every extension: loggers flush and close (once)."""
+        if not getattr(self, "_finished", False):
+            self._finished = True
+            self._call("on_train_end")
 
     # -- checkpoints ----------------------------------------------------------------------------
 
