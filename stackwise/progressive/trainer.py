@@ -332,7 +332,8 @@ class ProgressiveTrainer:
         trainer.eval_seed = self.config.train.seed
         trainer.eval_objective = build_objective(self.config, self.data.specials)
         start = time.perf_counter()
-        state = trainer.train(finish=False)  # finished once on_stack_end has run
+        trainer.defer_finish = True  # finished once on_stack_end has run
+        state = trainer.train()
         seconds = time.perf_counter() - start
         b.rack.set_depth_routing(None)  # the next stage grows the rack
         losses = [h for h in state.history if "loss" in h]

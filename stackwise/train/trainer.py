@@ -337,6 +337,7 @@ class Trainer:
         if tc.early_stopping_patience is not None:
             builtin.append(EarlyStopping())
         self.extensions = builtin + user_extensions + (extensions or [])
+        self.defer_finish = False  # see train()
         self.gen = torch.Generator(device=acc.device)
         self.last_train_loss: float | None = None
         # evaluation masks depend on this seed only, so stages of one run score the same inputs
@@ -501,9 +502,9 @@ class Trainer:
                 self.save_checkpoint()
         return metrics
 
-    def train(self, finish: bool = True) -> TrainState:
-        """Run to max_steps. With finish=False the run's loggers stay open (a progressive stage
-        reports its stack first); call `finish()` then. A failure always finishes."""
+    def train(self) -> TrainState:
+        """Run to max_steps. With `defer_finish` set the run's loggers stay open (a progressive
+        stage reports its stack first) until `finish()`; a failure always finishes."""
         tc, lc = self.config.train, self.config.logging
         if tc.resume_from_checkpoint:
             spec = tc.resume_from_checkpoint
@@ -551,7 +552,7 @@ class Trainer:
         except BaseException:
             self.finish()
             raise
-        if finish:
+        if not self.defer_finish:
             self.finish()
         return self.state
 
