@@ -309,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stackwise: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush stays quiet
+        return 0
 
 
 if __name__ == "__main__":

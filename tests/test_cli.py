@@ -344,3 +344,18 @@ def test_unwritable_output_dir_fails_before_training(work):
     proc = work.procs["unwritable-output"]
     assert "StackWise:" not in proc.stdout  # nothing trained
     assert (work.root / "a-regular-file").read_text() == "not a folder"
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    """`stackwise config show --aliases | head -1`: the closed pipe is a normal end."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stackwise.cli", "config", "show", "--aliases"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader leaves before the first line is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0
+    assert "Traceback" not in err and "BrokenPipe" not in err
