@@ -26,19 +26,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from _forked import in_fork
+from _presets import CLM_RESETS
 
 from stackwise.cli import resolve_config_path
 from stackwise.config import load_config
 from stackwise.pipeline import train_from_config
 
-# settings only masked racks read, back at their defaults for the clm twin
-CLM_RESETS = [
-    "sample.steps=32",
-    "sample.sampler=auto",
-    "sample.remasking=low_confidence",
-    "sample.block_length=0",
-    "masking.schedule=linear",
-]
 QUICK = ["progressive.steps_per_stack=20", "progressive.stacks.0.steps=20"]
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from _forked import in_fork
+from _presets import CLM_RESETS
 
 from stackwise.cli import resolve_config_path
 from stackwise.config import load_config
@@ -61,13 +62,6 @@ SAMPLERS = [
 ]
 # settings only masked racks read, back at their defaults for the clm run
 MAX_NEW = 64  # the default preset's sample.max_new_tokens
-CLM_RESETS = [
-    "sample.steps=32",
-    "sample.sampler=auto",
-    "sample.remasking=low_confidence",
-    "sample.block_length=0",
-    "masking.schedule=linear",
-]
 
 
 def configs(steps: int) -> dict[str, list[str]]:

@@ -312,7 +312,8 @@ class ProgressiveTrainer:
             },
             logging={"run_name": None},
         )
-        b.rack.set_depth_routing(self.depth_ranges() if self.chain() else None, self.chain())
+        chain = self.chain()
+        b.rack.set_depth_routing(self.depth_ranges() if chain else None, chain)
         model = StageModel(b.rack, new, cache, acc.mixed_precision)
         before = cache.stats.as_dict() if cache else {}
         calls_before = cache.trunk_calls if cache else 0
