@@ -82,6 +82,7 @@ def cmd_generate(ns: argparse.Namespace) -> int:
         sampler=ns.sampler,
         remasking=ns.remasking,
         block_length=ns.block_length,
+        no_repeat_words=ns.no_repeat_words,
     )
     for i, text in enumerate(texts):
         if len(texts) > 1:
@@ -220,6 +221,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--block-length", type=int, default=None, help="semi-autoregressive block size (0: off)"
+    )
+    g.add_argument(
+        "--no-repeat-words",
+        action="store_const",
+        const=True,
+        default=None,
+        help="char/byte racks: redraw a word that repeats the word before it",
+    )
+    g.add_argument(
+        "--allow-repeat-words",
+        dest="no_repeat_words",
+        action="store_const",
+        const=False,
+        help="turn off the config's sample.no_repeat_words",
     )
     g.add_argument("--seed", type=int, default=0)
     g.set_defaults(func=cmd_generate)

@@ -4,8 +4,8 @@
   t (the same masks every time, so two runs differ only by their weights); for causal racks the
   exact NLL. Both per token and in bits per character.
 - Conditional likelihood of each validation block's second half given its first half (the
-  prompt is never masked): Monte-Carlo over `mc_num` noise levels for masked racks, exact for
-  causal ones. This is what multiple-choice evals score.
+  prompt is never masked): Monte-Carlo over `mc_num` stratified noise levels for masked racks,
+  exact for causal ones. This is what multiple-choice evals score.
 - Samples: generative perplexity under a reference causal rack, unigram entropy, distinct
   2/3-grams of words, the share of sampled (whole) words found in the training corpus, sampler
   speed (tokens/s, forward passes per sample).
@@ -50,15 +50,29 @@ def t_grid(points: int, eps: float) -> torch.Tensor:
     return eps + (1 - eps) * (torch.arange(points, dtype=torch.float64) + 0.5) / points
 
 
+def stratified_ts(points: int, eps: float, rows: torch.Tensor, seed: int) -> torch.Tensor:
+    """(points, blocks): for each validation block one draw in each of `points` equal cells of
+    (eps, 1], shifted by an offset seeded by (seed, block index). Unbiased like i.i.d. draws;
+    the NELBO integrand climbs steeply with t, so one offset shared by every block moved an
+    8-point estimate by 0.3 nats, and i.i.d. draws bunched (5 of 8 above t=0.6) by more."""
+    offsets = torch.empty(len(rows), dtype=torch.float64)
+    for j, row in enumerate(rows.tolist()):
+        gen = torch.Generator().manual_seed((seed * 1_000_003 + row) * 7919 + 104_729)
+        offsets[j] = torch.rand(1, generator=gen, dtype=torch.float64)
+    cells = torch.arange(points, dtype=torch.float64)[:, None]
+    return eps + (1 - eps) * (cells + offsets[None]) / points
+
+
 def _masks(
-    rows: torch.Tensor, length: int, frac: float, seed: int, point: int, device: torch.device
+    rows: torch.Tensor, length: int, frac: torch.Tensor, seed: int, point: int, device: torch.device
 ) -> torch.Tensor:
-    """One mask per validation block, seeded by (seed, block index, t point): the same masks
-    whatever the batch size or the order blocks are scored in."""
+    """One mask per validation block (masking the fraction `frac[j]` of block j), seeded by
+    (seed, block index, t point): the same masks whatever the batch size or the order blocks
+    are scored in."""
     out = torch.empty(len(rows), length, dtype=torch.bool)
     for j, row in enumerate(rows.tolist()):
         gen = torch.Generator().manual_seed((seed * 1_000_003 + row) * 7919 + point)
-        out[j] = torch.rand(length, generator=gen, dtype=torch.float64) < frac
+        out[j] = torch.rand(length, generator=gen, dtype=torch.float64) < float(frac[j])
     return out.to(device)
 
 
@@ -82,19 +96,23 @@ def masked_nll_sums(
     rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(B,) estimate of -log p(scorable tokens | the rest): the mean over `ts` of
-    w(t) * sum of CE over the scorable positions masked at t (the NELBO integrand). `rows` are
-    the blocks' indices in the validation set, which seed their masks."""
-    rows = torch.arange(ids.shape[0]) if rows is None else rows
-    total = torch.zeros(ids.shape[0], dtype=torch.float64, device=ids.device)
-    for i, t in enumerate(ts.tolist()):
-        tt = torch.tensor([t], dtype=torch.float32)
-        frac = float(schedule.mask_fraction(tt))
+    w(t) * sum of CE over the scorable positions masked at t (the NELBO integrand). `ts` is
+    (points,), shared by every block, or (points, B). `rows` are the blocks' indices in the
+    validation set, which seed their masks."""
+    b = ids.shape[0]
+    rows = torch.arange(b) if rows is None else rows
+    grid = (ts[:, None] if ts.dim() == 1 else ts).expand(-1, b)
+    total = torch.zeros(b, dtype=torch.float64, device=ids.device)
+    for i in range(grid.shape[0]):
+        tt = grid[i].float()
+        frac = schedule.mask_fraction(tt)
         masked = _masks(rows, ids.shape[1], frac, seed, i, ids.device) & scorable
         inputs = torch.where(masked, mask_id, ids)
         logits = rack(inputs, t=_rack_t(rack, masked, schedule)).float()
         ce = F.cross_entropy(logits.transpose(1, 2), ids, reduction="none").double()
-        total += float(schedule.weight(tt)) * (ce * masked).sum(1)
-    return total / len(ts)
+        weight = schedule.weight(tt).double().to(ids.device)
+        total += weight * (ce * masked).sum(1)
+    return total / grid.shape[0]
 
 
 @torch.no_grad()
@@ -172,10 +190,9 @@ def conditional_likelihood(
         how = "exact"
     else:
         sched, eps = _schedule(config, data)
-        gen = torch.Generator().manual_seed(s.seed)
-        ts = eps + (1 - eps) * torch.rand(s.mc_num, generator=gen, dtype=torch.float64)
+        ts = stratified_ts(s.mc_num, eps, torch.arange(ids.shape[0]), s.seed)
         nll = masked_nll_sums(rack, ids, cont, sched, ts, data.specials.mask_id, s.seed).sum()
-        how = f"Monte Carlo, {s.mc_num} noise levels"
+        how = f"Monte Carlo, {s.mc_num} stratified noise levels"
     n_tok = float(cont.sum())
     out: dict[str, Any] = {"estimate": how, "nats_per_token": float(nll) / n_tok}
     if table is not None:

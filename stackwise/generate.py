@@ -15,6 +15,7 @@ from stackwise.model.layers import KVCache
 from stackwise.model.rack import Rack
 from stackwise.objectives import build_objective
 from stackwise.objectives.diffusion import Diffusion
+from stackwise.repeat_guard import WordRepeatGuard
 from stackwise.samplers import MaskedSampler, MaskedSampling, SampleStats, draw, truncate_at_eos
 
 
@@ -60,6 +61,11 @@ class Samples:
     ids: torch.Tensor
     prompt_len: int
     stats: SampleStats = field(default_factory=SampleStats)
+
+
+def repeat_guard(tokenizer: PreTrainedTokenizerBase, mask_id: int) -> WordRepeatGuard:
+    pieces = [tokenizer.decode([i], skip_special_tokens=True) for i in range(len(tokenizer))]
+    return WordRepeatGuard.from_pieces(pieces, mask_id)
 
 
 def masked_settings(config: Config, s: SampleConfig) -> MaskedSampling:
@@ -120,6 +126,7 @@ def generate(
                 gen,
                 obj.schedule if isinstance(obj, Diffusion) else None,
                 specials.eos_id,
+                guard=repeat_guard(tokenizer, specials.mask_id) if s.no_repeat_words else None,
             )
             length = max(1, min(s.max_new_tokens, rack.cfg.max_seq_len - ids.shape[1]))
             out = sampler.run(ids, length)

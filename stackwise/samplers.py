@@ -27,8 +27,10 @@ from dataclasses import dataclass
 import torch
 
 from stackwise.objectives.schedules import Linear, Schedule, time_for_fraction
+from stackwise.repeat_guard import WordRepeatGuard
 
 REMASKING = ("low_confidence", "random", "entropy", "margin")
+REDRAW_STEPS = 8  # a block's extra steps for words the repeat guard masked again
 
 
 @dataclass(frozen=True)
@@ -113,9 +115,11 @@ class MaskedSampler:
         schedule: Schedule | None = None,
         eos_id: int | None = None,
         reuse_logits: bool = True,
+        guard: WordRepeatGuard | None = None,
     ) -> None:
         self.rack, self.s, self.mask_id, self.banned = rack, settings, mask_id, banned
         self.gen, self.eos_id, self.reuse_logits = gen, eos_id, reuse_logits
+        self.guard, self.prompt_len = guard, 0
         self.schedule = schedule or Linear()
         self.stats = SampleStats()
         self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -147,6 +151,7 @@ class MaskedSampler:
 
     def run(self, prompt: torch.Tensor, length: int) -> torch.Tensor:
         b, p = prompt.shape
+        self.prompt_len = p
         x = torch.cat([prompt, prompt.new_full((b, length), self.mask_id)], dim=1)
         if self.s.sampler == "single_pass":
             x = self._single_pass(x)
@@ -164,18 +169,26 @@ class MaskedSampler:
         return x
 
     def _fill_block(self, x: torch.Tensor, in_block: torch.Tensor, steps: int) -> torch.Tensor:
-        for j in range(steps):
+        """`steps` steps; with a repeat guard, up to REDRAW_STEPS more redraw what it masked
+        again (each extra step reveals everything still masked, as a last step does)."""
+        budget = steps + (REDRAW_STEPS if self.guard is not None else 0)
+        for j in range(budget):
             masked = (x == self.mask_id) & in_block
             if not bool(masked.any()):
                 break
             self.stats.steps += 1
             logits = self.logits(x)
+            if self.guard is not None:
+                logits = self.guard.apply_bans(logits)
             tokens = draw(logits, self.s.temperature, self.s.top_k, self.s.top_p, self.gen)
+            k = min(j, steps - 1)
             if self.s.sampler == "ancestral":
-                reveal = self._ancestral(masked, j, steps)
+                reveal = self._ancestral(masked, k, steps)
             else:
-                reveal = self._remask(masked, logits, tokens, steps - j)
+                reveal = self._remask(masked, logits, tokens, steps - k)
             x = torch.where(reveal, tokens, x)
+            if self.guard is not None and j < budget - 1:
+                x, in_block = self.guard.mend(x, self.prompt_len, in_block)
         return x
 
     def _single_pass(self, x: torch.Tensor) -> torch.Tensor:

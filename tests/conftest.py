@@ -112,6 +112,8 @@ def tiny_dict(corpus: Path, cache: Path, out: Path, **sections: dict[str, Any]) 
     }
     for name, values in sections.items():
         base.setdefault(name, {}).update(values)
+    if base["data"].get("tokenizer") in ("char", "byte"):
+        base["data"].pop("bpe_vocab_size")  # only the BPE reads it
     if base.get("objective", {}).get("name") in ("mlm", "diffusion"):
         base["sample"].setdefault("steps", 4)  # only masked racks take denoising steps
     return base

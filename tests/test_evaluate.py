@@ -66,6 +66,19 @@ def test_conditional_estimate_never_masks_the_prompt():
         assert bool((x[:, 16:] == MASK).any())
 
 
+def test_conditional_noise_levels_fill_every_cell_once():
+    from stackwise.evaluate import stratified_ts
+
+    ts = stratified_ts(8, 0.01, torch.arange(400), seed=3)
+    assert ts.shape == (8, 400)
+    cells = ((ts - 0.01) / 0.99 * 8).floor().long()
+    assert bool((cells == torch.arange(8)[:, None]).all())  # each block: one draw per cell
+    assert ts.mean().item() == pytest.approx(0.505, abs=0.01)  # unbiased: uniform on average
+    assert ts[0].std().item() > 0.03  # the blocks' offsets differ
+    again = stratified_ts(8, 0.01, torch.arange(5, 10), seed=3)
+    assert torch.equal(again, ts[:, 5:10])  # seeded per block, not per batch
+
+
 def test_word_statistics_on_known_text():
     stats = word_stats(["\nthe king the king the the the queen."], {"the", "king"})
     assert stats["words"] == 8

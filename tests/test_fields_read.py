@@ -194,6 +194,8 @@ CUSTOM = {
     "train.enabled_extensions",
     "logging.log_to_wandb",
     "logging.wandb_project",
+    # tested in test_repeat_guard.py: a repeated word is redrawn; refused where it cannot work
+    "sample.no_repeat_words",
 }
 
 

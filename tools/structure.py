@@ -25,6 +25,7 @@ LAYERS = {  # first dotted parts -> layer, higher is further up
     "train": 4,
     "generate": 4,
     "samplers": 4,
+    "repeat_guard": 4,
     "quant": 3,
     "model": 2,
     "objectives": 2,

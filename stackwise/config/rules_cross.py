@@ -11,10 +11,9 @@ from stackwise.config.root import Config
 @cross_rule
 def sampling(cfg: Config) -> Iterator[str]:
     """Sampling settings that the rack's kind would ignore are refused."""
-    """Sampling settings that the rack's kind would ignore are refused."""
     sm = cfg.sample
     if cfg.objective.causal:
-        for name in ("steps", "sampler", "remasking", "block_length"):
+        for name in ("steps", "sampler", "remasking", "block_length", "no_repeat_words"):
             if sm.changed(name):
                 default = type(sm).model_fields[name].get_default()
                 yield (
@@ -35,7 +34,7 @@ def sampling(cfg: Config) -> Iterator[str]:
                 "stack per step; it needs progressive.strategy: progressive with "
                 "time_interpretation: depth and depth_order: high_to_low"
             )
-        for name in ("steps", "block_length"):
+        for name in ("steps", "block_length", "no_repeat_words"):
             if sm.changed(name):
                 default = type(sm).model_fields[name].get_default()
                 yield (
@@ -43,6 +42,11 @@ def sampling(cfg: Config) -> Iterator[str]:
                     f"step per stack over the whole generation; remove it, or set "
                     f"sample.{name}={default} (its default) when overriding a preset"
                 )
+    if sm.no_repeat_words and cfg.data.tokenizer not in ("char", "byte"):
+        yield (
+            "sample.no_repeat_words compares words letter by letter, so it needs a character- "
+            "or byte-level vocabulary: set data.tokenizer: char or byte, or remove it"
+        )
 
 
 @cross_rule

@@ -248,6 +248,11 @@ class SampleConfig(Section):
     block_length: NonNegativeInt = Field(
         0, description="mlm/diffusion: fill blocks of this many tokens left to right; 0: one."
     )
+    no_repeat_words: bool = Field(
+        False,
+        description="mlm/diffusion with a char or byte tokenizer: a word that repeats the word "
+        "before it is masked again and redrawn.",
+    )
 
     def resolved_sampler(self, objective: str) -> str:
         if self.sampler != "auto":
