@@ -20,9 +20,9 @@ import time
 import torch
 
 from stackwise.data.pack import specials_of
+from stackwise.io.trained import load_trained
 from stackwise.objectives import build_objective
 from stackwise.samplers import MaskedSampler, MaskedSampling
-from stackwise.train.checkpoint import load_trained
 
 
 def sample_once(loaded, settings: MaskedSampling, n: int, reuse: bool):

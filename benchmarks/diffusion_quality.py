@@ -113,7 +113,7 @@ def train(name: str, overrides: list[str], out: str) -> dict[str, float]:
 def sample_all(runs: dict[str, str], samples: int) -> dict[str, list[tuple]]:
     from stackwise.evaluate import generative_perplexity, unigram_entropy
     from stackwise.generate import generate
-    from stackwise.train.checkpoint import load_trained
+    from stackwise.io.trained import load_trained
 
     reference = load_trained(runs["clm"])
     out: dict[str, list[tuple]] = {}

@@ -74,11 +74,12 @@ from accelerate.utils import set_seed
 
 from stackwise.config import Config, from_dict
 from stackwise.data.pack import PreparedData, TokenBlocks, build_data
+from stackwise.io.trained import build_rack
 from stackwise.objectives import build_objective
 from stackwise.pipeline import resolve_vocab
 from stackwise.progressive import LocalLossTrainer, ProgressiveTrainer
-from stackwise.train.checkpoint import build_rack
-from stackwise.train.trainer import Trainer, eval_generator, evaluate_model
+from stackwise.train.evaluation import eval_generator, evaluate_model
+from stackwise.train.trainer import Trainer
 
 SEED = 0
 EVAL_SEED = 4242  # the common evaluation's masks and time steps

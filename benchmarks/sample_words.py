@@ -24,7 +24,7 @@ import torch
 from stackwise.data.sources import load_documents
 from stackwise.evaluate import WORD, corpus_vocabulary, word_stats
 from stackwise.generate import generate
-from stackwise.train.checkpoint import load_trained
+from stackwise.io.trained import load_trained
 
 GRID = [
     {},

@@ -66,11 +66,11 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from stackwise.config import Config, from_dict
+from stackwise.io.trained import build_rack
 from stackwise.model.hf import llama_config, llama_state_dict
 from stackwise.model.rack import Rack
 from stackwise.objectives import Specials, build_objective
 from stackwise.train import Trainer
-from stackwise.train.checkpoint import build_rack
 
 LR = 2e-3
 BETAS = (0.9, 0.95)

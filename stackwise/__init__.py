@@ -15,6 +15,7 @@ from stackwise.config import Config, load_config, save_config
 from stackwise.data import PreparedData, build_data
 from stackwise.errors import StackWiseError
 from stackwise.generate import sample_texts
+from stackwise.io.merge import merge_checkpoint
 from stackwise.model import Block, Rack, Stack
 from stackwise.model.hf import export_llama
 from stackwise.objectives import Objective, Specials, build_objective
@@ -27,7 +28,6 @@ from stackwise.progressive import (
     depth_range,
 )
 from stackwise.quant import add_adapter, merge_adapters, quantize_linears, weight_bytes
-from stackwise.quant.merge import merge_checkpoint
 from stackwise.train import Trainer, build_rack, load_trained
 from stackwise.train.extensions import Extension, register_extension
 

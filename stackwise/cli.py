@@ -64,7 +64,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 def cmd_generate(ns: argparse.Namespace) -> int:
     from stackwise.generate import sample_texts
-    from stackwise.train.checkpoint import load_trained
+    from stackwise.io.trained import load_trained
 
     config, rack, tok = load_trained(ns.checkpoint)
     texts = sample_texts(
@@ -94,7 +94,7 @@ def cmd_generate(ns: argparse.Namespace) -> int:
 def cmd_merge_lora(ns: argparse.Namespace) -> int:
     import warnings
 
-    from stackwise.quant.merge import merge_checkpoint
+    from stackwise.io.merge import merge_checkpoint
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

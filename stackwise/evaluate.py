@@ -309,7 +309,7 @@ def run_eval(
     """Everything above for the run in `folder`; written to `folder/eval.json` by the CLI."""
     from stackwise.data.pack import build_data
     from stackwise.data.sources import load_documents
-    from stackwise.train.checkpoint import load_trained
+    from stackwise.io.trained import load_trained
 
     config, rack, tokenizer = load_trained(folder)
     data = build_data(config.data)

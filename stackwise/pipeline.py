@@ -11,8 +11,9 @@ from accelerate.utils import set_seed
 from stackwise.config import Config
 from stackwise.data.pack import PreparedData, build_data
 from stackwise.errors import StackWiseError
+from stackwise.io.stack_files import save_anchor_and_manifest, save_stack
+from stackwise.io.trained import build_rack
 from stackwise.model.rack import Rack, count_parameters
-from stackwise.model.stack_files import save_anchor_and_manifest, save_stack
 from stackwise.objectives import build_objective
 from stackwise.progressive import (
     LocalLossTrainer,
@@ -20,9 +21,9 @@ from stackwise.progressive import (
     ProgressiveTrainer,
     summary_table,
 )
-from stackwise.train.checkpoint import build_rack
 from stackwise.train.hardware import describe_precision
-from stackwise.train.trainer import Trainer, TrainState
+from stackwise.train.state import TrainState
+from stackwise.train.trainer import Trainer
 
 
 @dataclass

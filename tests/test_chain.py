@@ -11,11 +11,11 @@ import torch
 from stackwise.config import from_dict
 from stackwise.errors import StackWiseError
 from stackwise.generate import generate
+from stackwise.io.trained import load_trained
 from stackwise.model.chain import DenoisingChain, nested_inputs
 from stackwise.objectives.schedules import Linear
 from stackwise.pipeline import train_from_config
 from stackwise.progressive import depth_range
-from stackwise.train.checkpoint import load_trained
 
 CHAIN = {
     "strategy": "progressive",

@@ -88,7 +88,7 @@ def test_checkpoint_layout_and_safe_reading(tiny, tmp_path):
 
 def test_a_failed_save_leaves_the_previous_checkpoint_intact(tiny, tmp_path, monkeypatch):
     """Disk full while writing checkpoint-4: a clear error, checkpoint-2 and `latest` intact."""
-    import stackwise.train.checkpoint as ck
+    import stackwise.io.files as ck
 
     cfg = tiny(train={"save_steps": 2, "max_steps": 6})
     real = ck.save_file
@@ -314,25 +314,21 @@ def test_resume_bad_inputs_touch_nothing(tiny, tmp_path, capsys):
 # -- NaN / inf ------------------------------------------------------------------------------
 
 
-class PoisonStep(Extension):
+def poison_step(trainer: Trainer, step: int) -> Trainer:
     """Makes the loss of step `step` NaN (only that step)."""
+    real = trainer.compute_loss
 
-    def __init__(self, step: int) -> None:
-        self.step = step
+    def poisoned(batch, gen):
+        loss = real(batch, gen)
+        return loss * math.nan if trainer.state.step == step - 1 else loss
 
-    def on_train_begin(self, trainer: Trainer) -> None:
-        real = trainer.compute_loss
-
-        def poisoned(batch, gen):
-            loss = real(batch, gen)
-            return loss * math.nan if trainer.state.step == self.step - 1 else loss
-
-        trainer.compute_loss = poisoned  # type: ignore[method-assign]
+    trainer.compute_loss = poisoned  # type: ignore[method-assign]
+    return trainer
 
 
 def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tiny, tmp_path):
     cfg = tiny(train={"max_steps": 6, "save_steps": 2})
-    trainer, _ = make_trainer(cfg, extensions=[PoisonStep(3)])
+    trainer = poison_step(make_trainer(cfg)[0], 3)
     with pytest.raises(StackWiseError, match="NaN/inf at step 3"):
         trainer.train()
     out = tmp_path / "run"
@@ -343,7 +339,7 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tiny, tmp_
 
 def test_skip_nonfinite_steps_skips_the_update(tiny):
     cfg = tiny(train={"max_steps": 6, "skip_nonfinite_steps": True}, logging={"log_every": 1})
-    trainer, _ = make_trainer(cfg, extensions=[PoisonStep(3)])
+    trainer = poison_step(make_trainer(cfg)[0], 3)
     state = trainer.train()
     assert state.step == 6 and trainer.skipped_steps == 1
     assert all(torch.isfinite(p).all() for p in trainer._unwrapped().parameters())

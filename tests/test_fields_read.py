@@ -378,7 +378,7 @@ def test_field_changes_the_run_or_is_refused(field, world):
 
 
 def test_gradient_checkpointing_recomputes(tiny):
-    from stackwise.train.checkpoint import build_rack
+    from stackwise.io.trained import build_rack
 
     counts = []
     for flag in (False, True):

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from stackwise.config import from_dict
 from stackwise.data.pack import build_data
 from stackwise.errors import StackWiseError
+from stackwise.io.trained import load_trained
 from stackwise.model.rack import Rack
 from stackwise.objectives import build_objective
 from stackwise.pipeline import resolve_vocab, train_from_config
@@ -23,7 +24,6 @@ from stackwise.progressive import (
     StageModel,
     depth_range,
 )
-from stackwise.train.checkpoint import load_trained
 
 PROG = {"strategy": "progressive", "steps_per_stack": 6}
 DIFF = {"objective": {"name": "diffusion"}}
@@ -672,7 +672,7 @@ def test_rack_mode_misses_start_from_the_deepest_cached_boundary(tiny):
 
 
 def test_fixed_shards_keep_each_rank_on_its_own_keys():
-    from stackwise.train.trainer import EpochSampler
+    from stackwise.train.sampler import EpochSampler
 
     seen = {}
     for rank in (0, 1):

@@ -14,6 +14,8 @@ from stackwise.cli import main
 from stackwise.config import load_config
 from stackwise.data.pack import build_data
 from stackwise.errors import StackWiseError
+from stackwise.io.merge import probe_logits
+from stackwise.io.trained import load_trained
 from stackwise.pipeline import resolve_vocab, train_from_config
 from stackwise.progressive.trainer import ProgressiveTrainer
 from stackwise.quant.formats import (
@@ -25,8 +27,6 @@ from stackwise.quant.formats import (
 )
 from stackwise.quant.layers import dequantized_weight, nf4_linear, quantize_linears, weight_bytes
 from stackwise.quant.lora import add_adapter, rank_for, set_adapter_trainable
-from stackwise.quant.merge import probe_logits
-from stackwise.train.checkpoint import load_trained
 
 # every finite e4m3 value, from its bit patterns: an independent reference for fp8 rounding
 E4M3 = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()

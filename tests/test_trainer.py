@@ -14,7 +14,7 @@ from stackwise.errors import StackWiseError
 from stackwise.model import Rack
 from stackwise.objectives import CLM, Specials, build_objective
 from stackwise.train import Trainer, build_param_groups, lr_factor
-from stackwise.train.trainer import EpochSampler
+from stackwise.train.sampler import EpochSampler
 
 SP = Specials(vocab_size=48, pad_id=0, mask_id=3, bos_id=1, eos_id=2)
 
@@ -194,8 +194,7 @@ def test_bf16_autocast_runs_the_matmuls_in_bf16(tiny):
 
 
 def test_auto_precision_picks_bf16_only_where_it_is_native():
-    from stackwise.train.hardware import bf16_is_native, resolve_precision
-    from stackwise.train.trainer import make_accelerator
+    from stackwise.train.hardware import bf16_is_native, make_accelerator, resolve_precision
 
     cpu = torch.device("cpu")
     expected = "bf16" if bf16_is_native(cpu) else "no"

@@ -26,30 +26,29 @@ from torch.optim.lr_scheduler import LambdaLR
 from stackwise.config import Config, derive, save_config, stack_config
 from stackwise.data.pack import PreparedData
 from stackwise.errors import StackWiseError
-from stackwise.model.chain import DenoisingChain
-from stackwise.model.rack import Rack, count_parameters
-from stackwise.model.stack_files import (
+from stackwise.io.checkpoints import rng_state, set_rng_state
+from stackwise.io.files import write_atomic
+from stackwise.io.stack_files import (
     ANCHOR,
     STACKS_DIR,
     save_anchor_and_manifest,
     save_stack,
 )
+from stackwise.io.trained import save_model
+from stackwise.model.chain import DenoisingChain
+from stackwise.model.rack import Rack, count_parameters
 from stackwise.objectives import Diffusion, Objective, build_objective
 from stackwise.progressive.builder import QUANTIZED, AdapterSpec, ProgressiveRackBuilder
 from stackwise.progressive.cache import ActivationCache
 from stackwise.progressive.stage import KeyedSamples, StageModel, advance_cache
 from stackwise.progressive.timing import TimeMapping, depth_range
 from stackwise.quant.lora import rank_for
-from stackwise.train.checkpoint import save_model
-from stackwise.train.checkpointing import rng_state, set_rng_state, write_atomic
+from stackwise.train.evaluation import eval_generator, evaluate_model
+from stackwise.train.hardware import make_accelerator
 from stackwise.train.optim import lr_factor
-from stackwise.train.trainer import (
-    Trainer,
-    claim_output_dir,
-    eval_generator,
-    evaluate_model,
-    make_accelerator,
-)
+from stackwise.train.run_dir import claim_output_dir
+from stackwise.train.state import Stage
+from stackwise.train.trainer import Trainer
 
 HISTORY = "progressive_history.json"
 LATEST = "latest"
@@ -159,14 +158,14 @@ class ProgressiveTrainer:
             return self.p.steps_per_stack
         return max(1, tc.max_steps // n_stacks)
 
-    def global_scheduler(self, trainer: Trainer, cfg: Config, index: int) -> LambdaLR:
+    def global_scheduler(self, optimizer: Any, cfg: Config, index: int) -> LambdaLR:
         """Stage `index`'s slice of one schedule over every stage's steps (lr_schedule global):
         the warmup happens once, in stage 0, and the LR only decays after it."""
         n, items = self.config.model.n_stacks, len(self.data.train)
         budgets = [self.budget(i, items, n) for i in range(n)]
         offset = sum(budgets[:index])
         whole = cfg.train.model_copy(update={"max_steps": sum(budgets)})
-        return LambdaLR(trainer.optimizer.optimizer, lambda step: lr_factor(offset + step, whole))
+        return LambdaLR(optimizer, lambda step: lr_factor(offset + step, whole))
 
     def adapter_spec(self, rank: int, alpha: float) -> AdapterSpec:
         lo, q = self.config.lora, self.config.quant
@@ -323,15 +322,24 @@ class ProgressiveTrainer:
             + (f", t in ({t_range[0]:.3f}, {t_range[1]:.3f}]" if t_range else "")
             + (f", cache carried {carried:,} entries" if use_cache else "")
         )
-        trainer = Trainer(cfg, model, objective, train_data, self.data.val, accelerator=acc)
-        if p.lr_schedule == "global":
-            trainer.scheduler = self.global_scheduler(trainer, cfg, index)
+        trainer = Trainer(
+            cfg,
+            model,
+            objective,
+            train_data,
+            self.data.val,
+            accelerator=acc,
+            stage=Stage(index, f"stack {index + 1}/{n_stacks}", self),
+            eval_objective=build_objective(self.config, self.data.specials),
+            eval_seed=self.config.train.seed,
+            scheduler=(
+                (lambda opt: self.global_scheduler(opt, cfg, index))
+                if p.lr_schedule == "global"
+                else None
+            ),
+        )
         self.last_trainer = trainer  # inspected by tests (optimizer membership)
-        trainer.stack_index, trainer.progressive = index, self
-        trainer._call("on_stack_begin", index)
-        trainer.progress_desc = f"stack {index + 1}/{n_stacks}"
-        trainer.eval_seed = self.config.train.seed
-        trainer.eval_objective = build_objective(self.config, self.data.specials)
+        trainer.call_hook("on_stack_begin", index)
         start = time.perf_counter()
         trainer.defer_finish = True  # finished once on_stack_end has run
         state = trainer.train()
@@ -415,10 +423,15 @@ class ProgressiveTrainer:
         self._log(f"joint tuning of the whole rack: {steps} steps")
         objective = build_objective(self.config, self.data.specials)
         trainer = Trainer(
-            cfg, rack, objective, self.data.train, self.data.val, accelerator=self.accelerator
+            cfg,
+            rack,
+            objective,
+            self.data.train,
+            self.data.val,
+            accelerator=self.accelerator,
+            stage=Stage(None, "joint", self),
+            eval_seed=self.config.train.seed,
         )
-        trainer.progress_desc = "joint"
-        trainer.eval_seed = self.config.train.seed
         start = time.perf_counter()
         state = trainer.train()
         evals = [h for h in state.history if "loss" in h]
@@ -521,7 +534,7 @@ class ProgressiveTrainer:
                 record = self.train_stage(index, n)
                 self.records.append(record)
                 self.write_history()
-                self.last_trainer._call("on_stack_end", index, record)
+                self.last_trainer.call_hook("on_stack_end", index, record)
             finally:  # the stage's loggers close after its stack's own report, or on failure
                 if getattr(self, "last_trainer", None) is not None:
                     self.last_trainer.finish()

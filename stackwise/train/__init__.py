@@ -1,6 +1,8 @@
-from stackwise.train.checkpoint import build_rack, load_trained, save_model
+from stackwise.io.trained import build_rack, load_trained, save_model
 from stackwise.train.optim import build_optimizer, build_param_groups, build_scheduler, lr_factor
-from stackwise.train.trainer import EpochSampler, Trainer, TrainState
+from stackwise.train.sampler import EpochSampler
+from stackwise.train.state import TrainState
+from stackwise.train.trainer import Trainer
 
 __all__ = [
     "EpochSampler",

@@ -1,7 +1,10 @@
 """Extensions: callbacks with their own state, checkpointed with the run.
 
-Every hook receives the Trainer. An extension's `state_dict()` must be JSON-serialisable; it is
-stored in `trainer_state.json` and handed back to `load_state_dict` on resume. User code adds
+Every hook receives a `RunInfo` (stackwise.train.state): a read-only view of the run, whose
+`control` carries requests back (stop, save now). An extension's `state_dict()` must be
+JSON-serialisable; it is stored in `trainer_state.json`, handed back to `load_state_dict` on
+resume, and then `on_resume` runs. An extension that wants checkpoints kept names them in
+`protected_checkpoints()`; rotation never deletes those. User code adds
 its own with `@register_extension("name")` and turns it on with
 `train.enabled_extensions: [name]`.
 """
@@ -10,15 +13,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stackwise.errors import StackWiseError
-
-if TYPE_CHECKING:
-    from stackwise.train.trainer import Trainer
+from stackwise.train.state import RunInfo
 
 HOOKS = (
     "on_train_begin",
+    "on_resume",
     "on_step_begin",
     "on_step_end",
     "on_log",
@@ -35,32 +37,43 @@ class Extension:
 
     name = "extension"
 
-    def on_train_begin(self, trainer: Trainer) -> None: ...
+    def on_train_begin(self, run: RunInfo) -> None: ...
 
-    def on_step_begin(self, trainer: Trainer) -> None: ...
+    def on_resume(self, run: RunInfo) -> None:
+        """After this extension's state came back from a checkpoint."""
 
-    def on_step_end(self, trainer: Trainer) -> None: ...
+    def on_step_begin(self, run: RunInfo) -> None: ...
 
-    def on_log(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, run: RunInfo) -> None: ...
+
+    def on_log(self, run: RunInfo, metrics: dict[str, Any]) -> None:
         """`metrics` are prefixed (train/loss, val/nelbo ...)."""
 
-    def on_eval(self, trainer: Trainer, metrics: dict[str, float]) -> None: ...
+    def on_eval(self, run: RunInfo, metrics: dict[str, float]) -> None: ...
 
-    def on_save(self, trainer: Trainer, path: Any) -> None: ...
+    def on_save(self, run: RunInfo, path: Any) -> None: ...
 
-    def on_stack_begin(self, trainer: Any, index: int) -> None:
-        """Progressive runs: `trainer` is the stage's Trainer (`trainer.progressive` is the
-        ProgressiveTrainer); on_stack_end comes once the stage is saved and recorded."""
+    def on_stack_begin(self, run: RunInfo, index: int) -> None:
+        """Progressive runs: `run` is the stage's (`run.progressive` is the ProgressiveTrainer);
+        on_stack_end comes once the stage is saved and recorded."""
 
-    def on_stack_end(self, trainer: Any, index: int, record: Any) -> None: ...
+    def on_stack_end(self, run: RunInfo, index: int, record: Any) -> None: ...
 
-    def on_train_end(self, trainer: Trainer) -> None: ...
+    def on_train_end(self, run: RunInfo) -> None: ...
 
     def state_dict(self) -> dict[str, Any]:
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+    def protected_checkpoints(self) -> set[str]:
+        """Names of checkpoints (checkpoint-<step>) that rotation must keep."""
+        return set()
+
+    def report(self) -> dict[str, Any]:
+        """Top-level entries for trainer_state.json (the best metric, say)."""
+        return {}
 
 
 REGISTRY: dict[str, Callable[..., Extension]] = {}
@@ -88,6 +101,17 @@ def build_extensions(names: list[str]) -> list[Extension]:
     return [REGISTRY[n]() for n in names]
 
 
+def builtin_extensions(config: Any) -> list[Extension]:
+    """The extensions the `train` section turns on (best model, early stopping)."""
+    tc = config.train
+    out: list[Extension] = []
+    if tc.save_best_model:
+        out.append(BestModel())
+    if tc.early_stopping_patience is not None:
+        out.append(EarlyStopping())
+    return out
+
+
 def better(value: float, best: float | None, greater: bool, threshold: float = 0.0) -> bool:
     """Whether `value` improves on `best` by more than `threshold`."""
     if not math.isfinite(value):
@@ -99,28 +123,32 @@ def better(value: float, best: float | None, greater: bool, threshold: float = 0
 
 @register_extension("best_model")
 class BestModel(Extension):
-    """Tracks the best eval metric; on each improvement the Trainer saves a checkpoint, which
-    rotation never deletes."""
+    """Tracks the best eval metric; on each improvement it asks for a checkpoint, which rotation
+    never deletes."""
 
     def __init__(self) -> None:
         self.best: float | None = None
         self.best_step: int | None = None
         self.best_checkpoint: str | None = None
 
-    def on_eval(self, trainer: Trainer, metrics: dict[str, float]) -> None:
-        tc = trainer.config.train
+    def on_eval(self, run: RunInfo, metrics: dict[str, float]) -> None:
+        tc = run.config.train
         value = metrics.get(tc.metric_for_best)
         if value is None:
             return
-        if better(value, self.best, trainer.greater_is_better):
-            self.best, self.best_step = value, trainer.state.step
+        if better(value, self.best, run.greater_is_better):
+            self.best, self.best_step = value, run.state.step
             # named now, saved by the Trainer once every extension has seen this eval, so the
             # checkpoint holds their updated state and rotation knows to keep it
-            self.best_checkpoint = f"checkpoint-{trainer.state.step}"
-            trainer.save_requested = True
-            trainer.logger_note(
-                f"new best val/{tc.metric_for_best} {value:.4f} at step {trainer.state.step}"
-            )
+            self.best_checkpoint = f"checkpoint-{run.state.step}"
+            run.control.should_save = True
+            run.note(f"new best val/{tc.metric_for_best} {value:.4f} at step {run.state.step}")
+
+    def protected_checkpoints(self) -> set[str]:
+        return {self.best_checkpoint} if self.best_checkpoint else set()
+
+    def report(self) -> dict[str, Any]:
+        return {"best_metric": self.best}
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "best_step": self.best_step, "checkpoint": self.best_checkpoint}
@@ -140,22 +168,26 @@ class EarlyStopping(Extension):
         self.bad_evals = 0
         self.stopped_at: int | None = None
 
-    def on_eval(self, trainer: Trainer, metrics: dict[str, float]) -> None:
-        tc = trainer.config.train
+    def on_eval(self, run: RunInfo, metrics: dict[str, float]) -> None:
+        tc = run.config.train
         value = metrics.get(tc.metric_for_best)
         if value is None or tc.early_stopping_patience is None:
             return
-        if better(value, self.best, trainer.greater_is_better, tc.early_stopping_threshold):
+        if better(value, self.best, run.greater_is_better, tc.early_stopping_threshold):
             self.best, self.bad_evals = value, 0
             return
         self.bad_evals += 1
         if self.bad_evals >= tc.early_stopping_patience:
-            self.stopped_at = trainer.state.step
-            trainer.should_stop = True
-            trainer.logger_note(
-                f"early stopping at step {trainer.state.step}: val/{tc.metric_for_best} has not "
+            self.stopped_at = run.state.step
+            run.control.should_stop = True
+            run.note(
+                f"early stopping at step {run.state.step}: val/{tc.metric_for_best} has not "
                 f"improved by more than {tc.early_stopping_threshold} for {self.bad_evals} evals"
             )
+
+    def on_resume(self, run: RunInfo) -> None:
+        if self.stopped_at is not None:  # a run that had decided to stop stays stopped
+            run.control.should_stop = True
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "bad_evals": self.bad_evals, "stopped_at": self.stopped_at}

@@ -17,6 +17,8 @@ import ctypes.util
 import sys
 
 import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 
 from stackwise.errors import StackWiseError
 from stackwise.hwprobe import ensure_bf16_ready
@@ -92,3 +94,23 @@ def describe_precision(setting: str, device: torch.device | None = None) -> str:
         else verdict.summary()
     )
     return f"{name} ({'auto: ' if setting == 'auto' else ''}{measured})"
+
+
+def make_accelerator(mixed_precision: str) -> Accelerator:
+    """An Accelerator with this precision, even if an earlier run in this process used another.
+
+    Accelerate keeps its state in a process-wide singleton; progressive runs and notebooks build
+    several trainers, so a precision change resets that state (the process group survives).
+    """
+    mixed_precision = resolve_precision(mixed_precision)
+    if mixed_precision == "fp16" and not torch.cuda.is_available():
+        raise StackWiseError(
+            "train.mixed_precision=fp16 needs a GPU; on the CPU use bf16 (fp16 is emulated "
+            "there and about 100x slower) or no."
+        )
+    shared = AcceleratorState._shared_state
+    if shared and shared.get("_mixed_precision", mixed_precision) != mixed_precision:
+        AcceleratorState._reset_state(reset_partial_state=False)
+    # Without CUDA, Accelerate only starts DDP (gloo) under torchrun when told it runs on the CPU;
+    # otherwise every rank would silently train its own copy.
+    return Accelerator(mixed_precision=mixed_precision, cpu=not torch.cuda.is_available())

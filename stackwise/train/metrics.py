@@ -11,16 +11,15 @@ import json
 import math
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tqdm.auto import tqdm
 
+from stackwise.config import Config
 from stackwise.errors import StackWiseError
-from stackwise.train.checkpointing import write_atomic
+from stackwise.io.files import write_atomic
 from stackwise.train.extensions import Extension, register_extension
-
-if TYPE_CHECKING:
-    from stackwise.train.trainer import Trainer
+from stackwise.train.state import RunInfo
 
 
 def _fmt(key: str, value: Any) -> str:
@@ -31,37 +30,33 @@ def _fmt(key: str, value: Any) -> str:
     return f"{key}={value}"
 
 
-def _main(trainer: Trainer) -> bool:
-    return trainer.accelerator.is_main_process
-
-
 @register_extension("console")
 class ConsoleLogger(Extension):
-    def on_log(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
-        if _main(trainer):
+    def on_log(self, run: RunInfo, metrics: dict[str, Any]) -> None:
+        if run.is_main:
             shown = " ".join(_fmt(k, v) for k, v in metrics.items())
-            tqdm.write(f"step {trainer.state.step}: {shown}")
+            tqdm.write(f"step {run.state.step}: {shown}")
 
 
 @register_extension("jsonl")
 class JsonlLogger(Extension):
-    def on_train_begin(self, trainer: Trainer) -> None:
-        self.path = trainer.output_dir / "metrics.jsonl"
-        if _main(trainer) and trainer.resumed_from is None and self.path.is_file():
+    def on_train_begin(self, run: RunInfo) -> None:
+        self.path = run.output_dir / "metrics.jsonl"
+        if run.is_main and run.resumed_from is None and self.path.is_file():
             self.path.unlink()  # a fresh start (the dir held no finished run): begin anew
-        if _main(trainer) and trainer.resumed_from is not None and self.path.is_file():
+        if run.is_main and run.resumed_from is not None and self.path.is_file():
             keep = []
             for line in self.path.read_text(encoding="utf-8").splitlines():
                 try:
-                    if json.loads(line).get("step", 0) <= trainer.state.step:
+                    if json.loads(line).get("step", 0) <= run.state.step:
                         keep.append(line)
                 except ValueError:  # a line torn by the crash
                     continue
             write_atomic(self.path, "".join(f"{line}\n" for line in keep))
 
-    def on_log(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
-        if _main(trainer):
-            record = {"step": trainer.state.step, "time": time.time(), **metrics}
+    def on_log(self, run: RunInfo, metrics: dict[str, Any]) -> None:
+        if run.is_main:
+            record = {"step": run.state.step, "time": time.time(), **metrics}
             with self.path.open("a", encoding="utf-8") as fh:
                 fh.write(json.dumps(record) + "\n")
 
@@ -70,22 +65,22 @@ class JsonlLogger(Extension):
 class TensorBoardLogger(Extension):
     writer: Any = None
 
-    def on_train_begin(self, trainer: Trainer) -> None:
-        if _main(trainer):
+    def on_train_begin(self, run: RunInfo) -> None:
+        if run.is_main:
             from torch.utils.tensorboard import SummaryWriter
 
-            purge = trainer.state.step + 1 if trainer.resumed_from is not None else None
+            purge = run.state.step + 1 if run.resumed_from is not None else None
             self.writer = SummaryWriter(
-                log_dir=str(trainer.output_dir / "tensorboard"), purge_step=purge
+                log_dir=str(run.output_dir / "tensorboard"), purge_step=purge
             )
 
-    def on_log(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+    def on_log(self, run: RunInfo, metrics: dict[str, Any]) -> None:
         if self.writer is not None:
             for k, v in metrics.items():
                 if isinstance(v, int | float) and math.isfinite(v):
-                    self.writer.add_scalar(k, v, trainer.state.step)
+                    self.writer.add_scalar(k, v, run.state.step)
 
-    def on_train_end(self, trainer: Trainer) -> None:
+    def on_train_end(self, run: RunInfo) -> None:
         if self.writer is not None:
             self.writer.flush()
             self.writer.close()
@@ -101,8 +96,8 @@ class WandbLogger(Extension):
     def __init__(self) -> None:
         self.run_id: str | None = None
 
-    def on_train_begin(self, trainer: Trainer) -> None:
-        if not _main(trainer) or self.run is not None:
+    def on_train_begin(self, run: RunInfo) -> None:
+        if not run.is_main or self.run is not None:
             return
         try:
             import wandb
@@ -111,23 +106,23 @@ class WandbLogger(Extension):
                 "logging.log_to_wandb is on but wandb is not installed. `pip install wandb` "
                 "(set WANDB_MODE=offline to log without an account), or turn it off."
             ) from None
-        lc = trainer.config.logging
+        lc = run.config.logging
         self.run = wandb.init(
             project=lc.wandb_project,
-            name=trainer.output_dir.name,
-            dir=str(trainer.output_dir),
-            config=trainer.config.model_dump(mode="json"),
+            name=run.output_dir.name,
+            dir=str(run.output_dir),
+            config=run.config.model_dump(mode="json"),
             id=self.run_id,  # a resumed run continues the same W&B run
             resume="allow",
             reinit="create_new",
         )
         self.run_id = self.run.id
 
-    def on_log(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+    def on_log(self, run: RunInfo, metrics: dict[str, Any]) -> None:
         if self.run is not None:
-            self.run.log(metrics, step=trainer.state.step)
+            self.run.log(metrics, step=run.state.step)
 
-    def on_train_end(self, trainer: Trainer) -> None:
+    def on_train_end(self, run: RunInfo) -> None:
         if self.run is not None:
             self.run.finish()
             self.run = None
@@ -145,22 +140,22 @@ class ProgressBar(Extension):
 
     bar: Any = None
 
-    def on_train_begin(self, trainer: Trainer) -> None:
-        mode = trainer.config.logging.progress_bar
+    def on_train_begin(self, run: RunInfo) -> None:
+        mode = run.config.logging.progress_bar
         show = mode == "always" or (mode == "auto" and sys.stdout.isatty())
         self.bar = tqdm(
-            total=trainer.config.train.max_steps,
-            initial=trainer.state.step,
-            disable=not (show and _main(trainer)),
+            total=run.config.train.max_steps,
+            initial=run.state.step,
+            disable=not (show and run.is_main),
             dynamic_ncols=True,
-            desc=trainer.progress_desc,
+            desc=run.progress_desc,
         )
 
-    def on_step_end(self, trainer: Trainer) -> None:
+    def on_step_end(self, run: RunInfo) -> None:
         if self.bar is not None:
             self.bar.update(1)
 
-    def on_log(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+    def on_log(self, run: RunInfo, metrics: dict[str, Any]) -> None:
         if self.bar is not None and "train/loss" in metrics:
             self.bar.set_postfix(
                 loss=f"{metrics['train/loss']:.3f}",
@@ -168,15 +163,15 @@ class ProgressBar(Extension):
                 tok_s=f"{metrics['train/tokens_per_s']:,.0f}",
             )
 
-    def on_train_end(self, trainer: Trainer) -> None:
+    def on_train_end(self, run: RunInfo) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
 
 
-def logging_extensions(trainer: Trainer) -> list[Extension]:
+def logging_extensions(config: Config) -> list[Extension]:
     """The built-in loggers the `logging` section turns on, progress bar first."""
-    lc = trainer.config.logging
+    lc = config.logging
     out: list[Extension] = [ProgressBar()]
     if lc.console:
         out.append(ConsoleLogger())

@@ -17,11 +17,11 @@ import torch
 
 from stackwise.config import Config, derive, save_config
 from stackwise.errors import StackWiseError
+from stackwise.io.stack_files import read_manifest, save_anchor_and_manifest, save_stack
+from stackwise.io.trained import WEIGHTS, load_trained, save_model
 from stackwise.model.rack import Rack
-from stackwise.model.stack_files import read_manifest, save_anchor_and_manifest, save_stack
 from stackwise.quant.layers import QUANT_FORMATS, quantize_linears
 from stackwise.quant.lora import adapter_names, merge_adapters
-from stackwise.train.checkpoint import WEIGHTS, load_trained, save_model
 
 FP32_TOLERANCE = 1e-4
 

@@ -8,27 +8,40 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from stackwise.config import Config, load_config
+from stackwise.config import Config, load_config, save_config
 from stackwise.data.tokenizer import load_tokenizer_dir
 from stackwise.errors import StackWiseError
+from stackwise.io.files import read_tensors, save_tensors, write_json
+from stackwise.io.stack_files import needs_structure, rack_from_stacks, read_manifest
 from stackwise.model.chain import DenoisingChain
 from stackwise.model.rack import Rack
-from stackwise.model.stack_files import needs_structure, rack_from_stacks, read_manifest
 
 WEIGHTS = "model.safetensors"
 
 
 def save_model(model: nn.Module, folder: Path) -> Path:
+    """Atomic: an interrupted save leaves the previous weights (if any) in place."""
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    path = folder / WEIGHTS
-    save_file(state, str(path), metadata={"format": "pt", "library": "stackwise"})
-    return path
+    return save_tensors(model.state_dict(), folder / WEIGHTS)
+
+
+def save_run(
+    folder: Path,
+    model: nn.Module | None,
+    config: Config,
+    tokenizer: PreTrainedTokenizerBase | None,
+    summary: dict,
+) -> None:
+    """A finished run: weights (unless None), config.yaml, tokenizer/ and history.json."""
+    if model is not None:
+        save_model(model, folder)
+    save_config(config, folder / "config.yaml")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(folder / "tokenizer"))
+    write_json(folder / "history.json", summary)
 
 
 def build_rack(config: Config, vocab_size: int) -> Rack:
@@ -36,15 +49,9 @@ def build_rack(config: Config, vocab_size: int) -> Rack:
 
 
 def load_weights(model: nn.Module, path: Path) -> None:
-    if not path.is_file():
-        raise StackWiseError(f"No weights at '{path}'. Is this a StackWise output dir?")
-    try:
-        state = load_file(str(path))
-    except (SafetensorError, OSError) as err:
-        raise StackWiseError(
-            f"Weights file '{path}' is corrupted or truncated ({err}). Restore it from a "
-            "backup or retrain."
-        ) from None
+    state = read_tensors(
+        path, "Pass the folder that `stackwise train` wrote, restore the file, or retrain."
+    )
     own = model.state_dict()
     bad = [k for k in own if k in state and own[k].shape != state[k].shape]
     missing = [k for k in own if k not in state]

@@ -10,17 +10,14 @@ Files are written to a temporary name and renamed, so a crash never leaves half 
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
 from stackwise.config import Config
 from stackwise.errors import StackWiseError
+from stackwise.io.files import read_json, read_tensors, save_tensors, write_json
 from stackwise.model.layers import Stack
 from stackwise.model.rack import Rack
 
@@ -29,20 +26,7 @@ MANIFEST = "manifest.json"
 ANCHOR = "anchor.safetensors"
 
 
-def _atomic_tensors(state: dict[str, torch.Tensor], path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(
-        {k: v.detach().contiguous().cpu() for k, v in state.items()},
-        str(tmp),
-        metadata={"format": "pt", "library": "stackwise"},
-    )
-    os.replace(tmp, path)
-
-
-def _atomic_json(data: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+RETRAIN = "The saved stacks are incomplete or damaged: restore them, or retrain."
 
 
 def anchor_state(rack: Rack) -> dict[str, torch.Tensor]:
@@ -53,9 +37,9 @@ def save_stack(folder: Path, growth_index: int, stack: Stack, info: dict[str, An
     folder = folder / STACKS_DIR
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"stack_{growth_index}.safetensors"
-    _atomic_tensors(stack.state_dict(), path)
+    save_tensors(stack.state_dict(), path)
     meta = {"growth_index": growth_index, "n_blocks": len(stack.blocks), **info}
-    _atomic_json(meta, folder / f"stack_{growth_index}.json")
+    write_json(folder / f"stack_{growth_index}.json", meta)
     return path
 
 
@@ -63,19 +47,12 @@ def save_anchor_and_manifest(folder: Path, rack: Rack, order: list[int]) -> None
     """`order[i]` is the growth index of the stack at rack position i."""
     folder = folder / STACKS_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    _atomic_tensors(anchor_state(rack), folder / ANCHOR)
-    _atomic_json({"order": order}, folder / MANIFEST)
+    save_tensors(anchor_state(rack), folder / ANCHOR)
+    write_json(folder / MANIFEST, {"order": order})
 
 
 def _load(path: Path) -> dict[str, torch.Tensor]:
-    if not path.is_file():
-        raise StackWiseError(f"Missing '{path}'. The saved stacks are incomplete; retrain.")
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError) as err:
-        raise StackWiseError(
-            f"'{path}' is corrupted or truncated ({err}). Restore it or retrain."
-        ) from None
+    return read_tensors(path, RETRAIN)
 
 
 def read_manifest(folder: Path) -> list[dict[str, Any]] | None:
@@ -84,8 +61,8 @@ def read_manifest(folder: Path) -> list[dict[str, Any]] | None:
     manifest = root / MANIFEST
     if not manifest.is_file():
         return None
-    order = json.loads(manifest.read_text())["order"]
-    return [json.loads((root / f"stack_{g}.json").read_text()) for g in order]
+    order = read_json(manifest, RETRAIN)["order"]
+    return [read_json(root / f"stack_{g}.json", RETRAIN) for g in order]
 
 
 def needs_structure(metas: list[dict[str, Any]] | None) -> bool:

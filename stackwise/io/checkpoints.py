@@ -15,7 +15,6 @@ moment leaves the previous checkpoint and pointer intact. The .bin files are rea
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -25,44 +24,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
 
 from stackwise.errors import StackWiseError
+from stackwise.io.files import read_json, read_tensors, read_torch
 
 LATEST = "latest"
 STATE = "trainer_state.json"
 PATTERN = re.compile(r"^checkpoint-(\d+)$")
-
-
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(folder: Path) -> None:
-    for p in folder.rglob("*"):
-        if p.is_file():
-            with p.open("rb") as fh:
-                os.fsync(fh.fileno())
-    fsync_dir(folder)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+RESUME_ELSEWHERE = "Resume from another checkpoint."
 
 
 # -- RNG ----------------------------------------------------------------------------------------
@@ -170,35 +139,12 @@ def rotate(run_dir: Path, limit: int | None, keep: set[str]) -> list[Path]:
 
 
 def load_bin(path: Path) -> Any:
-    if not path.is_file():
-        raise StackWiseError(f"Checkpoint file '{path}' is missing. Resume from another one.")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises several types for damaged or hostile files
-        raise StackWiseError(
-            f"Checkpoint file '{path}' cannot be read safely ({type(err).__name__}: "
-            f"{str(err)[:120]}). It is corrupted, or not ours; resume from another checkpoint."
-        ) from None
+    return read_torch(path, RESUME_ELSEWHERE)
 
 
 def load_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise StackWiseError(
-            f"Checkpoint file '{path}' is unreadable ({err}). Resume from another checkpoint."
-        ) from None
+    return read_json(path, RESUME_ELSEWHERE)
 
 
 def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    if not path.is_file():
-        raise StackWiseError(f"Checkpoint weights '{path}' are missing. Resume from another one.")
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError) as err:
-        raise StackWiseError(
-            f"Checkpoint weights '{path}' are corrupted or truncated ({err}). Resume from another "
-            "checkpoint."
-        ) from None
+    return read_tensors(path, RESUME_ELSEWHERE)

@@ -1,0 +1,104 @@
+"""The one way StackWise writes and reads its files.
+
+Writes go to a temporary name, are fsynced and renamed into place, so a crash leaves the old file
+or the new one, never half of one. Reads never unpickle: tensors come from safetensors, and the
+few torch files (optimizer state) through `torch.load(weights_only=True)`. A missing or damaged
+file is a StackWiseError naming the file and the caller's fix, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from stackwise.errors import StackWiseError
+
+METADATA = {"format": "pt", "library": "stackwise"}
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside `path` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: Path) -> None:
+    for p in folder.rglob("*"):
+        if p.is_file():
+            with p.open("rb") as fh:
+                os.fsync(fh.fileno())
+    fsync_dir(folder)
+
+
+def _replace(tmp: Path, path: Path) -> None:
+    with tmp.open("rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = _tmp(path)
+    tmp.write_text(text, encoding="utf-8")
+    _replace(tmp, path)
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_atomic(path, json.dumps(data, indent=1))
+
+
+def save_tensors(state: dict[str, torch.Tensor], path: Path) -> Path:
+    tmp = _tmp(path)
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp), METADATA)
+    _replace(tmp, path)
+    return path
+
+
+def read_tensors(path: Path, fix: str) -> dict[str, torch.Tensor]:
+    """`fix` ends the error: what the user can do about a missing or damaged file."""
+    if not path.is_file():
+        raise StackWiseError(f"'{path}' is missing. {fix}")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise StackWiseError(f"'{path}' is corrupted or truncated ({err}). {fix}") from None
+
+
+def read_json(path: Path, fix: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StackWiseError(f"'{path}' is missing. {fix}") from None
+    except (OSError, ValueError) as err:
+        raise StackWiseError(f"'{path}' is unreadable ({err}). {fix}") from None
+
+
+def read_torch(path: Path, fix: str) -> Any:
+    """Tensors and plain containers only: anything else (a pickled object) is refused."""
+    if not path.is_file():
+        raise StackWiseError(f"'{path}' is missing. {fix}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for damaged or hostile files
+        raise StackWiseError(
+            f"'{path}' cannot be read safely ({type(err).__name__}: {str(err)[:120]}); it is "
+            f"corrupted, or not ours. {fix}"
+        ) from None

@@ -1,0 +1,124 @@
+"""The checkpoint protocol of a (possibly distributed) run; the layout: stackwise.io.checkpoints.
+
+Every rank takes part in a save (each writes its RNG state), and every rank learns whether any
+rank failed before anyone moves on, so no rank waits at a barrier for a peer that gave up. A
+failed save removes its temporary folder and leaves the previous checkpoints and `latest` as
+they were.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+from torch import nn
+
+from stackwise.errors import StackWiseError
+from stackwise.io import checkpoints as ckpt
+from stackwise.io import files
+
+
+class Checkpointer:
+    def __init__(self, accelerator: Accelerator, output_dir: Path, limit: int | None) -> None:
+        self.acc, self.output_dir, self.limit = accelerator, output_dir, limit
+        self.saved_steps: set[int] = set()  # best and periodic saves of one step coincide
+
+    def agree(self, error: str | None) -> None:
+        """Raise `error` (or a peer's) on every rank together."""
+        errors = [error]
+        if self.acc.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            errors = gather_object([error])
+        failed = next((e for e in errors if e is not None), None)
+        if failed is not None:
+            raise StackWiseError(failed)
+
+    def save(
+        self, step: int, write: Callable[[Path], None], protected: set[str]
+    ) -> tuple[Path, bool]:
+        """checkpoint-<step> with what `write(folder)` puts there (on the main process), plus
+        every rank's RNG state. Returns (path, whether it was written now)."""
+        acc = self.acc
+        final = self.output_dir / f"checkpoint-{step}"
+        tmp = self.output_dir / f".checkpoint-{step}.tmp"
+        if step in self.saved_steps:
+            return final, False
+
+        def attempt(action: Callable[[], None]) -> None:
+            error = None
+            try:
+                action()
+            except Exception as err:  # disk full shows up as OSError or RuntimeError
+                reason = getattr(err, "strerror", None) or str(err)[:200]
+                error = (
+                    f"Could not write checkpoint '{final}' at step {step}: {reason}. Free disk "
+                    "space or pick another train.output_dir; the previous checkpoints are intact."
+                )
+            try:
+                self.agree(error)
+            except StackWiseError:
+                if acc.is_main_process:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                raise
+
+        def prepare() -> None:
+            if acc.is_main_process:
+                ckpt.clean_partial(self.output_dir)
+                tmp.mkdir(parents=True)
+
+        def rng() -> None:
+            (tmp / f"rng_state_{acc.process_index}.json").write_text(json.dumps(ckpt.rng_state()))
+
+        def publish() -> None:
+            if not acc.is_main_process:
+                return
+            write(tmp)
+            files.fsync_tree(tmp)
+            if final.exists():  # left by an earlier, abandoned run in this dir
+                ckpt.remove_checkpoint(final)
+            os.replace(tmp, final)
+            files.fsync_dir(self.output_dir)
+            files.write_atomic(self.output_dir / ckpt.LATEST, final.name + "\n")
+            ckpt.rotate(self.output_dir, self.limit, protected)
+
+        attempt(prepare)
+        attempt(rng)
+        attempt(publish)
+        self.saved_steps.add(step)
+        return final, True
+
+    def read_state(self, path: Path) -> dict[str, Any]:
+        """trainer_state.json, checked against this run's process count."""
+        state = ckpt.load_json(path / ckpt.STATE)
+        if state.get("world_size", 1) != self.acc.num_processes:
+            raise StackWiseError(
+                f"Checkpoint '{path}' was written by {state.get('world_size')} processes and this "
+                f"run has {self.acc.num_processes}; the data order would differ. Resume with the "
+                "same number of processes."
+            )
+        return state
+
+    def read_weights(self, module: nn.Module, path: Path) -> None:
+        from stackwise.io.trained import load_weights
+
+        if all(p.is_floating_point() for p in module.parameters()):
+            load_weights(module, path / "model.safetensors")
+            return
+        from stackwise.quant.layers import load_quantized_state  # packed quantized weights
+
+        try:
+            load_quantized_state(module, ckpt.load_weights_file(path / "model.safetensors"))
+        except (KeyError, RuntimeError) as err:
+            raise StackWiseError(
+                f"Checkpoint '{path}' does not match this model ({str(err)[:160]}). It was made "
+                "with another model shape; resume with its own config."
+            ) from None
+
+    def read_rng(self, path: Path) -> None:
+        ckpt.set_rng_state(ckpt.load_json(path / f"rng_state_{self.acc.process_index}.json"))

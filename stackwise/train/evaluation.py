@@ -1,0 +1,96 @@
+"""Validation during training: fixed masks per batch, so every evaluation scores the same inputs,
+and bits per character beside the per-token numbers, so tokenizers compare."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from stackwise.objectives.base import IGNORE, Objective, real_tokens
+from stackwise.train.sampler import EpochSampler
+
+
+def eval_generator(gen: torch.Generator, seed: int, batch: int, rank: int) -> torch.Generator:
+    """The generator for validation batch `batch`: the same masks at every evaluation."""
+    return gen.manual_seed(
+        ((seed * 1_000_003 + 99_991) * 1_000_003 + batch * 131 + rank) % (2**63 - 1)
+    )
+
+
+@torch.no_grad()
+def evaluate_model(
+    model: nn.Module,
+    objective: Objective,
+    val_data: Dataset | None,
+    acc: Accelerator,
+    tc: Any,
+    uses_time: bool,
+    seed_gen: Any,
+) -> dict[str, float]:
+    """Loss, perplexity (or the NELBO bound) and masked-token accuracy on fixed batches.
+
+    The masks come from `seed_gen(batch_index)`, so every evaluation scores the same inputs.
+    """
+    if val_data is None or len(val_data) == 0:
+        return {}
+    model.eval()
+    loader = DataLoader(
+        val_data,
+        batch_size=tc.batch_size,
+        sampler=EpochSampler(len(val_data), 0, acc.process_index, acc.num_processes, False),
+    )
+    keys = ("loss_sum", "norm", "nll_sum", "scored", "correct", "nelbo_sum", "bytes", "bytes_all")
+    table = getattr(val_data, "bytes_per_token", None)  # text length of each token id
+    if table is not None:
+        table = table.to(acc.device)
+    sums = torch.zeros(len(keys), dtype=torch.float64, device=acc.device)
+    for i, batch in enumerate(loader):
+        if i >= tc.eval_batches:
+            break
+        batch = {k: v.to(acc.device) for k, v in batch.items()}
+        prep = objective.prepare(batch, seed_gen(i))
+        t = prep.t if uses_time else None
+        with acc.autocast():
+            logits = model(prep.inputs, prep.attention_mask, t)
+        part = objective.eval_sums(logits, prep)
+        if table is not None:
+            part.update(text_bytes(table, batch, prep, objective.specials.pad_id))
+        sums += torch.tensor(
+            [part.get(k, 0.0) for k in keys], dtype=torch.float64, device=acc.device
+        )
+    sums = acc.reduce(sums, reduction="sum")
+    s = dict(zip(keys, sums.tolist(), strict=True))
+    out = {
+        "loss": s["loss_sum"] / max(s["norm"], 1.0),
+        "accuracy": s["correct"] / max(s["scored"], 1.0),
+    }
+    if objective.name == "diffusion":
+        nelbo = s["nelbo_sum"] / max(s["norm"], 1.0)
+        out["nelbo"] = nelbo
+        out["ppl_bound"] = math.exp(min(nelbo, 50.0))
+        if table is not None:  # a bound on the whole text's log-likelihood, per character
+            out["bpc"] = s["nelbo_sum"] / math.log(2) / max(s["bytes_all"], 1.0)
+    else:
+        out["ppl"] = math.exp(min(s["nll_sum"] / max(s["scored"], 1.0), 50.0))
+        if table is not None:  # the scored tokens' log-likelihood, per character they spell
+            out["bpc"] = s["nll_sum"] / math.log(2) / max(s["bytes"], 1.0)
+    return out
+
+
+def text_bytes(
+    table: torch.Tensor, batch: dict[str, torch.Tensor], prep: Any, pad_id: int | None
+) -> dict[str, float]:
+    """Characters (UTF-8 bytes) spelled by the scored targets, and by all real tokens."""
+    targets = prep.targets
+    scored = targets != IGNORE
+    ids = batch["input_ids"]
+    real = real_tokens(batch, pad_id if pad_id is not None else -1)
+    return {
+        "bytes": float(table[targets.clamp_min(0)][scored].sum()),
+        "bytes_all": float(table[ids][real].sum()),
+    }

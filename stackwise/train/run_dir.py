@@ -1,0 +1,81 @@
+"""Where a run writes: the output-dir policy, decided once by rank 0 and shared."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+
+from stackwise.config import Config
+from stackwise.errors import StackWiseError
+from stackwise.io import checkpoints as ckpt
+
+
+def default_run_name(config: Config) -> str:
+    return f"{config.objective.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def resolve_output_dir(config: Config) -> Path:
+    if config.train.output_dir:
+        return Path(config.train.output_dir).expanduser()
+    name = config.logging.run_name or default_run_name(config)
+    return Path("outputs") / name
+
+
+def prepare_output_dir(path: Path, overwrite: bool, resuming: bool = False) -> None:
+    """Refuse to clobber a finished run; check that we can write before any training.
+
+    A run being resumed has stacks and history already (written as stages end); only a final
+    model.safetensors marks it finished."""
+    finished = ("model.safetensors",)
+    if not resuming:
+        finished += ("stacks/manifest.json", "progressive_history.json")
+    if any((path / f).exists() for f in finished) and not overwrite:
+        raise StackWiseError(
+            f"Output dir '{path}' already holds a trained model. Choose another "
+            "train.output_dir, or set train.overwrite_output_dir=true to replace it."
+        )
+    unfinished = not resuming and (path / ckpt.LATEST).is_file()
+    if unfinished and not overwrite:
+        raise StackWiseError(
+            f"Output dir '{path}' holds checkpoints of an unfinished run. Resume it with "
+            "train.resume_from_checkpoint=latest, choose another train.output_dir, or set "
+            "train.overwrite_output_dir=true to start over."
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+        if unfinished:  # overwrite: the earlier run's checkpoints go first
+            ckpt.clear_run(path)
+    except OSError as err:
+        raise StackWiseError(
+            f"Cannot write to output dir '{path}': {err.strerror or err}. Pick a writable "
+            "train.output_dir."
+        ) from None
+
+
+def claim_output_dir(acc: Accelerator, config: Config, output_dir: str | Path | None) -> Path:
+    """Rank 0 picks the (time-stamped) dir and checks it; every rank gets the same path and
+    raises the same verdict, so none waits on a dead peer."""
+    shared: list[Any] = [str(output_dir) if output_dir else None, None]
+    if acc.is_main_process:
+        shared[0] = shared[0] or str(resolve_output_dir(config))
+        try:
+            prepare_output_dir(
+                Path(shared[0]),
+                config.train.overwrite_output_dir,
+                resuming=config.train.resume_from_checkpoint is not None,
+            )
+        except StackWiseError as err:
+            shared[1] = str(err)
+    if acc.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(shared, from_process=0)
+    if shared[1] is not None:
+        raise StackWiseError(shared[1])
+    return Path(shared[0])
