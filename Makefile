@@ -33,6 +33,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check stackwise tests benchmarks tools
 	$(BIN)/ruff format --check stackwise tests benchmarks tools
+	$(BIN)/python tools/structure.py
 
 structure: $(STAMP)
 	$(BIN)/python tools/structure.py

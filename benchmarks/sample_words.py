@@ -57,16 +57,17 @@ def main() -> None:
     vocabulary = corpus_vocabulary([text for _, text in load_documents(config.data)])
     seeds = [int(s) for s in args.seeds.split(",")]
     grid = [json.loads(s) for s in args.settings] or GRID
-    print(f"{'overrides of the run sample.*':<72} {'words':>6} {'pairs':>6} {'w/ pair':>7} d2")
+    labels = [json.dumps(o) if o else "(the run's settings)" for o in grid]
+    width = max(len(label) for label in [*labels, "overrides of the run sample.*"])
+    print(f"{'overrides of the run sample.*':<{width}} {'words':>6} {'pairs':>6} {'w/ pair':>7} d2")
     own = None
-    for overrides in grid:
+    for overrides, label in zip(grid, labels, strict=True):
         texts = []
         for seed in seeds:
             texts += generate(config, rack, tok, n=args.samples, seed=seed, **overrides).texts
         stats = word_stats(texts, vocabulary)
-        label = json.dumps(overrides) if overrides else "(the run's settings)"
         print(
-            f"{label:<72} {stats['in_corpus']:>6.1%} {stats['repeat_rate']:>6.2%} "
+            f"{label:<{width}} {stats['in_corpus']:>6.1%} {stats['repeat_rate']:>6.2%} "
             f"{share_with_repeat(texts):>7.0%} {stats['distinct_2']:.2f}",
             flush=True,
         )

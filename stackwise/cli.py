@@ -10,6 +10,7 @@ import os
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 from stackwise.errors import StackWiseError
 
@@ -193,6 +194,17 @@ def build_parser() -> argparse.ArgumentParser:
         prog="stackwise", description="Train language models stack by stack."
     )
     sub = p.add_subparsers(dest="command", required=True)
+    _train_parser(sub)
+    _generate_parser(sub)
+    _merge_lora_parser(sub)
+    _lr_find_parser(sub)
+    _eval_parser(sub)
+    _env_parser(sub)
+    _config_parser(sub)
+    return p
+
+
+def _train_parser(sub: Any) -> None:
     t = sub.add_parser(
         "train",
         help="train a rack",
@@ -203,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]")
     t.set_defaults(func=cmd_train)
+
+
+def _generate_parser(sub: Any) -> None:
     g = sub.add_parser("generate", help="sample text from a trained rack")
     g.add_argument("--checkpoint", required=True, help="output dir of `stackwise train`")
     g.add_argument("--prompt", default=None)
@@ -238,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--seed", type=int, default=0)
     g.set_defaults(func=cmd_generate)
+
+
+def _merge_lora_parser(sub: Any) -> None:
     m = sub.add_parser(
         "merge-lora",
         help="fold LoRA adapters into their base and save a plain rack",
@@ -254,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="store stacks whose base was quantized in that format again (smaller, lossy)",
     )
     m.set_defaults(func=cmd_merge_lora)
+
+
+def _lr_find_parser(sub: Any) -> None:
     f = sub.add_parser(
         "lr-find",
         help="LR range test: suggest a learning rate, plot loss against LR",
@@ -269,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--max-lr", type=float, default=1.0)
     f.add_argument("--plot", default=None, help="PNG path (default OUTPUT_DIR/lr_find.png)")
     f.set_defaults(func=cmd_lr_find)
+
+
+def _eval_parser(sub: Any) -> None:
     v = sub.add_parser(
         "eval",
         help="likelihood (bits/char), conditional likelihood and sample quality of a run",
@@ -290,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--steps", type=int, default=None)
     v.add_argument("--seed", type=int, default=0)
     v.set_defaults(func=cmd_eval)
+
+
+def _env_parser(sub: Any) -> None:
     e = sub.add_parser(
         "env",
         help="print versions, CPU/GPU, the bf16 probe and cache dirs (paste it into bug reports)",
@@ -299,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--refresh-probe", action="store_true", help="run the bf16 probe again, ignoring its cache"
     )
     e.set_defaults(func=cmd_env)
+
+
+def _config_parser(sub: Any) -> None:
     c = sub.add_parser("config", help="show or validate a config")
     c.add_argument("action", choices=["show", "validate"])
     c.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]")
@@ -306,7 +336,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--aliases", action="store_true", help="show: list the accepted legacy (seed) key names"
     )
     c.set_defaults(func=cmd_config)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -321,7 +321,7 @@ def test_dual_lora_every_adapter_trains_and_frozen_weights_do_not(tiny):
         opt_params = {id(p) for g in pt.last_trainer.optimizer.param_groups for p in g["params"]}
         trainable = [p for p in b.rack.parameters() if p.requires_grad]
         assert trainable and {id(p) for p in trainable} <= opt_params  # all in the optimizer
-        assert all(b.storage[id(s)] == "nf4" for s in b.rack.stacks)
+        assert all(b.meta[s].storage == "nf4" for s in b.rack.stacks)
         stack_adapter = lora_params(new, "stack")
         assert stack_adapter and len(lora_params(new, "trunk")) == 0
         for s in b.trunk:

@@ -83,7 +83,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def main() -> int:
+def find_problems() -> list[str]:
     problems: list[str] = []
     graph: dict[str, set[str]] = {}
     for path in sorted(ROOT.rglob("*.py")):
@@ -101,12 +101,19 @@ def main() -> int:
                 if length > MAX_FUNCTION:
                     problems.append(f"{module}.{node.name}: {length} lines (limit {MAX_FUNCTION})")
         mine = layer(module)
+        if mine is None and module != "stackwise":
+            problems.append(f"{module}: no layer (add its first dotted part to LAYERS)")
         for dep in sorted(graph[module]):
             theirs = layer(dep)
             if mine is not None and theirs is not None and theirs > mine:
                 problems.append(f"{module} imports {dep}, a layer above it")
     for cycle in cycles(graph):
         problems.append("import cycle: " + " -> ".join(cycle))
+    return problems
+
+
+def main() -> int:
+    problems = find_problems()
     for p in problems:
         print(p)
     print(f"{len(problems)} structure problems")

@@ -208,6 +208,12 @@ class TrainConfig(Section):
         default_factory=list, description="Registered extensions to run (by name)."
     )
 
+    def best_is_greater(self) -> bool:
+        """Whether a larger metric_for_best is better (greater_is_better, or its default)."""
+        if self.greater_is_better is not None:
+            return self.greater_is_better
+        return self.metric_for_best == "accuracy"
+
     @field_validator("betas")
     @classmethod
     def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:

@@ -8,8 +8,8 @@ shifts every index) never confuses the new stack with the trunk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -42,6 +42,25 @@ def _fixed(p: nn.Parameter) -> bool:
     return bool(getattr(p, "_stackwise_fixed", False))
 
 
+@dataclass
+class StackMeta:
+    """What the builder knows of a grown stack, and what its saved metadata records."""
+
+    precision: str  # what it trained in
+    storage: str = "full"  # how its base weights are stored now
+    adapters: dict[str, AdapterSpec] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "precision": self.precision,
+            "storage": self.storage,
+            "adapters": {
+                k: [v.rank, v.alpha, str(v.dtype).removeprefix("torch.")]
+                for k, v in self.adapters.items()
+            },
+        }
+
+
 class ProgressiveRackBuilder:
     def __init__(
         self,
@@ -59,9 +78,8 @@ class ProgressiveRackBuilder:
         self.rack = Rack(cfg, vocab_size, causal, num_time_steps, n_stacks=0)
         self.new_stack: Stack | None = None
         self.grown: list[Stack] = []  # in the order they were grown (growth index)
-        self.precisions: dict[int, str] = {}  # id(stack) -> precision
-        self.storage: dict[int, str] = {}  # id(stack) -> how its base weights are stored now
-        self.adapters: dict[int, dict[str, AdapterSpec]] = {}  # id(stack) -> its adapters
+        # keyed by the stack itself (held here, so no key is ever another stack's)
+        self.meta: dict[Stack, StackMeta] = {}
 
     # -- growing ------------------------------------------------------------------------------
 
@@ -82,9 +100,7 @@ class ProgressiveRackBuilder:
                 p._stackwise_fixed = True  # type: ignore[attr-defined]
         device = self.rack.embed_tokens.weight.device
         stack.to(device=device)
-        self.precisions[id(stack)] = precision
-        self.storage[id(stack)] = "full"
-        self.adapters[id(stack)] = {}
+        self.meta[stack] = StackMeta(precision)
         self.store_as(stack, QUANTIZED.get(precision, precision))
         if adapter is not None:
             self.add_adapter(stack, STACK, adapter)
@@ -130,7 +146,7 @@ class ProgressiveRackBuilder:
         """Store the stack's base weights as `fmt`: full/bf16/fp16/fp32 (a cast, norms
         included) or nf4/fp8/nvfp4 (frozen quantized linears; norms stay fp32)."""
         fmt = "full" if fmt == "fp32" else fmt
-        current = self.storage[id(stack)]
+        current = self.meta[stack].storage
         if fmt == current:
             return
         if current in QUANTIZED:
@@ -143,12 +159,12 @@ class ProgressiveRackBuilder:
             for p in stack.parameters():
                 p.data = p.data.float()
             quantize_linears(stack, fmt, self.double_quant)  # type: ignore[arg-type]
-        self.storage[id(stack)] = fmt
+        self.meta[stack].storage = fmt
 
     def add_adapter(self, stack: Stack, name: str, spec: AdapterSpec) -> None:
         """A PEFT LoRA adapter on every linear of the stack; at most one per name."""
         add_adapter(stack, name, spec.rank, spec.alpha, spec.dropout, spec.dtype)
-        self.adapters[id(stack)][name] = spec
+        self.meta[stack].adapters[name] = spec
 
     def ensure_trunk_adapter(self, stack: Stack, spec: AdapterSpec) -> bool:
         """Give a trunk stack its trunk adapter once; later stages reuse it. True if created."""
@@ -190,7 +206,7 @@ class ProgressiveRackBuilder:
 
     def set_trainable(self, stack: Stack, trainable: bool) -> None:
         """A stack with a stack adapter trains through it (its base stays frozen)."""
-        if STACK in self.adapters.get(id(stack), {}):
+        if stack in self.meta and STACK in self.meta[stack].adapters:
             self._set(stack, False)
             set_adapter_trainable(stack, STACK, trainable)
         else:

@@ -94,3 +94,24 @@ def text_bytes(
         "bytes": float(table[targets.clamp_min(0)][scored].sum()),
         "bytes_all": float(table[ids][real].sum()),
     }
+
+
+def score_model(
+    model: nn.Module, objective: Objective, val_data: Dataset | None, acc: Accelerator, config: Any
+) -> dict[str, float]:
+    """A model outside any Trainer, scored exactly as a Trainer of `config` scores it (the same
+    batches and masks, seeded by train.seed): a grown rack's final score is comparable with
+    its stages'."""
+    gen = torch.Generator(device=acc.device)
+    seed = config.train.seed
+    out = evaluate_model(
+        model,
+        objective,
+        val_data,
+        acc,
+        config.train,
+        bool(getattr(model, "uses_time", False)),
+        lambda i: eval_generator(gen, seed, i, acc.process_index),
+    )
+    model.train()
+    return out

@@ -75,14 +75,7 @@ def lr_find(
             lr = min_lr * factor**i
             for group, ratio in zip(opt.param_groups, ratios, strict=True):
                 group["lr"] = lr * ratio
-            batch = next(batches)
-            loss = float(trainer.micro_step(batch, trainer._seed_gen(i, 0, 0), 1.0))
-            if trainer.config.train.max_grad_norm > 0:
-                trainer.accelerator.clip_grad_norm_(
-                    model.parameters(), trainer.config.train.max_grad_norm
-                )
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            loss = _sweep_step(trainer, next(batches), i)
             if not math.isfinite(loss):
                 stopped = True
                 break
@@ -104,6 +97,17 @@ def lr_find(
             "lower --min-lr, or check the data and model."
         )
     return LRFindResult(lrs, losses, suggest(lrs, losses), stopped)
+
+
+def _sweep_step(trainer: Trainer, batch: dict[str, torch.Tensor], i: int) -> float:
+    """One update at the LR already set; returns its (unsmoothed) loss."""
+    loss = float(trainer.micro_step(batch, trainer._seed_gen(i, 0, 0), 1.0))
+    clip = trainer.config.train.max_grad_norm
+    if clip > 0:
+        trainer.accelerator.clip_grad_norm_(trainer.model.parameters(), clip)
+    trainer.optimizer.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return loss
 
 
 def suggest(lrs: list[float], losses: list[float]) -> float:

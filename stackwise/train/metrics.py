@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 
 from stackwise.config import Config
@@ -182,3 +183,27 @@ def logging_extensions(config: Config) -> list[Extension]:
     if lc.log_to_wandb:
         out.append(WandbLogger())
     return out
+
+
+class LossWindow:
+    """The training losses since the last log line (summed on the device, so logging is the only
+    sync), and the tokens/s over them."""
+
+    def __init__(self, accelerator: Any, tokens: int) -> None:
+        self.acc = accelerator
+        self.total = torch.zeros((), device=accelerator.device)
+        self.steps, self.tokens, self.start = 0, tokens, time.perf_counter()
+
+    def add(self, loss: torch.Tensor | None) -> None:
+        """None: a skipped (non-finite) step, left out of the mean."""
+        if loss is not None:
+            self.total += loss
+            self.steps += 1
+
+    def close(self, tokens: int) -> tuple[float, float]:
+        """(mean loss over every rank, tokens/s), and a fresh window."""
+        mean = float(self.acc.reduce(self.total, "mean")) / self.steps
+        tps = (tokens - self.tokens) / max(time.perf_counter() - self.start, 1e-9)
+        self.total.zero_()
+        self.steps, self.tokens, self.start = 0, tokens, time.perf_counter()
+        return mean, tps

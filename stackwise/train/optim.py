@@ -17,6 +17,13 @@ from torch.optim.lr_scheduler import LambdaLR
 from stackwise.config import TrainConfig
 
 
+def model_groups(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
+    """The model's own named groups (a Rack: embeddings, blocks, head ...), else one group."""
+    if hasattr(model, "param_groups"):
+        return model.param_groups()
+    return {"blocks": list(model.named_parameters())}
+
+
 def build_param_groups(
     named_groups: dict[str, list[tuple[str, nn.Parameter]]], cfg: TrainConfig
 ) -> list[dict[str, Any]]:

@@ -13,6 +13,16 @@ from stackwise.errors import StackWiseError
 from stackwise.io import checkpoints as ckpt
 
 
+def run_dir_of(config: Config, output_dir: str | Path | None) -> str | Path | None:
+    """The dir a Trainer was given, else the resumed checkpoint's run (when the config names
+    one and no train.output_dir), else None: the config decides."""
+    tc = config.train
+    resume = tc.resume_from_checkpoint
+    if output_dir is None and tc.output_dir is None and resume and resume != "latest":
+        return Path(resume).expanduser().parent  # continue the checkpoint's run
+    return output_dir
+
+
 def default_run_name(config: Config) -> str:
     return f"{config.objective.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 

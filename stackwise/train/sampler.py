@@ -28,6 +28,12 @@ class EpochSampler(Sampler[int]):
         self.epoch = 0
         self.start = 0
 
+    @classmethod
+    def over(cls, data: Dataset, seed: int, rank: int, world: int) -> EpochSampler:
+        """The training sampler of `data`; a dataset marked `fixed_shard` keeps its shards."""
+        fixed = bool(getattr(data, "fixed_shard", False))
+        return cls(len(data), seed, rank, world, fixed_shard=fixed)
+
     def order(self) -> list[int]:
         if self.fixed_shard:
             usable = self.n - self.n % self.world

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,9 +29,14 @@ from stackwise.train.checkpointer import Checkpointer
 from stackwise.train.evaluation import eval_generator, evaluate_model
 from stackwise.train.extensions import HOOKS, Extension, build_extensions, builtin_extensions
 from stackwise.train.hardware import keep_freed_memory, make_accelerator
-from stackwise.train.metrics import logging_extensions
-from stackwise.train.optim import build_optimizer, build_param_groups, build_scheduler
-from stackwise.train.run_dir import claim_output_dir
+from stackwise.train.metrics import LossWindow, logging_extensions
+from stackwise.train.optim import (
+    build_optimizer,
+    build_param_groups,
+    build_scheduler,
+    model_groups,
+)
+from stackwise.train.run_dir import claim_output_dir, run_dir_of
 from stackwise.train.sampler import EpochSampler, batch_stream, epoch_loader
 from stackwise.train.state import Control, RunInfo, Stage, TrainState
 
@@ -69,7 +73,7 @@ class Trainer:
         self.accelerator = acc = accelerator or make_accelerator(tc.mixed_precision)
         if acc.device.type == "cpu":
             keep_freed_memory()
-        self.output_dir = claim_output_dir(acc, config, self._run_dir(output_dir))
+        self.output_dir = claim_output_dir(acc, config, run_dir_of(config, output_dir))
         self.objective, self.eval_objective = objective, eval_objective or objective
         self.eval_seed = tc.seed if eval_seed is None else eval_seed
         self.train_data, self.val_data = train_data, val_data
@@ -79,22 +83,12 @@ class Trainer:
                 f"train.batch_size={tc.batch_size} per process. Lower the batch size or add data."
             )
         self._prepare(model, param_groups, scheduler)
-        self.sampler = EpochSampler(
-            len(train_data),
-            tc.seed,
-            acc.process_index,
-            acc.num_processes,
-            fixed_shard=bool(getattr(train_data, "fixed_shard", False)),
-        )
+        self.sampler = EpochSampler.over(train_data, tc.seed, acc.process_index, acc.num_processes)
         self.state = TrainState()
         self.uses_time = bool(getattr(self.raw_model, "uses_time", False))
         self.control = Control()
         self.checkpointer = Checkpointer(acc, self.output_dir, tc.save_total_limit)
-        self.greater_is_better = (
-            tc.greater_is_better
-            if tc.greater_is_better is not None
-            else tc.metric_for_best == "accuracy"
-        )
+        self.greater_is_better = tc.best_is_greater()
         builtin = logging_extensions(config) + builtin_extensions(config)
         self.extensions = builtin + user_extensions + (extensions or [])
         self.stage = stage or Stage()
@@ -112,12 +106,6 @@ class Trainer:
         self.defer_finish = False  # see train()
         self.gen = torch.Generator(device=acc.device)
 
-    def _run_dir(self, output_dir: str | Path | None) -> str | Path | None:
-        resume, tc = self.config.train.resume_from_checkpoint, self.config.train
-        if output_dir is None and tc.output_dir is None and resume and resume != "latest":
-            return Path(resume).expanduser().parent  # continue the checkpoint's run
-        return output_dir
-
     def _prepare(
         self,
         model: nn.Module,
@@ -127,7 +115,7 @@ class Trainer:
         """The optimizer over the parameter groups, the model and optimizer handed to
         Accelerate (DDP unless wrap_model is False), and the LR schedule."""
         tc, acc = self.config.train, self.accelerator
-        groups = param_groups if param_groups is not None else self._groups(model)
+        groups = param_groups if param_groups is not None else model_groups(model)
         opt = build_optimizer(build_param_groups(groups, tc), tc)
         self.raw_model = model
         if tc.compile:
@@ -145,12 +133,6 @@ class Trainer:
     last_train_loss = property(lambda self: self.state.last_train_loss)
     resumed_from = property(lambda self: self.run_info.resumed_from)
     stack_index = property(lambda self: self.stage.index)
-
-    @staticmethod
-    def _groups(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
-        if hasattr(model, "param_groups"):
-            return model.param_groups()
-        return {"blocks": list(model.named_parameters())}
 
     # -- data -------------------------------------------------------------------------------
 
@@ -300,36 +282,21 @@ class Trainer:
         self.call_hook("on_train_begin")
         if self.state.resumed_from is None:
             self._eval_and_log()
-        running = torch.zeros((), device=self.accelerator.device)
-        window_start, window_tokens, window_steps = time.perf_counter(), self.state.tokens_seen, 0
+        window = LossWindow(self.accelerator, self.state.tokens_seen)
         try:
             while self.state.step < tc.max_steps and not self.control.should_stop:
                 self.call_hook("on_step_begin")
-                loss = self.train_step(batches)
-                if loss is not None:
-                    running += loss
-                    window_steps += 1
+                window.add(self.train_step(batches))
                 self.call_hook("on_step_end")
                 step = self.state.step
-                if (step % lc.log_every == 0 or step == tc.max_steps) and window_steps:
-                    mean = float(self.accelerator.reduce(running, "mean")) / window_steps
+                if (step % lc.log_every == 0 or step == tc.max_steps) and window.steps:
+                    mean, tps = window.close(self.state.tokens_seen)
                     self.state.last_train_loss = mean
-                    elapsed = time.perf_counter() - window_start
-                    tps = (self.state.tokens_seen - window_tokens) / max(elapsed, 1e-9)
-                    metrics = {
-                        "train/loss": mean,
-                        "train/lr": self.scheduler.get_last_lr()[0],
-                        "train/tokens_per_s": tps,
-                    }
+                    lr = self.scheduler.get_last_lr()[0]
+                    metrics = {"train/loss": mean, "train/lr": lr, "train/tokens_per_s": tps}
                     if self.state.skipped_steps:
                         metrics["train/skipped_steps"] = self.state.skipped_steps
                     self.call_hook("on_log", metrics)
-                    running.zero_()
-                    window_start, window_tokens, window_steps = (
-                        time.perf_counter(),
-                        self.state.tokens_seen,
-                        0,
-                    )
                 if step % tc.eval_every == 0 and step != tc.max_steps:
                     self._eval_and_log()
                 if tc.save_steps and step % tc.save_steps == 0:

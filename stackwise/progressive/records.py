@@ -1,0 +1,70 @@
+"""What a progressive run reports: a record per stack, the result, and the summary table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stackwise.model.rack import Rack
+
+
+@dataclass
+class StackRecord:
+    index: int
+    position: int
+    steps: int
+    tokens: int
+    seconds: float
+    trainable_params: int
+    t_range: tuple[float, float] | None
+    train_loss: float | None
+    eval: dict[str, float]
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+@dataclass
+class ProgressiveResult:
+    rack: Rack
+    output_dir: Path
+    stacks: list[StackRecord]
+    final_eval: dict[str, float]
+    joint: dict[str, Any] | None = None
+
+
+def summary_table(result: ProgressiveResult) -> str:
+    """One row per stack: steps, tokens, time, its eval, the cache's work."""
+    head = (
+        f"{'stack':>5} {'pos':>3} {'steps':>6} {'tokens':>10} {'time s':>7} {'t range':>13} "
+        f"{'val loss':>8} {'nelbo/ppl':>9} {'val bpc':>7} {'cache hit%':>10}"
+    )
+    rows = [head, "-" * len(head)]
+    for r in result.stacks:
+        ev = r.eval
+        metric = ev.get("nelbo", ev.get("ppl", float("nan")))
+        tr = f"({r.t_range[0]:.2f},{r.t_range[1]:.2f}]" if r.t_range else "all"
+        c = r.cache
+        hit = f"{100 * c['hits'] / max(1, c['hits'] + c['misses']):.0f}%" if c else "-"
+        rows.append(
+            f"{r.index:>5} {r.position:>3} {r.steps:>6} {r.tokens:>10,} {r.seconds:>7.1f} "
+            f"{tr:>13} {ev.get('loss', float('nan')):>8.3f} {metric:>9.3f} "
+            f"{ev.get('bpc', float('nan')):>7.3f} {hit:>10}"
+        )
+    f = result.final_eval
+    if f:
+        metric = f.get("nelbo", f.get("ppl", float("nan")))
+        rows.append(
+            f"final rack (full noise range): val loss {f['loss']:.3f}, "
+            + (f"NELBO {metric:.3f}" if "nelbo" in f else f"ppl {metric:.2f}")
+            + (f", {f['bpc']:.3f} bits per character" if "bpc" in f else "")
+            + (
+                f"; routed by noise level (time as depth) vs the whole rack's NELBO "
+                f"{f['whole_rack_nelbo']:.3f}"
+                if "whole_rack_nelbo" in f
+                else ""
+            )
+        )
+    return "\n".join(rows)

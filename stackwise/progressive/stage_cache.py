@@ -1,0 +1,93 @@
+"""One activation cache over the stages of a progressive run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from stackwise.config import Config
+from stackwise.objectives import Diffusion, Objective
+from stackwise.progressive.cache import ActivationCache
+from stackwise.progressive.stage import advance_cache
+
+
+class StageCache:
+    """The activation cache across the stages of one run: built at the first cached stage,
+    carried forward (pushed through the newly frozen stack) when the next stage sees the same
+    corrupted inputs, and emptied when they change (objective, noise range or seed)."""
+
+    def __init__(self, config: Config, n_items: int, output_dir: Path, acc: Any) -> None:
+        self.config, self.n_items, self.output_dir, self.acc = config, n_items, output_dir, acc
+        self.cache: ActivationCache | None = None
+        self.signature: Any = None
+
+    def variants(self, objective: Objective) -> tuple[int, list[float] | None]:
+        c = self.config.progressive.cache
+        if c.store_all_time_steps:
+            assert isinstance(objective, Diffusion) and objective.num_time_steps
+            steps = objective.grid_steps()
+            return len(steps), [(k + 1) / objective.num_time_steps for k in steps]
+        return c.time_step_cache_size, None
+
+    def prepare(self, cfg: Config, objective: Objective, model: Any, rack: Any) -> int:
+        """Make the cache ready for this stage; returns entries carried over incrementally."""
+        c = self.config.progressive.cache
+        variants, _ = self.variants(objective)
+        n_keys = self.n_items * variants
+        signature = (
+            cfg.objective.model_dump_json(),
+            cfg.masking.model_dump_json(),
+            getattr(objective, "t_range", None),
+            variants,
+            cfg.train.seed,
+        )
+        if self.cache is None:
+            folder = None
+            if c.storage == "disk":
+                root = Path(c.dir) / self.output_dir.name if c.dir else self.output_dir / "cache"
+                folder = root / f"rank{self.acc.process_index}"
+            self.cache = ActivationCache(
+                n_keys,
+                cfg.data.seq_len,
+                cfg.model.d_model,
+                c.dtype,
+                c.storage,
+                folder,
+                c.max_bytes,
+                c.on_full,
+                c.mode,
+                boundaries=max(1, self.config.model.n_stacks - 1),
+            )
+        carried = 0
+        b = model.boundary
+        if signature == self.signature and b - 1 in self.cache.stores:
+            # same corrupted inputs as the last stage: push its entries through the new trunk
+            # stack instead of recomputing the whole trunk on the next misses
+            carried = advance_cache(
+                self.cache,
+                b - 1,
+                model.before[-1],
+                rack,
+                self.acc.device,
+                self.acc.autocast,
+            )
+        else:  # other inputs (objective, noise range, seed): every stored state is stale
+            self.cache.drop_except(-1)
+        self.signature = signature
+        return carried
+
+    def snapshot(self) -> tuple[dict[str, Any], int]:
+        if self.cache is None:
+            return {}, 0
+        return self.cache.stats.as_dict(), self.cache.trunk_calls
+
+    def since(self, before: tuple[dict[str, Any], int], carried: int | None) -> dict[str, Any]:
+        """The cache's work over one stage: hits, misses, trunk forwards, size, carried."""
+        assert self.cache is not None
+        stats, calls = before
+        now = self.cache.stats.as_dict()
+        info: dict[str, Any] = {k: now[k] - stats.get(k, 0) for k in now}
+        info["trunk_forwards"] = self.cache.trunk_calls - calls
+        info["bytes"] = self.cache.nbytes
+        info["carried"] = carried or 0
+        return info
