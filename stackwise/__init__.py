@@ -19,7 +19,7 @@ from stackwise.io.merge import merge_checkpoint
 from stackwise.model import Block, Rack, Stack
 from stackwise.model.hf import export_llama
 from stackwise.objectives import Objective, Specials, build_objective
-from stackwise.pipeline import RunResult, train_from_config
+from stackwise.pipeline import train_from_config
 from stackwise.progressive import (
     ActivationCache,
     LocalLossTrainer,
@@ -28,7 +28,14 @@ from stackwise.progressive import (
     depth_range,
 )
 from stackwise.quant import add_adapter, merge_adapters, quantize_linears, weight_bytes
+from stackwise.strategies import (
+    RunResult,
+    TrainingStrategy,
+    get_training_strategy,
+    register_training_strategy,
+)
 from stackwise.train import Trainer, build_rack, load_trained
+from stackwise.train.adapters import ModelAdapter, get_model_adapter, register_model_adapter
 from stackwise.train.extensions import Extension, register_extension
 
 __version__ = "0.1.0"
@@ -39,6 +46,7 @@ __all__ = [
     "Config",
     "Extension",
     "LocalLossTrainer",
+    "ModelAdapter",
     "Objective",
     "PreparedData",
     "ProgressiveRackBuilder",
@@ -49,6 +57,7 @@ __all__ = [
     "Stack",
     "StackWiseError",
     "Trainer",
+    "TrainingStrategy",
     "__version__",
     "add_adapter",
     "build_data",
@@ -56,12 +65,16 @@ __all__ = [
     "build_rack",
     "depth_range",
     "export_llama",
+    "get_model_adapter",
+    "get_training_strategy",
     "load_config",
     "load_trained",
     "merge_adapters",
     "merge_checkpoint",
     "quantize_linears",
     "register_extension",
+    "register_model_adapter",
+    "register_training_strategy",
     "sample_texts",
     "save_config",
     "train_from_config",

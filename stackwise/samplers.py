@@ -202,10 +202,9 @@ class MaskedSampler:
         levels = [r[2] for r in rack.depth_ranges] + [0.0]
         fractions = chain.mask_fraction(torch.tensor(levels)).double().tolist()
         h = rack.embed(x)
-        before = x
         for g, stack in enumerate(rack.stacks):
             if g:
-                h = h + (rack.embed_tokens(x) - rack.embed_tokens(before))
+                h = rack.chain_input(h, x)
             h = rack.run_stacks(h, None, [stack])
             masked = x == self.mask_id
             if not bool(masked.any()):
@@ -221,7 +220,7 @@ class MaskedSampler:
             else:
                 u = torch.rand(masked.shape, generator=self.gen, dtype=torch.float64)
                 reveal = masked & (u.to(masked.device) < share)
-            before, x = x, torch.where(reveal, tokens, x)
+            x = torch.where(reveal, tokens, x)
         self.stats.forward_passes += 1
         self.stats.row_passes += x.shape[0]
         return x

@@ -66,7 +66,7 @@ def test_nested_inputs_follow_the_forward_process():
 
 def test_chain_forward_runs_each_stack_on_its_own_level(tiny):
     """At noise t in stack g's range the rack is the chain 0..g: stack i reads the previous
-    hidden state plus the embeddings of the tokens revealed between level i-1 and level i."""
+    hidden state, rescaled to the embeddings' RMS, plus the embeddings of level i's input."""
     cfg = chain_config(tiny)
     from stackwise.data.pack import build_data
     from stackwise.pipeline import resolve_vocab
@@ -88,12 +88,18 @@ def test_chain_forward_runs_each_stack_on_its_own_level(tiny):
         got = rack(x, t=t)
         levels = nested_inputs(chain, x, t, [1.0, 2 / 3])
         h = rack.embed(levels[0])
+        table_rms = rack.embed_tokens.weight.pow(2).mean().sqrt()
         for i in range(3):
             if i:
-                h = h + rack.embed_tokens(levels[i]) - rack.embed_tokens(levels[i - 1])
+                unit = h / h.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+                h = unit * table_rms + rack.embed_tokens(levels[i])
             h = rack.run_stacks(h, None, [rack.stacks[i]])
         want = rack.logits(h)
     assert torch.allclose(got, want, atol=1e-5)
+    # the revealed tokens are not drowned by a large hidden state: a huge carry is rescaled
+    loud = rack.chain_input(1000.0 * torch.randn(2, 16, cfg.model.d_model), x)
+    carry = loud - rack.embed_tokens(x)
+    assert torch.allclose(carry.pow(2).mean(-1).sqrt(), table_rms.expand(2, 16), rtol=1e-3)
     assert bool((levels[0] == chain.mask_id).all())
 
 

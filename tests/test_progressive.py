@@ -475,7 +475,7 @@ def test_stackwise_scope_peak_activation_memory_is_about_one_stack(tiny, tmp_pat
         )
         data = build_data(cfg.data)
         cfg = resolve_vocab(cfg, len(data.tokenizer))
-        from stackwise.pipeline import LocalLossTrainer, Trainer, build_rack
+        from stackwise import LocalLossTrainer, Trainer, build_rack
 
         cls = LocalLossTrainer if scope == "stackwise" else Trainer
         tr = cls(

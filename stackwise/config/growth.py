@@ -8,9 +8,10 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 
 from stackwise.config.base import Section
 from stackwise.config.sections import ObjectiveConfig
+from stackwise.precision import PACKED, HalfFloat, QuantType, StackPrecision
 
-PrecisionName = Literal["full", "bf16", "fp16", "nf4", "fp8", "nvfp4", "qlora"]
-QUANTIZED = ("nf4", "fp8", "nvfp4", "qlora")
+PrecisionName = StackPrecision
+QUANTIZED = tuple(PACKED)  # stack precisions stored packed and frozen
 RankPattern = Literal["constant", "increasing", "decreasing", "linear"]
 
 
@@ -49,7 +50,7 @@ class QuantConfig(Section):
     """How frozen weights are stored; adapters (LoRA) stay trainable on top."""
 
     enabled: bool = Field(False, description="quantization_enabled")
-    type: Literal["nf4", "fp8", "nvfp4", "fp16", "bf16", "fp32"] = Field(
+    type: QuantType = Field(
         "nf4", description="quantization_type; 'nf_fp8' is accepted as an alias of fp8."
     )
     double_quant: bool = Field(False, description="nf4: quantize the block scales too.")
@@ -67,7 +68,7 @@ class CacheConfig(Section):
     enabled: bool = False
     storage: Literal["memory", "disk"] = Field("memory", description="disk: a memmap in dir.")
     dir: str | None = Field(None, description="disk storage folder; default <run>/cache.")
-    dtype: Literal["bf16", "fp16"] = "bf16"
+    dtype: HalfFloat = "bf16"
     max_bytes: PositiveInt | None = Field(None, description="Byte budget; None = all samples.")
     on_full: Literal["evict", "error"] = Field("evict", description="evict: least recently used.")
     store_all_time_steps: bool = Field(

@@ -10,6 +10,7 @@ from stackwise.config.derive import stack_config
 from stackwise.config.growth import QUANTIZED
 from stackwise.config.root import Config
 from stackwise.errors import StackWiseError
+from stackwise.precision import QUANT_FORMATS
 
 
 @cross_rule
@@ -56,7 +57,7 @@ def growth_precision(cfg: Config) -> Iterator[str]:
     lo = cfg.lora
     q = cfg.quant
     prec = p.new_stack_precision
-    if prec in ("nf4", "fp8", "nvfp4", "qlora") and not lo.enabled:
+    if prec in QUANTIZED and not lo.enabled:
         yield (
             f"new_stack_precision '{prec}' stores the new stack's weights frozen and trains "
             "a LoRA adapter on them; set lora.enabled: true (rank, alpha) or use full/bf16"
@@ -121,7 +122,7 @@ def growth_adapters(cfg: Config) -> Iterator[str]:
         q.enabled
         and not q.backbone_quantized
         and p.trunk_strategy != "qlora"
-        and (prec not in ("nf4", "fp8", "nvfp4"))
+        and (prec not in QUANT_FORMATS)
     ):
         yield (
             "quant.enabled with backbone_quantized: false quantizes nothing here; "
@@ -138,7 +139,7 @@ def growth_storage(cfg: Config) -> Iterator[str]:
     prec = p.new_stack_precision
     new_storage = {"full": "fp32", "qlora": "nf4"}.get(prec, prec)
     if q.enabled and q.backbone_quantized and p.strategy == "progressive":
-        if new_storage in ("nf4", "fp8", "nvfp4") and q.type != new_storage:
+        if new_storage in QUANT_FORMATS and q.type != new_storage:
             yield (
                 f"new stacks are stored as {new_storage} from birth and are not "
                 f"re-quantized, so quant.type '{q.type}' would never apply; set quant.type: "

@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from stackwise.config.base import Section
+from stackwise.precision import MixedPrecision
 
 
 class ModelConfig(Section):
@@ -171,7 +172,7 @@ class TrainConfig(Section):
     warmup_ratio: float | None = Field(None, ge=0.0, lt=1.0)
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="LR floor for decaying schedules.")
     poly_power: PositiveFloat = 1.0
-    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field(
+    mixed_precision: MixedPrecision = Field(
         "auto", description="auto: bf16 where the hardware runs it natively, else fp32 (no)."
     )
     compile: bool = False

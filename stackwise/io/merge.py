@@ -20,7 +20,8 @@ from stackwise.errors import StackWiseError
 from stackwise.io.stack_files import read_manifest, save_anchor_and_manifest, save_stack
 from stackwise.io.trained import WEIGHTS, load_trained, save_model
 from stackwise.model.rack import Rack
-from stackwise.quant.layers import QUANT_FORMATS, quantize_linears
+from stackwise.precision import QUANT_FORMATS
+from stackwise.quant.layers import quantize_linears
 from stackwise.quant.lora import adapter_names, merge_adapters
 
 FP32_TOLERANCE = 1e-4

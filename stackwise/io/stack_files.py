@@ -20,6 +20,7 @@ from stackwise.errors import StackWiseError
 from stackwise.io.files import read_json, read_tensors, save_tensors, write_json
 from stackwise.model.layers import Stack
 from stackwise.model.rack import Rack
+from stackwise.precision import HALF_FLOATS, QUANT_FORMATS, torch_dtype
 
 STACKS_DIR = "stacks"
 MANIFEST = "manifest.json"
@@ -78,10 +79,9 @@ def restructure_stack(stack: Stack, meta: dict[str, Any]) -> Stack:
     from stackwise.quant.lora import add_adapter
 
     storage = meta.get("storage", "full")
-    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
-    if storage in dtypes:
-        stack.to(dtypes[storage])
-    elif storage in ("nf4", "fp8", "nvfp4"):
+    if storage in HALF_FLOATS:
+        stack.to(torch_dtype(storage))
+    elif storage in QUANT_FORMATS:
         quantize_linears(stack, storage)
     for name, (rank, alpha, dtype) in sorted(meta.get("adapters", {}).items()):
         add_adapter(stack, name, rank, alpha, 0.0, getattr(torch, dtype))

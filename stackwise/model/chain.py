@@ -2,8 +2,9 @@
 
 Stack g (growth order = rack order, append mode) denoises from noise level s_g, the top of its
 range, down to s_{g+1}. Stack 0 sees the embeddings of the input at s_0 = 1 (all masked); every
-later stack continues the previous stack's hidden state, plus the embeddings of the tokens that
-were revealed between the two levels (E[token] - E[mask] at those positions). So one forward pass
+later stack continues the previous stack's hidden state (rescaled to the embeddings' size, see
+Rack.chain_input) plus the embeddings of the sequence at its own level, where more tokens are
+revealed. So one forward pass
 through the rack, with tokens drawn from the head between stacks, samples from full noise
 (`sample.sampler: single_pass`).
 

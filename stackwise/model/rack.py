@@ -144,7 +144,7 @@ class Rack(nn.Module):
             h = self.embed(inputs[0])
             for i in range(g + 1):
                 if i:
-                    h = h + (self.embed_tokens(inputs[i]) - self.embed_tokens(inputs[i - 1]))
+                    h = self.chain_input(h, inputs[i])
                 h = self.run_stacks(h, mask, [self.stacks[i]])
             part = self.logits(h)
             if out is None:
@@ -152,6 +152,16 @@ class Rack(nn.Module):
             out[rows] = part
         assert out is not None
         return out
+
+    def chain_input(self, h: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """The next chain stack's input: the previous stack's output, rescaled to the
+        embeddings' size, plus the embeddings of the sequence as it now stands. Without the
+        rescaling a stack's output (hundreds of times the embeddings' norm) drowned the revealed
+        tokens, and every later stack predicted the same thing whatever the context."""
+        table = self.embed_tokens.weight
+        scale = table.float().pow(2).mean().sqrt()
+        rms = h.float().pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+        return (h.float() * (scale / rms)).to(h.dtype) + self.embed_tokens(input_ids)
 
     def embed(self, input_ids: torch.Tensor, t: torch.Tensor | None = None) -> torch.Tensor:
         h = self.embed_tokens(input_ids)

@@ -17,16 +17,12 @@ from torch import nn
 from stackwise.config import ModelConfig
 from stackwise.model.layers import Stack, init_weights
 from stackwise.model.rack import Rack
+from stackwise.precision import FLOAT_STORAGE, PACKED, STACK_PRECISIONS, StackPrecision, torch_dtype
 from stackwise.quant.layers import quantize_linears
 from stackwise.quant.lora import STACK, TRUNK, adapter_names, add_adapter, set_adapter_trainable
 
-Precision = Literal["full", "bf16", "fp16", "nf4", "fp8", "nvfp4", "qlora"]
-PRECISIONS: dict[str, torch.dtype] = {
-    "full": torch.float32,
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-}
-QUANTIZED = {"nf4": "nf4", "fp8": "fp8", "nvfp4": "nvfp4", "qlora": "nf4"}
+Precision = StackPrecision
+QUANTIZED = PACKED  # a packed precision -> its storage format
 
 
 @dataclass(frozen=True)
@@ -86,8 +82,8 @@ class ProgressiveRackBuilder:
     def _make_stack(
         self, n_blocks: int | None, precision: Precision, adapter: AdapterSpec | None
     ) -> Stack:
-        if precision not in PRECISIONS and precision not in QUANTIZED:
-            known = sorted([*PRECISIONS, *QUANTIZED])
+        if precision not in STACK_PRECISIONS:
+            known = sorted(STACK_PRECISIONS)
             raise ValueError(f"precision '{precision}' is not one of {known}")
         if precision in QUANTIZED and adapter is None:
             raise ValueError(
@@ -151,10 +147,10 @@ class ProgressiveRackBuilder:
             return
         if current in QUANTIZED:
             raise ValueError(f"this stack is already stored as {current}; it cannot become {fmt}")
-        if fmt in PRECISIONS:
+        if fmt in FLOAT_STORAGE:
             for name, p in stack.named_parameters():
                 if "lora_" not in name:
-                    p.data = p.data.to(PRECISIONS[fmt])
+                    p.data = p.data.to(torch_dtype(fmt))
         else:
             for p in stack.parameters():
                 p.data = p.data.float()

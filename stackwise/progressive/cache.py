@@ -21,8 +21,7 @@ import numpy as np
 import torch
 
 from stackwise.errors import StackWiseError
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+from stackwise.precision import torch_dtype
 
 
 @dataclass
@@ -88,7 +87,7 @@ class ActivationCache:
         if storage == "disk" and folder is None:
             raise ValueError("disk storage needs a folder")
         self.n_keys, self.shape = n_keys, (seq_len, d_model)
-        self.dtype = DTYPES[dtype]
+        self.dtype = torch_dtype(dtype)
         self.storage, self.folder = storage, Path(folder) if folder is not None else None
         self.max_bytes, self.on_full, self.mode = max_bytes, on_full, mode
         entry = seq_len * d_model * self.dtype.itemsize

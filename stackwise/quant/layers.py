@@ -8,22 +8,19 @@ so PEFT never casts adapters to it) and forward dequantizes to the input's dtype
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stackwise.precision import QUANT_FORMATS, QuantFormat
 from stackwise.quant.formats import (
     dequantize_fp8,
     dequantize_nvfp4,
     quantize_fp8,
     quantize_nvfp4,
 )
-
-QuantFormat = Literal["nf4", "fp8", "nvfp4"]
-FLOAT_PRECISIONS = {"full": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-QUANT_FORMATS = ("nf4", "fp8", "nvfp4")
 
 
 class _FrozenDequantMatmul(torch.autograd.Function):

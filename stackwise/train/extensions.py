@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stackwise.errors import StackWiseError
+from stackwise.registry import Registry
 from stackwise.train.state import RunInfo
 
 HOOKS = (
@@ -76,18 +77,13 @@ class Extension:
         return {}
 
 
-REGISTRY: dict[str, Callable[..., Extension]] = {}
+EXTENSIONS: Registry[Extension] = Registry()
+REGISTRY = EXTENSIONS.entries
 
 
-def register_extension(name: str) -> Callable[[type[Extension]], type[Extension]]:
+def register_extension(name: str) -> Callable[[type[Any]], type[Any]]:
     """Class decorator: makes `name` usable in `train.enabled_extensions`."""
-
-    def add(cls: type[Extension]) -> type[Extension]:
-        cls.name = name
-        REGISTRY[name] = cls
-        return cls
-
-    return add
+    return EXTENSIONS.register(name)
 
 
 def build_extensions(names: list[str]) -> list[Extension]:
@@ -95,7 +91,7 @@ def build_extensions(names: list[str]) -> list[Extension]:
     if unknown:
         raise StackWiseError(
             f"train.enabled_extensions names '{unknown[0]}', which is not registered. Known: "
-            f"{', '.join(sorted(REGISTRY))}. Register yours with "
+            f"{EXTENSIONS.known()}. Register yours with "
             "@stackwise.register_extension('name') before training."
         )
     return [REGISTRY[n]() for n in names]

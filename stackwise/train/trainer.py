@@ -25,6 +25,7 @@ from stackwise.config import Config, save_config
 from stackwise.errors import StackWiseError
 from stackwise.io import checkpoints as ckpt
 from stackwise.objectives.base import Objective, random_lengths
+from stackwise.train.adapters import ModelAdapter, RackAdapter
 from stackwise.train.checkpointer import Checkpointer
 from stackwise.train.evaluation import eval_generator, evaluate_model
 from stackwise.train.extensions import HOOKS, Extension, build_extensions, builtin_extensions
@@ -62,12 +63,14 @@ class Trainer:
         eval_objective: Objective | None = None,
         eval_seed: int | None = None,
         scheduler: Callable[[Any], Scheduler] | None = None,
+        adapter: ModelAdapter | None = None,
     ) -> None:
         """`stage` labels a progressive stage; evaluation scores `eval_objective` (default: the
         training one; a depth-mapped stage trains on part of the noise range but is scored on
         all of it) with masks seeded by `eval_seed` (default train.seed), so the stages of one
-        run score the same inputs. `scheduler(optimizer)` replaces the config's LR schedule."""
-        self.config = config
+        run score the same inputs. `scheduler(optimizer)` replaces the config's LR schedule;
+        `adapter` says how a batch becomes the model's loss (default: the rack's)."""
+        self.config, self.adapter = config, adapter or RackAdapter()
         tc = config.train
         user_extensions = build_extensions(tc.enabled_extensions)  # unknown names: fail first
         self.accelerator = acc = accelerator or make_accelerator(tc.mixed_precision)
@@ -163,12 +166,8 @@ class Trainer:
         return random_lengths(batch, ratio, pad_id, gen)
 
     def compute_loss(self, batch: dict[str, torch.Tensor], gen: torch.Generator) -> torch.Tensor:
-        prep = self.objective.prepare(self.training_batch(batch, gen), gen)
-        t = prep.t if self.uses_time else None
-        # a cache-aware model (progressive stages) also takes the batch's stable keys
-        extra = {"cache_key": batch["cache_key"]} if "cache_key" in batch else {}
-        logits = self.model(prep.inputs, prep.attention_mask, t, **extra)
-        return self.objective.loss(logits, prep)
+        batch = self.training_batch(batch, gen)
+        return self.adapter.loss(self.model, self.objective, batch, gen, self.uses_time)
 
     def micro_step(
         self, batch: dict[str, torch.Tensor], gen: torch.Generator, scale: float
@@ -335,9 +334,7 @@ class Trainer:
         return path
 
     def _write_checkpoint(self, folder: Path) -> None:
-        from stackwise.io.trained import save_model
-
-        save_model(self._checkpointed(), folder)
+        self.adapter.save(self._checkpointed(), folder)
         torch.save(self.optimizer.state_dict(), folder / "optimizer.bin")
         torch.save(self.scheduler.state_dict(), folder / "scheduler.bin")
         if self.accelerator.scaler is not None:
@@ -388,7 +385,8 @@ class Trainer:
                 "tokens_seen": self.state.tokens_seen,
                 "history": self.state.history,
             }
-            model = self._unwrapped() if weights else None
-            save_run(self.output_dir, model, self.config, tokenizer, summary)
+            if weights:
+                self.adapter.save(self._unwrapped(), self.output_dir)
+            save_run(self.output_dir, None, self.config, tokenizer, summary)
         acc.wait_for_everyone()
         return self.output_dir

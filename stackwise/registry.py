@@ -1,0 +1,38 @@
+"""Named registries of extension points (extensions, model adapters, training strategies): a
+class decorator adds one under a name, and the name is what configs and calls use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from stackwise.errors import StackWiseError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    def __init__(self) -> None:
+        self.entries: dict[str, Callable[[], T]] = {}
+
+    def register(self, name: str) -> Callable[[type[Any]], type[Any]]:
+        """Class decorator: the class becomes `name` (its `name` attribute is set too)."""
+
+        def add(cls: type[Any]) -> type[Any]:
+            cls.name = name
+            self.entries[name] = cls
+            return cls
+
+        return add
+
+    def known(self) -> str:
+        return ", ".join(sorted(self.entries))
+
+    def create(self, name: str, what: str, decorator: str) -> T:
+        """A new instance of `name`; an unknown name is a StackWiseError naming the known ones."""
+        if name not in self.entries:
+            raise StackWiseError(
+                f"No {what} is registered as '{name}'. Known: {self.known()}. Register yours "
+                f"with @stackwise.{decorator}('name') before training."
+            )
+        return self.entries[name]()

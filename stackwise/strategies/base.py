@@ -1,0 +1,58 @@
+"""The strategy interface, its registry, and what a run returns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from stackwise.config import Config
+from stackwise.data.pack import PreparedData
+from stackwise.registry import Registry
+from stackwise.train.adapters import ModelAdapter
+from stackwise.train.state import TrainState
+
+
+@dataclass
+class RunResult:
+    config: Config
+    output_dir: Path
+    rack: nn.Module
+    data: PreparedData
+    state: TrainState | None
+    trainer: Any  # Trainer, or ProgressiveTrainer (both expose .accelerator)
+    progressive: Any = None  # ProgressiveResult of a progressive run
+
+
+class TrainingStrategy:
+    name = "strategy"
+
+    def run(
+        self, config: Config, data: PreparedData, adapter: ModelAdapter, quiet: bool
+    ) -> RunResult:
+        """Train the model `adapter` builds for `config` on `data`, save it, return the run."""
+        raise NotImplementedError
+
+
+REGISTERED: Registry[TrainingStrategy] = Registry()
+STRATEGIES = REGISTERED.entries
+
+
+def register_training_strategy(name: str) -> Callable[[type[Any]], type[Any]]:
+    """Class decorator: makes `name` usable as `train_from_config(..., strategy=name)`."""
+    return REGISTERED.register(name)
+
+
+def get_training_strategy(name: str) -> TrainingStrategy:
+    return REGISTERED.create(name, "training strategy", "register_training_strategy")
+
+
+def strategy_for(config: Config) -> str:
+    """The built-in strategy a config asks for."""
+    p = config.progressive
+    if p.strategy == "progressive":
+        return "progressive"
+    return "local_losses" if p.end_to_end_scope == "stackwise" else "standard"

@@ -1,0 +1,72 @@
+"""Model adapters: what the model is, how a batch becomes its loss, and how its weights are saved.
+
+The Trainer holds one and never asks what kind of model it trains. The rack is the first
+adapter; a new model kind is one subclass registered with `@register_model_adapter("name")`
+and passed to `train_from_config(config, adapter="name")` (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from stackwise.config import Config
+from stackwise.objectives.base import Objective
+from stackwise.registry import Registry
+
+
+class ModelAdapter:
+    name = "adapter"
+
+    def build(self, config: Config, vocab_size: int) -> nn.Module:
+        """A fresh model for `config` over a vocabulary of `vocab_size` tokens."""
+        raise NotImplementedError
+
+    def loss(
+        self,
+        model: nn.Module,
+        objective: Objective,
+        batch: dict[str, torch.Tensor],
+        gen: torch.Generator,
+        uses_time: bool,
+    ) -> torch.Tensor:
+        """The objective corrupts the batch (masks, noise level), the model scores it."""
+        prep = objective.prepare(batch, gen)
+        t = prep.t if uses_time else None
+        # a cache-aware model (progressive stages) also takes the batch's stable keys
+        extra = {"cache_key": batch["cache_key"]} if "cache_key" in batch else {}
+        logits = model(prep.inputs, prep.attention_mask, t, **extra)
+        return objective.loss(logits, prep)
+
+    def save(self, model: nn.Module, folder: Path) -> None:
+        """The weights of a finished run or a checkpoint; atomic, never pickled."""
+        from stackwise.io.trained import save_model
+
+        save_model(model, folder)
+
+
+ADAPTERS: Registry[ModelAdapter] = Registry()
+MODEL_ADAPTERS = ADAPTERS.entries
+
+
+def register_model_adapter(name: str) -> Callable[[type[Any]], type[Any]]:
+    """Class decorator: makes `name` usable as `train_from_config(..., adapter=name)`."""
+    return ADAPTERS.register(name)
+
+
+def get_model_adapter(name: str) -> ModelAdapter:
+    return ADAPTERS.create(name, "model adapter", "register_model_adapter")
+
+
+@register_model_adapter("rack")
+class RackAdapter(ModelAdapter):
+    """StackWise's own transformer: stacks of blocks between embeddings and a head."""
+
+    def build(self, config: Config, vocab_size: int) -> nn.Module:
+        from stackwise.io.trained import build_rack
+
+        return build_rack(config, vocab_size)
