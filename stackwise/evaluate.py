@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from stackwise import seeds
 from stackwise.config import Config
 from stackwise.data.pack import PreparedData, specials_of
 from stackwise.generate import generate
@@ -57,7 +58,7 @@ def stratified_ts(points: int, eps: float, rows: torch.Tensor, seed: int) -> tor
     8-point estimate by 0.3 nats, and i.i.d. draws bunched (5 of 8 above t=0.6) by more."""
     offsets = torch.empty(len(rows), dtype=torch.float64)
     for j, row in enumerate(rows.tolist()):
-        gen = torch.Generator().manual_seed((seed * 1_000_003 + row) * 7919 + 104_729)
+        gen = torch.Generator().manual_seed(seeds.eval_offset(seed, row))
         offsets[j] = torch.rand(1, generator=gen, dtype=torch.float64)
     cells = torch.arange(points, dtype=torch.float64)[:, None]
     return eps + (1 - eps) * (cells + offsets[None]) / points
@@ -71,7 +72,7 @@ def _masks(
     are scored in."""
     out = torch.empty(len(rows), length, dtype=torch.bool)
     for j, row in enumerate(rows.tolist()):
-        gen = torch.Generator().manual_seed((seed * 1_000_003 + row) * 7919 + point)
+        gen = torch.Generator().manual_seed(seeds.eval_block(seed, row, point))
         out[j] = torch.rand(length, generator=gen, dtype=torch.float64) < float(frac[j])
     return out.to(device)
 

@@ -37,6 +37,7 @@ LAYERS = {  # first dotted parts -> layer, higher is further up
     "paths": 1,
     "precision": 1,
     "registry": 1,
+    "seeds": 1,
     "hwprobe": 1,
 }
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
+from stackwise import seeds
 from stackwise.config import Config, derive, save_config, stack_config
 from stackwise.data.pack import PreparedData
 from stackwise.errors import StackWiseError
@@ -173,7 +174,7 @@ class ProgressiveTrainer:
             cfg,
             train={
                 "max_steps": steps,
-                "seed": (cfg.train.seed + index) % 2**31,
+                "seed": seeds.stage(cfg.train.seed, index),
                 "output_dir": str(stage_dir),
                 "overwrite_output_dir": True,
                 "resume_from_checkpoint": stage_resume(self.config, stage_dir),
@@ -282,7 +283,7 @@ class ProgressiveTrainer:
             self.config,
             train={
                 "max_steps": steps,
-                "seed": (self.config.train.seed + 10_000) % 2**31,
+                "seed": seeds.joint_tuning(self.config.train.seed),
                 "output_dir": str(self.output_dir / "joint"),
                 "overwrite_output_dir": True,
                 "resume_from_checkpoint": stage_resume(self.config, self.output_dir / "joint"),

@@ -11,15 +11,14 @@ from accelerate import Accelerator
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from stackwise import seeds
 from stackwise.objectives.base import IGNORE, Objective, real_tokens
 from stackwise.train.sampler import EpochSampler
 
 
 def eval_generator(gen: torch.Generator, seed: int, batch: int, rank: int) -> torch.Generator:
     """The generator for validation batch `batch`: the same masks at every evaluation."""
-    return gen.manual_seed(
-        ((seed * 1_000_003 + 99_991) * 1_000_003 + batch * 131 + rank) % (2**63 - 1)
-    )
+    return gen.manual_seed(seeds.eval_batch(seed, batch, rank))
 
 
 @torch.no_grad()

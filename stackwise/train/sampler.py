@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from stackwise import seeds
+
 
 class EpochSampler(Sampler[int]):
     """A permutation seeded by (seed, epoch), this rank's share of it, from `start` on."""
@@ -39,11 +41,11 @@ class EpochSampler(Sampler[int]):
             usable = self.n - self.n % self.world
             mine = torch.arange(self.rank, usable, self.world)
             if self.shuffle:
-                g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+                g = torch.Generator().manual_seed(seeds.epoch_order(self.seed, self.epoch))
                 mine = mine[torch.randperm(len(mine), generator=g)]
             return mine.tolist()
         if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+            g = torch.Generator().manual_seed(seeds.epoch_order(self.seed, self.epoch))
             perm = torch.randperm(self.n, generator=g).tolist()
         else:
             perm = list(range(self.n))
@@ -71,7 +73,7 @@ def epoch_loader(
         num_workers=workers,
         # its own generator: creating an iterator draws a worker seed, which must not move
         # the global RNG (dropout), or a resumed run would diverge from an uninterrupted one
-        generator=torch.Generator().manual_seed(seed + epoch),
+        generator=torch.Generator().manual_seed(seeds.loader_workers(seed, epoch)),
     )
 
 

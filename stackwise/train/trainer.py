@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from stackwise import seeds
 from stackwise.config import Config, save_config
 from stackwise.errors import StackWiseError
 from stackwise.io import checkpoints as ckpt
@@ -150,10 +151,7 @@ class Trainer:
     # -- steps ------------------------------------------------------------------------------
 
     def _seed_gen(self, *parts: int) -> torch.Generator:
-        seed = self.config.train.seed
-        for p in parts:
-            seed = (seed * 1_000_003 + p) % (2**63 - 1)
-        return self.gen.manual_seed(seed)
+        return self.gen.manual_seed(seeds.step_draws(self.config.train.seed, *parts))
 
     def training_batch(
         self, batch: dict[str, torch.Tensor], gen: torch.Generator
