@@ -16,7 +16,6 @@ Each run is a forked child, one after the other. The last line is the headline.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _forked import in_fork
+from _common import in_fork, quick_flag
 
 from stackwise.cli import resolve_config_path
 from stackwise.config import from_dict, load_config
@@ -56,9 +55,7 @@ def run(variants: int | None, extra: list[str], out: str) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
+    args = quick_flag(__doc__)
     extra = QUICK if args.quick else []
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:

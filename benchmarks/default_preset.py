@@ -17,7 +17,6 @@ diffusion's bpc over clm's.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -25,8 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _forked import in_fork
-from _presets import CLM_RESETS
+from _common import CLM_RESETS, in_fork, quick_flag
 
 from stackwise.cli import resolve_config_path
 from stackwise.config import load_config
@@ -49,9 +47,7 @@ def one_run(objective: str, extra: list[str], out: str) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
+    args = quick_flag(__doc__)
     extra = QUICK if args.quick else []
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -37,8 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _forked import in_fork
-from _presets import CLM_RESETS
+from _common import CLM_RESETS, in_fork
 
 from stackwise.cli import resolve_config_path
 from stackwise.config import load_config
@@ -50,15 +49,19 @@ E2E = [
     "progressive.trunk_strategy=frozen",
     "progressive.head_policy=train_first",
 ]
-# (label, settings): one block over the whole sample at temperature 0.6, and the default
-# preset's own sampler (low-confidence remasking in blocks of 8 at temperature 1)
+# (label, settings): one block over the whole sample at temperature 0.6 without the repeat guard,
+# and the default preset's own sampler (low-confidence remasking in blocks of 8 at temperature
+# 0.7, repeated words redrawn)
 SAMPLERS = [
     ("ancestral", {"sampler": "ancestral"}),
     ("low_confidence", {"sampler": "remask", "remasking": "low_confidence"}),
     ("entropy", {"sampler": "remask", "remasking": "entropy"}),
     ("margin", {"sampler": "remask", "remasking": "margin"}),
     ("random", {"sampler": "remask", "remasking": "random"}),
-    ("default (b8)", {"sampler": "remask", "block_length": 8, "temperature": 1.0}),
+    (
+        "default (b8)",
+        {"sampler": "remask", "block_length": 8, "temperature": 0.7, "no_repeat_words": True},
+    ),
 ]
 # settings only masked racks read, back at their defaults for the clm run
 MAX_NEW = 64  # the default preset's sample.max_new_tokens
@@ -123,7 +126,14 @@ def sample_all(runs: dict[str, str], samples: int) -> dict[str, list[tuple]]:
         if name == "prog chain":  # one pass through the rack, one step per stack
             start = time.perf_counter()
             got = generate(
-                config, rack, tok, n=samples, sampler="single_pass", steps=32, block_length=0
+                config,
+                rack,
+                tok,
+                n=samples,
+                sampler="single_pass",
+                steps=32,
+                block_length=0,
+                no_repeat_words=False,
             )
             seconds = time.perf_counter() - start
             ids = [r[got.prompt_len :].tolist() for r in got.ids]
@@ -155,7 +165,7 @@ def sample_all(runs: dict[str, str], samples: int) -> dict[str, list[tuple]]:
                 continue
             for steps in (32, 128):
                 start = time.perf_counter()
-                settings = {"temperature": 0.6, "block_length": 0, **kw}
+                settings = {"temperature": 0.6, "block_length": 0, "no_repeat_words": False, **kw}
                 got = generate(config, rack, tok, n=samples, steps=steps, **settings)
                 seconds = time.perf_counter() - start
                 ids = [r[got.prompt_len :].tolist() for r in got.ids]

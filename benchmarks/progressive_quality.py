@@ -69,7 +69,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
-from _forked import in_fork
+from _common import benchmark_parser, fresh_output, in_fork, quiet_logging
 from accelerate.utils import set_seed
 
 from stackwise.config import Config, from_dict
@@ -176,16 +176,9 @@ def make_config(plan: Plan, v: Variant, output_dir: Path) -> Config:
                 "mixed_precision": "no",
                 "eval_every": plan.steps + 1,  # only the start and end evaluations
                 "eval_batches": plan.eval_batches,
-                "output_dir": str(output_dir),
-                "overwrite_output_dir": True,
+                **fresh_output(output_dir),
             },
-            "logging": {
-                "console": False,
-                "jsonl": False,
-                "tensorboard": False,
-                "progress_bar": "never",
-                "log_every": 50,
-            },
+            "logging": quiet_logging(log_every=50),
             "sample": {"num_samples": 0},
             "progressive": prog,
         },
@@ -336,8 +329,7 @@ def table(results: list[Result]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke run: 48 steps, main methods only")
+    p = benchmark_parser(__doc__, "smoke run: 48 steps, main methods only")
     p.add_argument("--steps", type=int, default=None, help="total steps per method (default 320)")
     p.add_argument("--joint", type=int, default=None, help="fused: joint steps (default steps/4)")
     p.add_argument(

@@ -60,8 +60,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
-from _forked import in_fork
+from _common import benchmark_parser, fresh_output, in_fork, quiet_logging
 
+import stackwise.progressive.stage_cache as prog_stage_cache
 import stackwise.progressive.trainer as prog_trainer
 from stackwise.config import Config, from_dict
 from stackwise.data.pack import PreparedData, build_data
@@ -124,16 +125,9 @@ def make_config(plan: Plan, cache: bool, output_dir: Path) -> Config:
                 "mixed_precision": "no",
                 "eval_every": plan.steps_per_stack + 1,  # only the start/end evals of a stage
                 "eval_batches": 1,
-                "output_dir": str(output_dir),
-                "overwrite_output_dir": True,
+                **fresh_output(output_dir),
             },
-            "logging": {
-                "console": False,
-                "jsonl": False,
-                "tensorboard": False,
-                "progress_bar": "never",
-                "log_every": plan.steps_per_stack,
-            },
+            "logging": quiet_logging(log_every=plan.steps_per_stack),
             "sample": {"num_samples": 0},
             "progressive": prog,
         },
@@ -177,7 +171,7 @@ def _install_clocks() -> None:
     step, stage, advance = (
         Trainer.train_step,
         ProgressiveTrainer.train_stage,
-        prog_trainer.advance_cache,
+        prog_stage_cache.advance_cache,
     )
 
     def timed_step(self: Trainer, batches: Any) -> torch.Tensor:
@@ -199,7 +193,7 @@ def _install_clocks() -> None:
 
     Trainer.train_step = timed_step  # type: ignore[method-assign]
     ProgressiveTrainer.train_stage = tracked_stage  # type: ignore[method-assign]
-    prog_trainer.advance_cache = timed_advance  # type: ignore[assignment]
+    prog_stage_cache.advance_cache = timed_advance  # type: ignore[assignment]
 
 
 def run_once(plan: Plan, cache: bool, data: PreparedData, workdir: Path) -> RunResult:
@@ -210,16 +204,16 @@ def run_once(plan: Plan, cache: bool, data: PreparedData, workdir: Path) -> RunR
     trainer = ProgressiveTrainer(config, data, output_dir=workdir, quiet=True)
     # the records are written at the end of each stage; read the cache's contents then too
     contents: dict[int, tuple[int, int]] = {}
-    write_history = trainer.write_history
+    write_history = prog_trainer.write_history
 
-    def after_stage() -> None:
-        c = trainer.cache
-        if c is not None and trainer.records:
+    def after_stage(pt: ProgressiveTrainer) -> None:
+        c = pt.cache
+        if c is not None and pt.records:
             entries = sum(len(s.slot_of) for s in c.stores.values())
-            contents[len(trainer.records) - 1] = (c.nbytes, entries * plan.seq_len)
-        write_history()
+            contents[len(pt.records) - 1] = (c.nbytes, entries * plan.seq_len)
+        write_history(pt)
 
-    trainer.write_history = after_stage  # type: ignore[method-assign]
+    prog_trainer.write_history = after_stage  # this child's run only (it is forked)
     result = trainer.train_progressively()
     if torch.get_num_threads() != 1:
         raise RuntimeError(f"the run changed the thread count to {torch.get_num_threads()}")
@@ -283,8 +277,7 @@ def table(on: list[RunResult], off: list[RunResult], plan: Plan) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke run: 1 rep, 4 stacks, 2 epochs")
+    p = benchmark_parser(__doc__, "smoke run: 1 rep, 4 stacks, 2 epochs")
     p.add_argument("--reps", type=int, default=None, help="interleaved repetitions (default 5)")
     p.add_argument("--stacks", type=int, default=None, help="stacks to grow (default 8)")
     p.add_argument("--samples", type=int, default=None, help="training sequences (default 64)")

@@ -39,8 +39,11 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).parent))
+
 import torch
 import torch.nn.functional as F
+from _common import benchmark_parser
 
 from stackwise.config import ModelConfig
 from stackwise.progressive.builder import AdapterSpec, ProgressiveRackBuilder
@@ -150,8 +153,7 @@ def _shape_args(a: argparse.Namespace) -> list[str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="d=128, 3 stacks, 2 rounds")
+    p = benchmark_parser(__doc__, "d=128, 3 stacks, 2 rounds")
     p.add_argument("--d-model", type=int, default=512)
     p.add_argument("--stacks", type=int, default=8)
     p.add_argument("--seq", type=int, default=128)

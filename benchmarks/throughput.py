@@ -61,7 +61,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 import torch.nn.functional as F
-from _forked import in_fork
+from _common import benchmark_parser, fresh_output, in_fork, quiet_logging
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -164,15 +164,9 @@ def make_config(shape: Shape, plan: Plan, output_dir: Path) -> Config:
                 "max_grad_norm": MAX_GRAD_NORM,
                 "mixed_precision": PRECISION,
                 "eval_every": plan.total_steps + 1,
-                "output_dir": str(output_dir),
-                "overwrite_output_dir": True,
+                **fresh_output(output_dir),
             },
-            "logging": {
-                "console": False,
-                "jsonl": False,
-                "tensorboard": False,
-                "progress_bar": "never",
-            },
+            "logging": quiet_logging(),
         },
         origin="benchmark",
     )
@@ -447,8 +441,7 @@ def headline(all_results: dict[str, Results], shapes: tuple[Shape, ...]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke run: 2 reps of 2 + 5 steps")
+    p = benchmark_parser(__doc__, "smoke run: 2 reps of 2 + 5 steps")
     p.add_argument("--reps", type=int, default=None, help="repetitions per method (default 7)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps per rep (default 5)")
     p.add_argument("--steps", type=int, default=None, help="timed steps per rep (default 30)")

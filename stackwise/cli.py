@@ -226,14 +226,7 @@ def _generate_parser(sub: Any) -> None:
     g.add_argument("--temperature", type=float, default=None)
     g.add_argument("--top-k", type=int, default=None)
     g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--steps", type=int, default=None, help="denoising steps (mlm/diffusion)")
-    g.add_argument("--sampler", choices=["ancestral", "remask", "single_pass"], default=None)
-    g.add_argument(
-        "--remasking",
-        choices=["low_confidence", "random", "entropy", "margin"],
-        default=None,
-        help="remask: which positions are revealed first",
-    )
+    _masked_sampling_flags(g)
     g.add_argument(
         "--block-length", type=int, default=None, help="semi-autoregressive block size (0: off)"
     )
@@ -253,6 +246,18 @@ def _generate_parser(sub: Any) -> None:
     )
     g.add_argument("--seed", type=int, default=0)
     g.set_defaults(func=cmd_generate)
+
+
+def _masked_sampling_flags(parser: argparse.ArgumentParser) -> None:
+    """The sampler flags `generate` and `eval` share (sample.* of the run's config)."""
+    parser.add_argument("--steps", type=int, default=None, help="denoising steps (mlm/diffusion)")
+    parser.add_argument("--sampler", choices=["ancestral", "remask", "single_pass"], default=None)
+    parser.add_argument(
+        "--remasking",
+        choices=["low_confidence", "random", "entropy", "margin"],
+        default=None,
+        help="remask: which positions are revealed first",
+    )
 
 
 def _merge_lora_parser(sub: Any) -> None:
@@ -307,11 +312,7 @@ def _eval_parser(sub: Any) -> None:
     v.add_argument("--t-points", type=int, default=16, help="t grid size of the NELBO")
     v.add_argument("--mc-num", type=int, default=8, help="noise levels per conditional estimate")
     v.add_argument("--max-blocks", type=int, default=64, help="validation blocks scored")
-    v.add_argument("--sampler", choices=["ancestral", "remask", "single_pass"], default=None)
-    v.add_argument(
-        "--remasking", choices=["low_confidence", "random", "entropy", "margin"], default=None
-    )
-    v.add_argument("--steps", type=int, default=None)
+    _masked_sampling_flags(v)
     v.add_argument("--seed", type=int, default=0)
     v.set_defaults(func=cmd_eval)
 

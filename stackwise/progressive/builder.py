@@ -105,36 +105,31 @@ class ProgressiveRackBuilder:
         return stack
 
     def append_stack(
-        self,
-        n_blocks: int | None = None,
-        precision: Precision = "full",
-        adapter: AdapterSpec | None = None,
+        self, n_blocks: int | None = None, precision: Precision = "full", adapter: Any = None
     ) -> Stack:
         """A new stack after the trunk (next to the head): the trunk's output feeds it."""
-        stack = self._make_stack(n_blocks, precision, adapter)
-        self.rack.stacks.append(stack)
-        return stack
+        return self.add_stack(n_blocks, precision, adapter, "append")
 
     def prepend_stack(
-        self,
-        n_blocks: int | None = None,
-        precision: Precision = "full",
-        adapter: AdapterSpec | None = None,
+        self, n_blocks: int | None = None, precision: Precision = "full", adapter: Any = None
     ) -> Stack:
         """A new stack before the trunk (next to the embeddings): it feeds the trunk."""
-        stack = self._make_stack(n_blocks, precision, adapter)
-        self.rack.stacks.insert(0, stack)
-        return stack
+        return self.add_stack(n_blocks, precision, adapter, "prepend")
 
     def add_stack(
         self,
         n_blocks: int | None = None,
         precision: Precision = "full",
         adapter: AdapterSpec | None = None,
+        mode: Literal["append", "prepend"] | None = None,
     ) -> Stack:
-        if self.building_mode == "append":
-            return self.append_stack(n_blocks, precision, adapter)
-        return self.prepend_stack(n_blocks, precision, adapter)
+        """A new stack where `mode` (default: the builder's building_mode) puts it."""
+        stack = self._make_stack(n_blocks, precision, adapter)
+        if (mode or self.building_mode) == "append":
+            self.rack.stacks.append(stack)
+        else:
+            self.rack.stacks.insert(0, stack)
+        return stack
 
     # -- storage and adapters -----------------------------------------------------------------
 

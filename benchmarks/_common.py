@@ -1,0 +1,83 @@
+"""What the benchmarks share: forked runs, quiet run sections, the clm resets, the --quick flag.
+
+A repetition runs in a forked child of the (imports-only) parent, so every run starts from the
+same clean process state (heap, allocator thresholds, caches), as a real training run would,
+instead of inheriting the memory layout of the run before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def _child(conn: Connection, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    try:
+        conn.send((True, fn(*args)))
+    except BaseException as err:  # report any failure to the parent, then exit
+        conn.send((False, f"{type(err).__name__}: {err}"))
+    finally:
+        conn.close()
+
+
+def in_fork(label: str, fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) in a forked child; its result comes back pickled. Failures name `label`."""
+    ctx = mp.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(send, fn, args))
+    proc.start()
+    send.close()
+    try:
+        ok, value = receive.recv()
+    except EOFError:
+        proc.join()
+        raise RuntimeError(f"{label} died (exit code {proc.exitcode})") from None
+    proc.join()
+    if not ok:
+        raise RuntimeError(f"{label} failed: {value}")
+    return value
+
+
+# settings only masked racks read, back at their defaults for a clm run of the default preset
+CLM_RESETS = [
+    "sample.steps=32",
+    "sample.sampler=auto",
+    "sample.remasking=low_confidence",
+    "sample.block_length=0",
+    "sample.no_repeat_words=false",
+    "masking.schedule=linear",
+]
+
+
+def quiet_logging(**extra: Any) -> dict[str, Any]:
+    """A config's logging section that prints and writes nothing (plus `extra`)."""
+    return {
+        "console": False,
+        "jsonl": False,
+        "tensorboard": False,
+        "progress_bar": "never",
+        **extra,
+    }
+
+
+def fresh_output(output_dir: str | Path) -> dict[str, Any]:
+    """train.* keys that send a run to `output_dir`, replacing what an earlier rep left."""
+    return {"output_dir": str(output_dir), "overwrite_output_dir": True}
+
+
+def benchmark_parser(doc: str | None, quick: str = "a short smoke run") -> argparse.ArgumentParser:
+    """A benchmark's command line: described by its docstring's first paragraph, with --quick."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=quick)
+    return parser
+
+
+def quick_flag(doc: str | None) -> argparse.Namespace:
+    """The command line of a benchmark that only takes --quick."""
+    return benchmark_parser(doc).parse_args()
