@@ -22,7 +22,7 @@ LETTER, OTHER, MASKED = 0, 1, 2
 
 @dataclass
 class WordRepeatGuard:
-    kinds: torch.Tensor  # (vocab,) LETTER or OTHER per token id
+    kinds: list[int]  # LETTER or OTHER per token id (ids past the end are OTHER)
     keys: list[str]  # the lower-case character of each id ("" for OTHER)
     mask_id: int
     bans: dict[tuple[int, int], set[int]] = field(default_factory=dict)
@@ -37,15 +37,17 @@ class WordRepeatGuard:
                 f"a run of one-letter tokens), but tokens such as {long[:3]} hold several "
                 "characters; use data.tokenizer: char or byte, or turn no_repeat_words off"
             )
-        kinds = torch.tensor([LETTER if p.isalpha() or p == "'" else OTHER for p in pieces])
+        kinds = [LETTER if p.isalpha() or p == "'" else OTHER for p in pieces]
         keys = [p.lower() if p.isalpha() or p == "'" else "" for p in pieces]
         return cls(kinds, keys, mask_id)
 
     def _words(self, row: torch.Tensor) -> list[tuple[int, int, bool]]:
         """(start, end, complete) of each letter run; complete when neither edge is masked
         and the gap to the previous run holds no mask."""
-        kind = self.kinds[row.clamp(0, len(self.kinds) - 1)].tolist()
-        masked = (row == self.mask_id).tolist()
+        ids = row.tolist()  # plain ints: the row may live on any device
+        n_known = len(self.kinds)
+        kind = [self.kinds[i] if 0 <= i < n_known else OTHER for i in ids]
+        masked = [i == self.mask_id for i in ids]
         out: list[tuple[int, int, bool]] = []
         i, n = 0, len(kind)
         while i < n:

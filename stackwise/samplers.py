@@ -152,6 +152,8 @@ class MaskedSampler:
     def run(self, prompt: torch.Tensor, length: int) -> torch.Tensor:
         b, p = prompt.shape
         self.prompt_len = p
+        if self.guard is not None:
+            self.guard.bans.clear()  # bans are per run: (row, position) of this run's rows
         x = torch.cat([prompt, prompt.new_full((b, length), self.mask_id)], dim=1)
         if self.s.sampler == "single_pass":
             x = self._single_pass(x)

@@ -4,6 +4,7 @@ single-pass sampler runs the whole rack once to sample from full noise."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 import torch
@@ -123,6 +124,13 @@ def test_a_chain_trains_samples_in_one_pass_and_scores_routed(tiny):
         res.config, rack, tok, n=3, sampler="single_pass", steps=32, remasking="low_confidence"
     )
     assert ranked.stats.forward_passes == 1 and not bool((ranked.ids == mask_id).any())
+    # a chain grown by the earlier formula (no chain_input marker) is refused, not misread
+    meta_path = res.output_dir / "stacks" / "stack_1.json"
+    meta = json.loads(meta_path.read_text())
+    assert meta["chain_input"] == 2
+    meta_path.write_text(json.dumps({k: v for k, v in meta.items() if k != "chain_input"}))
+    with pytest.raises(StackWiseError, match="earlier StackWise"):
+        load_trained(res.output_dir)
 
 
 @pytest.mark.parametrize(

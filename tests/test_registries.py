@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import pytest
+import torch
 from torch import nn
 
 import stackwise
@@ -90,6 +91,14 @@ def test_progressive_growth_refuses_a_model_it_cannot_grow(tiny):
     )
     with pytest.raises(StackWiseError, match="cannot be grown"):
         stackwise.train_from_config(cfg, quiet=True, adapter="toy_bigram")
+
+
+def test_the_rack_adapter_loads_what_it_saved(tiny):
+    res = stackwise.train_from_config(tiny(train={"max_steps": 2}), quiet=True, adapter="rack")
+    config, rack, tok = stackwise.get_model_adapter("rack").load(res.output_dir)
+    assert config.model == res.config.model and len(tok) == len(res.data.tokenizer)
+    saved, trained = rack.state_dict(), res.rack.state_dict()
+    assert all(torch.equal(saved[k], trained[k].cpu()) for k in trained)
 
 
 def test_the_built_in_strategies_are_registered():

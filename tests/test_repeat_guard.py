@@ -61,6 +61,11 @@ def test_mend_masks_the_second_word_and_bans_its_first_letter():
     assert torch.equal(same, enc("a the then")) and block is in_block
 
 
+def test_ids_past_the_tokenizer_are_separators():
+    # a model vocabulary larger than the tokenizer's (model.vocab_size) may sample such ids
+    assert guard().repeats(torch.tensor([[IDS["a"], 50, IDS["a"]]]), 0) == [(0, 2, 3)]
+
+
 def test_multi_character_vocabularies_are_refused():
     with pytest.raises(ValueError, match="character- or byte-level"):
         WordRepeatGuard.from_pieces(["", " ", "the", "a"], 0)

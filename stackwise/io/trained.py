@@ -11,12 +11,12 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from stackwise.config import Config, load_config, save_config
+from stackwise.config import Config, load_config
 from stackwise.data.tokenizer import load_tokenizer_dir
 from stackwise.errors import StackWiseError
-from stackwise.io.files import read_tensors, save_tensors, write_json
+from stackwise.io.files import read_tensors, save_tensors, write_atomic, write_json
 from stackwise.io.stack_files import needs_structure, rack_from_stacks, read_manifest
-from stackwise.model.chain import DenoisingChain
+from stackwise.model.chain import CHAIN_INPUT_VERSION, DenoisingChain
 from stackwise.model.rack import Rack
 
 WEIGHTS = "model.safetensors"
@@ -38,7 +38,7 @@ def save_run(
     """A finished run: weights (unless None), config.yaml, tokenizer/ and history.json."""
     if model is not None:
         save_model(model, folder)
-    save_config(config, folder / "config.yaml")
+    write_atomic(folder / "config.yaml", config.to_yaml())
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder / "tokenizer"))
     write_json(folder / "history.json", summary)
@@ -110,7 +110,12 @@ def load_trained(
         rack = rack_from_stacks(config, vocab, folder)
     routed = config.progressive.mode != "fused"  # joint tuning trained the whole rack
     if routed and metas and all(m.get("t_range") for m in metas):  # time as depth
-        rack.set_depth_routing(
-            [(m["growth_index"], *m["t_range"]) for m in metas], chain_of(config, tokenizer)
-        )
+        chain = chain_of(config, tokenizer)
+        if chain is not None and any(m.get("chain_input") != CHAIN_INPUT_VERSION for m in metas):
+            raise StackWiseError(
+                f"'{folder}' was grown as a denoising chain by an earlier StackWise, whose "
+                "stacks read their input another way (the revealed tokens were drowned); its "
+                "weights do not fit the current chain. Retrain it."
+            )
+        rack.set_depth_routing([(m["growth_index"], *m["t_range"]) for m in metas], chain)
     return config, rack.to(device).eval(), tokenizer

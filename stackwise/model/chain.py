@@ -25,6 +25,10 @@ import torch
 
 from stackwise.objectives.keyed import keyed_uniform, mix32
 
+# what a stack's input is in the chain; recorded with every chain stack so a run grown with an
+# earlier formula (1: previous output plus embedding deltas, which drowned the tokens) is refused
+CHAIN_INPUT_VERSION = 2
+
 
 @dataclass(frozen=True)
 class DenoisingChain:

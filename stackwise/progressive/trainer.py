@@ -17,15 +17,16 @@ import torch
 from accelerate import Accelerator
 
 from stackwise import seeds
-from stackwise.config import Config, derive, save_config, stack_config
+from stackwise.config import Config, derive, stack_config
 from stackwise.data.pack import PreparedData
 from stackwise.errors import StackWiseError
+from stackwise.io.files import write_atomic
 from stackwise.io.stack_files import (
     save_anchor_and_manifest,
     save_stack,
 )
 from stackwise.io.trained import save_model
-from stackwise.model.chain import DenoisingChain
+from stackwise.model.chain import CHAIN_INPUT_VERSION, DenoisingChain
 from stackwise.model.rack import count_parameters
 from stackwise.objectives import Objective, build_objective
 from stackwise.progressive.builder import QUANTIZED, AdapterSpec, ProgressiveRackBuilder
@@ -267,6 +268,8 @@ class ProgressiveTrainer:
             assert stack is not None
             g = b.growth_index(stack)
             info = {"position": b.position(stack), **b.meta[stack].as_dict()}
+            if self.chain() is not None:
+                info["chain_input"] = CHAIN_INPUT_VERSION
             save_stack(self.output_dir, g, stack, {**info, "t_range": self.t_range(g)})
         order = [b.growth_index(s) for s in b.rack.stacks]
         save_anchor_and_manifest(self.output_dir, b.rack, order)
@@ -385,7 +388,7 @@ class ProgressiveTrainer:
         acc.wait_for_everyone()
         if acc.is_main_process:
             out = self.output_dir
-            save_config(self.config, out / "config.yaml")
+            write_atomic(out / "config.yaml", self.config.to_yaml())
             if tokenizer is not None:
                 tokenizer.save_pretrained(str(out / "tokenizer"))
             if self.p.save_rack:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from stackwise.config import Config
+from stackwise.errors import StackWiseError
 from stackwise.objectives.base import Objective
 from stackwise.registry import Registry
 
@@ -48,6 +49,29 @@ class ModelAdapter:
 
         save_model(model, folder)
 
+    def load_weights(self, model: nn.Module, path: Path) -> None:
+        """Weights that `save` wrote (a checkpoint's, on resume) into `model` as built."""
+        from stackwise.io.trained import load_weights
+
+        if all(p.is_floating_point() for p in model.parameters()):
+            load_weights(model, path)
+            return
+        from stackwise.io.files import read_tensors
+        from stackwise.quant.layers import load_quantized_state  # packed quantized weights
+
+        state = read_tensors(path, "Resume from another checkpoint.")
+        try:
+            load_quantized_state(model, state)
+        except (KeyError, RuntimeError) as err:
+            raise StackWiseError(
+                f"'{path}' does not match this model ({str(err)[:160]}). It was made with "
+                "another model shape; resume with its own config."
+            ) from None
+
+    def load(self, folder: Path) -> tuple[Config, nn.Module, Any]:
+        """(config, model, tokenizer) of a run this adapter saved."""
+        raise NotImplementedError(f"the '{self.name}' model adapter cannot load a saved run")
+
 
 ADAPTERS: Registry[ModelAdapter] = Registry()
 MODEL_ADAPTERS = ADAPTERS.entries
@@ -70,3 +94,8 @@ class RackAdapter(ModelAdapter):
         from stackwise.io.trained import build_rack
 
         return build_rack(config, vocab_size)
+
+    def load(self, folder: Path) -> tuple[Config, nn.Module, Any]:
+        from stackwise.io.trained import load_trained
+
+        return load_trained(folder)

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
-from torch import nn
 
 from stackwise.errors import StackWiseError
 from stackwise.io import checkpoints as ckpt
@@ -103,22 +102,6 @@ class Checkpointer:
                 "same number of processes."
             )
         return state
-
-    def read_weights(self, module: nn.Module, path: Path) -> None:
-        from stackwise.io.trained import load_weights
-
-        if all(p.is_floating_point() for p in module.parameters()):
-            load_weights(module, path / "model.safetensors")
-            return
-        from stackwise.quant.layers import load_quantized_state  # packed quantized weights
-
-        try:
-            load_quantized_state(module, ckpt.load_weights_file(path / "model.safetensors"))
-        except (KeyError, RuntimeError) as err:
-            raise StackWiseError(
-                f"Checkpoint '{path}' does not match this model ({str(err)[:160]}). It was made "
-                "with another model shape; resume with its own config."
-            ) from None
 
     def read_rng(self, path: Path) -> None:
         ckpt.set_rng_state(ckpt.load_json(path / f"rng_state_{self.acc.process_index}.json"))

@@ -342,11 +342,12 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """trainer_state.json: the run state, plus what extensions report and keep."""
-        out: dict[str, Any] = {"best_metric": None, **self.state.state_dict()}
+        out: dict[str, Any] = {"best_metric": None}
+        for ext in self.extensions:  # first: a report never overwrites the run state
+            out.update(ext.report())
+        out.update(self.state.state_dict())
         out["world_size"] = self.accelerator.num_processes
         out["stack_index"] = self.stage.index
-        for ext in self.extensions:
-            out.update(ext.report())
         out["extensions"] = {e.name: e.state_dict() for e in self.extensions}
         return out
 
@@ -354,7 +355,7 @@ class Trainer:
         """Weights, optimizer, scheduler, sampler position, RNG and extension states."""
         acc, cp = self.accelerator, self.checkpointer
         saved = cp.read_state(path)
-        cp.read_weights(self._checkpointed(), path)
+        self.adapter.load_weights(self._checkpointed(), path / "model.safetensors")
         self.optimizer.load_state_dict(ckpt.load_bin(path / "optimizer.bin"))
         self.scheduler.load_state_dict(ckpt.load_bin(path / "scheduler.bin"))
         if acc.scaler is not None and (path / "scaler.bin").is_file():
