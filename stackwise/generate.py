@@ -11,6 +11,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from stackwise.config import Config, SampleConfig, derive
+from stackwise.errors import StackWiseError
 from stackwise.model.layers import KVCache
 from stackwise.model.rack import Rack
 from stackwise.objectives import build_objective
@@ -99,12 +100,27 @@ def generate(
         config = derive(config, changes, "the sampling settings")
     s = config.sample
     n = s.num_samples if n is None else n
+    if n < 1:
+        raise StackWiseError(f"The number of samples must be at least 1 (got {n}).")
     prompt = s.prompt if prompt is None else prompt
     dev = next(rack.parameters()).device
     gen = torch.Generator(device=dev).manual_seed(seed)
     prefix = tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt else []
     if config.objective.causal and not prefix:
         prefix = [tokenizer.eos_token_id]  # training text follows an EOS document boundary
+    context = rack.cfg.max_seq_len
+    if len(prefix) >= context:
+        raise StackWiseError(
+            f"The prompt is {len(prefix)} tokens long and this rack's context is {context}: "
+            "nothing would be left to generate, and a prompt is never cut silently. Shorten it."
+        )
+    room = context - len(prefix)
+    if not config.objective.causal and "max_new_tokens" in updates and s.max_new_tokens > room:
+        raise StackWiseError(
+            f"max_new_tokens={s.max_new_tokens} does not fit: a masked rack fills its whole "
+            f"context ({context} tokens) at once, and the prompt takes {len(prefix)}. Ask for at "
+            f"most {room} new tokens."
+        )
     ids = torch.tensor([prefix] * n, device=dev, dtype=torch.long).view(n, len(prefix))
     specials = specials_of(tokenizer)
     stats = SampleStats()
@@ -128,7 +144,7 @@ def generate(
                 specials.eos_id,
                 guard=repeat_guard(tokenizer, specials.mask_id) if s.no_repeat_words else None,
             )
-            length = max(1, min(s.max_new_tokens, rack.cfg.max_seq_len - ids.shape[1]))
+            length = min(s.max_new_tokens, room)  # the config's default is fitted to the room
             out = sampler.run(ids, length)
             out = truncate_at_eos(out, ids.shape[1], specials.eos_id, specials.mask_id)
             stats = sampler.stats

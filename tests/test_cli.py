@@ -166,6 +166,13 @@ def work2(work: Work) -> Work:
         jobs[name] = args
         work.errors[name] = (needles, check)
 
+    for flag, (args, needle) in GENERATE_FLAGS.items():
+        error(
+            f"generate-{flag}",
+            ["generate", "--checkpoint", work.runs["diffusion"], *args],
+            None,
+            needle,
+        )
     taken = root / "taken"
     shutil.copytree(clm, taken)
     before = {p.name: p.read_bytes() for p in taken.iterdir() if p.is_file()}
@@ -298,6 +305,19 @@ def test_config_validate_accepts_a_good_file(work):
 
 # --- user errors: exit 2, one paragraph, no traceback ----------------------------------------
 
+# generate's flags, each out of range (on the diffusion run): (args, what the message names)
+GENERATE_FLAGS = {
+    "temperature": (["--temperature", -1], "sample.temperature"),
+    "top-p-zero": (["--top-p", 0], "sample.top_p"),
+    "top-p-big": (["--top-p", 1.5], "sample.top_p"),
+    "top-k": (["--top-k", -1], "sample.top_k"),
+    "max-new-zero": (["--max-new-tokens", 0], "sample.max_new_tokens"),
+    "max-new-over-context": (["--max-new-tokens", 1000], "does not fit"),
+    "num-samples": (["--num-samples", 0], "at least 1"),
+    "steps": (["--steps", 0], "sample.steps"),
+    "long-prompt": (["--prompt", "the king " * 40], "never cut silently"),
+}
+
 ERROR_CASES = [
     "malformed-yaml",
     "unknown-key",
@@ -313,6 +333,7 @@ ERROR_CASES = [
     "generate-no-config",
     "generate-truncated",
     "generate-shape-mismatch",
+    *[f"generate-{flag}" for flag in GENERATE_FLAGS],
 ]
 
 
