@@ -82,6 +82,42 @@ def masked_settings(config: Config, s: SampleConfig) -> MaskedSampling:
     )
 
 
+def masked_sampler(
+    config: Config, rack: Rack, tokenizer: PreTrainedTokenizerBase, gen: torch.Generator
+) -> MaskedSampler:
+    """The masked sampler config.sample describes, with the specials of `tokenizer` banned."""
+    from stackwise.data.pack import specials_of
+
+    specials, s = specials_of(tokenizer), config.sample
+    obj = build_objective(config, specials)
+    banned = [i for i in (specials.mask_id, specials.pad_id, specials.bos_id) if i is not None]
+    return MaskedSampler(
+        rack,
+        masked_settings(config, s),
+        specials.mask_id,
+        banned,
+        gen,
+        obj.schedule if isinstance(obj, Diffusion) else None,
+        specials.eos_id,
+        guard=repeat_guard(tokenizer, specials.mask_id) if s.no_repeat_words else None,
+    )
+
+
+def prompt_ids(
+    config: Config, tokenizer: PreTrainedTokenizerBase, prompt: str, context: int
+) -> list[int]:
+    """The prompt's ids (an EOS for an empty causal prompt); refused if it fills the context."""
+    prefix = tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt else []
+    if config.objective.causal and not prefix:
+        prefix = [tokenizer.eos_token_id]  # training text follows an EOS document boundary
+    if len(prefix) >= context:
+        raise StackWiseError(
+            f"The prompt is {len(prefix)} tokens long and this rack's context is {context}: "
+            "nothing would be left to generate, and a prompt is never cut silently. Shorten it."
+        )
+    return prefix
+
+
 def generate(
     config: Config,
     rack: Rack,
@@ -102,24 +138,17 @@ def generate(
     n = s.num_samples if n is None else n
     if n < 1:
         raise StackWiseError(f"The number of samples must be at least 1 (got {n}).")
-    prompt = s.prompt if prompt is None else prompt
     dev = next(rack.parameters()).device
     gen = torch.Generator(device=dev).manual_seed(seed)
-    prefix = tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt else []
-    if config.objective.causal and not prefix:
-        prefix = [tokenizer.eos_token_id]  # training text follows an EOS document boundary
-    context = rack.cfg.max_seq_len
-    if len(prefix) >= context:
-        raise StackWiseError(
-            f"The prompt is {len(prefix)} tokens long and this rack's context is {context}: "
-            "nothing would be left to generate, and a prompt is never cut silently. Shorten it."
-        )
-    room = context - len(prefix)
+    prefix = prompt_ids(
+        config, tokenizer, s.prompt if prompt is None else prompt, rack.cfg.max_seq_len
+    )
+    room = rack.cfg.max_seq_len - len(prefix)
     if not config.objective.causal and "max_new_tokens" in updates and s.max_new_tokens > room:
         raise StackWiseError(
             f"max_new_tokens={s.max_new_tokens} does not fit: a masked rack fills its whole "
-            f"context ({context} tokens) at once, and the prompt takes {len(prefix)}. Ask for at "
-            f"most {room} new tokens."
+            f"context ({rack.cfg.max_seq_len} tokens) at once, and the prompt takes "
+            f"{len(prefix)}. Ask for at most {room} new tokens."
         )
     ids = torch.tensor([prefix] * n, device=dev, dtype=torch.long).view(n, len(prefix))
     specials = specials_of(tokenizer)
@@ -130,20 +159,7 @@ def generate(
         if config.objective.causal:
             out = generate_clm(rack, ids, s.max_new_tokens, s, gen, specials.eos_id, stats)
         else:
-            obj = build_objective(config, specials)
-            banned = [
-                i for i in (specials.mask_id, specials.pad_id, specials.bos_id) if i is not None
-            ]
-            sampler = MaskedSampler(
-                rack,
-                masked_settings(config, s),
-                specials.mask_id,
-                banned,
-                gen,
-                obj.schedule if isinstance(obj, Diffusion) else None,
-                specials.eos_id,
-                guard=repeat_guard(tokenizer, specials.mask_id) if s.no_repeat_words else None,
-            )
+            sampler = masked_sampler(config, rack, tokenizer, gen)
             length = min(s.max_new_tokens, room)  # the config's default is fitted to the room
             out = sampler.run(ids, length)
             out = truncate_at_eos(out, ids.shape[1], specials.eos_id, specials.mask_id)

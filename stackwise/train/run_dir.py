@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from accelerate import Accelerator
 from stackwise.config import Config
 from stackwise.errors import StackWiseError
 from stackwise.io import checkpoints as ckpt
+from stackwise.io.lock import LOCK, lock_run_folder, unlock_run_folder
 
 
 def run_dir_of(config: Config, output_dir: str | Path | None) -> str | Path | None:
@@ -34,11 +36,35 @@ def resolve_output_dir(config: Config) -> Path:
     return Path("outputs") / name
 
 
-def prepare_output_dir(path: Path, overwrite: bool, resuming: bool = False) -> None:
-    """Refuse to clobber a finished run; check that we can write before any training.
+def prepare_output_dir(path: Path, overwrite: bool, resuming: bool = False) -> str | None:
+    """Lock the folder for this run, refuse to clobber a finished run, and check that we can
+    write, all before any training. Returns a note when a dead run's lock was taken over.
 
     A run being resumed has stacks and history already (written as stages end); only a final
     model.safetensors marks it finished."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise StackWiseError(
+            f"Cannot write to output dir '{path}': {err.strerror or err}. Pick a writable "
+            "train.output_dir."
+        ) from None
+    lock = path / LOCK
+    before = lock.read_bytes() if lock.is_file() else None
+    note = lock_run_folder(path)  # first: a folder in use is refused before anything else
+    try:
+        _check_and_clear(path, overwrite, resuming)
+    except StackWiseError:
+        unlock_run_folder(path)
+        if before is None:  # a refused run leaves the folder exactly as it found it
+            lock.unlink(missing_ok=True)
+        else:
+            lock.write_bytes(before)
+        raise
+    return note
+
+
+def _check_and_clear(path: Path, overwrite: bool, resuming: bool) -> None:
     finished = ("model.safetensors",)
     if not resuming:
         finished += ("stacks/manifest.json", "progressive_history.json")
@@ -55,7 +81,6 @@ def prepare_output_dir(path: Path, overwrite: bool, resuming: bool = False) -> N
             "train.overwrite_output_dir=true to start over."
         )
     try:
-        path.mkdir(parents=True, exist_ok=True)
         probe = path / ".write-test"
         probe.write_text("ok")
         probe.unlink()
@@ -75,11 +100,13 @@ def claim_output_dir(acc: Accelerator, config: Config, output_dir: str | Path | 
     if acc.is_main_process:
         shared[0] = shared[0] or str(resolve_output_dir(config))
         try:
-            prepare_output_dir(
+            note = prepare_output_dir(
                 Path(shared[0]),
                 config.train.overwrite_output_dir,
                 resuming=config.train.resume_from_checkpoint is not None,
             )
+            if note:
+                print(f"stackwise: {note}", file=sys.stderr)
         except StackWiseError as err:
             shared[1] = str(err)
     if acc.num_processes > 1:

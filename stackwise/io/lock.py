@@ -1,0 +1,53 @@
+"""One run per folder: an exclusive `flock` on `<run>/.stackwise.lock`, holding the owner's PID.
+
+Two runs writing one folder interleave their metrics and overwrite each other's checkpoints and
+final weights, each exiting 0. The kernel drops a flock when its process dies, so a lock left by
+a crashed run is simply taken over. A process keeps its locks until it exits (re-entrant: a run
+resumed in the same process, or a notebook training twice into one folder, takes it again).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from stackwise.errors import StackWiseError
+
+LOCK = ".stackwise.lock"
+_held: dict[Path, int] = {}  # folder -> open descriptor holding its lock
+
+
+def lock_run_folder(folder: Path) -> str | None:
+    """Take the folder's lock or raise naming the process that holds it. Returns a note when a
+    lock left by a process that is gone was taken over."""
+    import fcntl  # POSIX; imported here so that the module loads everywhere
+
+    folder = folder.resolve()
+    if folder in _held:
+        return None
+    path = folder / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StackWiseError(
+            f"Output dir '{folder}' is in use by another StackWise run (PID {owner}). Two runs "
+            "in one folder overwrite each other's checkpoints and weights: wait for it to end, "
+            "or choose another train.output_dir."
+        ) from None
+    previous = os.read(fd, 64).decode(errors="replace").strip()
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _held[folder] = fd
+    if previous and previous != str(os.getpid()):
+        return f"took over the lock of '{folder}' left by PID {previous}, which has ended"
+    return None
+
+
+def unlock_run_folder(folder: Path) -> None:
+    fd = _held.pop(folder.resolve(), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor drops the flock
