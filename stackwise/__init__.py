@@ -1,82 +1,102 @@
 """StackWise: train transformer language models stack by stack.
 
-The public API lives here; everything else is an implementation detail.
+The public API lives here; everything else is an implementation detail. Names load on first use
+(PEP 562), so `stackwise --help` and `stackwise config show` do not pay for torch and
+transformers.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 # Before anything can run a bf16 matmul: on VMs whose AMX kernels trap, oneDNN must be capped
-# first (see stackwise.hwprobe). A warm check is a file read.
+# first (see stackwise.hwprobe). A warm check is a file read, and imports no torch.
 from stackwise.hwprobe import ensure_bf16_ready
 
 ensure_bf16_ready()
 
-# ruff: noqa: E402
-
-from stackwise.config import Config, load_config, save_config
-from stackwise.data import PreparedData, build_data
-from stackwise.errors import StackWiseError
-from stackwise.generate import sample_texts
-from stackwise.io.merge import merge_checkpoint
-from stackwise.model import Block, Rack, Stack
-from stackwise.model.hf import export_llama
-from stackwise.objectives import Objective, Specials, build_objective
-from stackwise.pipeline import train_from_config
-from stackwise.progressive import (
-    ActivationCache,
-    LocalLossTrainer,
-    ProgressiveRackBuilder,
-    ProgressiveTrainer,
-    depth_range,
-)
-from stackwise.quant import add_adapter, merge_adapters, quantize_linears, weight_bytes
-from stackwise.strategies import (
-    RunResult,
-    TrainingStrategy,
-    get_training_strategy,
-    register_training_strategy,
-)
-from stackwise.train import Trainer, build_rack, load_trained
-from stackwise.train.adapters import ModelAdapter, get_model_adapter, register_model_adapter
-from stackwise.train.extensions import Extension, register_extension
-
 __version__ = "0.1.0"
 
-__all__ = [
-    "ActivationCache",
-    "Block",
-    "Config",
-    "Extension",
-    "LocalLossTrainer",
-    "ModelAdapter",
-    "Objective",
-    "PreparedData",
-    "ProgressiveRackBuilder",
-    "ProgressiveTrainer",
-    "Rack",
-    "RunResult",
-    "Specials",
-    "Stack",
-    "StackWiseError",
-    "Trainer",
-    "TrainingStrategy",
-    "__version__",
-    "add_adapter",
-    "build_data",
-    "build_objective",
-    "build_rack",
-    "depth_range",
-    "export_llama",
-    "get_model_adapter",
-    "get_training_strategy",
-    "load_config",
-    "load_trained",
-    "merge_adapters",
-    "merge_checkpoint",
-    "quantize_linears",
-    "register_extension",
-    "register_model_adapter",
-    "register_training_strategy",
-    "sample_texts",
-    "save_config",
-    "train_from_config",
-    "weight_bytes",
-]
+_EXPORTS = {
+    "stackwise.config": ("Config", "load_config", "save_config"),
+    "stackwise.data": ("PreparedData", "build_data"),
+    "stackwise.errors": ("StackWiseError",),
+    "stackwise.generate": ("sample_texts",),
+    "stackwise.io.merge": ("merge_checkpoint",),
+    "stackwise.model": ("Block", "Rack", "Stack"),
+    "stackwise.model.hf": ("export_llama",),
+    "stackwise.objectives": ("Objective", "Specials", "build_objective"),
+    "stackwise.pipeline": ("train_from_config",),
+    "stackwise.progressive": (
+        "ActivationCache",
+        "LocalLossTrainer",
+        "ProgressiveRackBuilder",
+        "ProgressiveTrainer",
+        "depth_range",
+    ),
+    "stackwise.quant": ("add_adapter", "merge_adapters", "quantize_linears", "weight_bytes"),
+    "stackwise.strategies": (
+        "RunResult",
+        "TrainingStrategy",
+        "get_training_strategy",
+        "register_training_strategy",
+    ),
+    "stackwise.train": ("Trainer", "build_rack", "load_trained"),
+    "stackwise.train.adapters": ("ModelAdapter", "get_model_adapter", "register_model_adapter"),
+    "stackwise.train.extensions": ("Extension", "register_extension"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted([*_WHERE, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stackwise' has no attribute '{name}'")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # next time a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # static tools see the real names
+    from stackwise.config import Config, load_config, save_config  # noqa: F401
+    from stackwise.data import PreparedData, build_data  # noqa: F401
+    from stackwise.errors import StackWiseError  # noqa: F401
+    from stackwise.generate import sample_texts  # noqa: F401
+    from stackwise.io.merge import merge_checkpoint  # noqa: F401
+    from stackwise.model import Block, Rack, Stack  # noqa: F401
+    from stackwise.model.hf import export_llama  # noqa: F401
+    from stackwise.objectives import Objective, Specials, build_objective  # noqa: F401
+    from stackwise.pipeline import train_from_config  # noqa: F401
+    from stackwise.progressive import (  # noqa: F401
+        ActivationCache,
+        LocalLossTrainer,
+        ProgressiveRackBuilder,
+        ProgressiveTrainer,
+        depth_range,
+    )
+    from stackwise.quant import (  # noqa: F401
+        add_adapter,
+        merge_adapters,
+        quantize_linears,
+        weight_bytes,
+    )
+    from stackwise.strategies import (  # noqa: F401
+        RunResult,
+        TrainingStrategy,
+        get_training_strategy,
+        register_training_strategy,
+    )
+    from stackwise.train import Trainer, build_rack, load_trained  # noqa: F401
+    from stackwise.train.adapters import (  # noqa: F401
+        ModelAdapter,
+        get_model_adapter,
+        register_model_adapter,
+    )
+    from stackwise.train.extensions import Extension, register_extension  # noqa: F401

@@ -193,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="stackwise", description="Train language models stack by stack."
     )
+    from stackwise import __version__
+
+    p.add_argument("--version", action="version", version=f"stackwise {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     _train_parser(sub)
     _generate_parser(sub)

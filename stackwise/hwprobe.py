@@ -113,13 +113,18 @@ def cpu_description() -> tuple[str, str]:
 
 
 def machine_key(user_cap: str | None) -> tuple[str, str]:
-    """(cache file stem, human description) for this CPU, kernel, torch and user cap."""
-    import torch
+    """(cache file stem, human description) for this CPU, kernel, torch and user cap. The torch
+    version comes from its package metadata: importing torch costs a second on every command."""
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "unknown"
     model, flags = cpu_description()
-    parts = [model, flags, platform.release(), torch.__version__, user_cap or "", PROBE_VERSION]
+    parts = [model, flags, platform.release(), torch_version, user_cap or "", PROBE_VERSION]
     digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
-    return f"bf16-{digest}", f"{model}; kernel {platform.release()}; torch {torch.__version__}"
+    return f"bf16-{digest}", f"{model}; kernel {platform.release()}; torch {torch_version}"
 
 
 def _signal_name(code: int) -> str:

@@ -14,3 +14,17 @@ def test_the_package_has_no_structure_problems():
     structure = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(structure)
     assert structure.find_problems() == []
+
+
+def test_the_cli_answers_help_without_loading_torch():
+    """`stackwise --help`, `--version` and `config show` must not import torch (~1-4 s)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, stackwise.cli as c; c.build_parser(); "
+        "from stackwise.config import load_config; load_config(None, []); "
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
