@@ -64,3 +64,16 @@ def test_the_trainer_takes_the_lock_before_training(tiny, tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+def test_weights_get_the_permissions_of_the_other_files(tmp_path):
+    import os
+
+    import torch
+
+    from stackwise.io.files import save_tensors, write_atomic
+
+    save_tensors({"w": torch.zeros(2)}, tmp_path / "model.safetensors")
+    write_atomic(tmp_path / "config.yaml", "x: 1\n")
+    mode = os.stat(tmp_path / "model.safetensors").st_mode & 0o777
+    assert mode == os.stat(tmp_path / "config.yaml").st_mode & 0o777

@@ -68,8 +68,15 @@ def write_json(path: Path, data: Any) -> None:
 def save_tensors(state: dict[str, torch.Tensor], path: Path) -> Path:
     tmp = _tmp(path)
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp), METADATA)
+    os.chmod(tmp, 0o666 & ~_umask())  # safetensors creates 0600; match the run's other files
     _replace(tmp, path)
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def read_tensors(path: Path, fix: str) -> dict[str, torch.Tensor]:
