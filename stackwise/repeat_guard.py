@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-LETTER, OTHER, MASKED = 0, 1, 2
+LETTER, OTHER = 0, 1
 
 
 @dataclass
@@ -41,10 +41,9 @@ class WordRepeatGuard:
         keys = [p.lower() if p.isalpha() or p == "'" else "" for p in pieces]
         return cls(kinds, keys, mask_id)
 
-    def _words(self, row: torch.Tensor) -> list[tuple[int, int, bool]]:
+    def _words(self, ids: list[int]) -> list[tuple[int, int, bool]]:
         """(start, end, complete) of each letter run; complete when neither edge is masked
         and the gap to the previous run holds no mask."""
-        ids = row.tolist()  # plain ints: the row may live on any device
         n_known = len(self.kinds)
         kind = [self.kinds[i] if 0 <= i < n_known else OTHER for i in ids]
         masked = [i == self.mask_id for i in ids]
@@ -65,9 +64,8 @@ class WordRepeatGuard:
     def repeats(self, x: torch.Tensor, start: int) -> list[tuple[int, int, int]]:
         """(row, begin, end) of each generated word that repeats the word just before it."""
         found = []
-        for r in range(x.shape[0]):
-            row = x[r].tolist()
-            words = self._words(x[r])
+        for r, row in enumerate(x.tolist()):  # one transfer, plain ints: x may be on a GPU
+            words = self._words(row)
             for (a0, b0, ok0), (a1, b1, ok1) in itertools.pairwise(words):
                 if not (ok0 and ok1) or b1 <= start or self.mask_id in row[b0:a1]:
                     continue
@@ -84,9 +82,12 @@ class WordRepeatGuard:
         """Mask each repeat again and ban its first token there. A word that ended in an earlier
         block (its end was only known once this block revealed the next character) joins the
         block being filled. Returns (x, in_block), the same tensors when there is no repeat."""
-        for r, a, b in self.repeats(x, start):
+        found = self.repeats(x, start)
+        if not found:
+            return x, in_block
+        x, in_block = x.clone(), in_block.clone()
+        for r, a, b in found:
             self.bans.setdefault((r, a), set()).add(int(x[r, a]))
-            x, in_block = x.clone(), in_block.clone()
             x[r, a:b] = self.mask_id
             in_block[r, a:b] = True
         return x, in_block

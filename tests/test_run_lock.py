@@ -77,3 +77,14 @@ def test_weights_get_the_permissions_of_the_other_files(tmp_path):
     write_atomic(tmp_path / "config.yaml", "x: 1\n")
     mode = os.stat(tmp_path / "model.safetensors").st_mode & 0o777
     assert mode == os.stat(tmp_path / "config.yaml").st_mode & 0o777
+
+
+def test_a_run_that_ended_normally_leaves_no_pid_behind(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    code = "import sys; from pathlib import Path; from stackwise.io.lock import lock_run_folder; "
+    code += "lock_run_folder(Path(sys.argv[1]))"
+    subprocess.run([sys.executable, "-c", code, str(folder)], check=True)
+    assert (folder / LOCK).read_text() == ""
+    assert lock_run_folder(folder) is None  # no takeover note: nothing crashed
+    unlock_run_folder(folder)

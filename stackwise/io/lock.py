@@ -8,6 +8,8 @@ resumed in the same process, or a notebook training twice into one folder, takes
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 from pathlib import Path
 
@@ -41,13 +43,25 @@ def lock_run_folder(folder: Path) -> str | None:
     os.lseek(fd, 0, os.SEEK_SET)
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
+    if not _held:
+        atexit.register(_release_all)
     _held[folder] = fd
     if previous and previous != str(os.getpid()):
         return f"took over the lock of '{folder}' left by PID {previous}, which has ended"
     return None
 
 
+def _release_all() -> None:
+    """At a normal exit, clear the PIDs: only a process that died leaves its PID behind, so the
+    takeover note means a crashed or killed run, not every resume."""
+    for fd in _held.values():
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.close(fd)
+    _held.clear()
+
+
 def unlock_run_folder(folder: Path) -> None:
     fd = _held.pop(folder.resolve(), None)
     if fd is not None:
-        os.close(fd)  # closing the descriptor drops the flock
+        os.close(fd)  # closing the descriptor drops the flock; the PID stays (see run_dir)

@@ -29,15 +29,9 @@ def save_model(model: nn.Module, folder: Path) -> Path:
 
 
 def save_run(
-    folder: Path,
-    model: nn.Module | None,
-    config: Config,
-    tokenizer: PreTrainedTokenizerBase | None,
-    summary: dict,
+    folder: Path, config: Config, tokenizer: PreTrainedTokenizerBase | None, summary: dict
 ) -> None:
-    """A finished run: weights (unless None), config.yaml, tokenizer/ and history.json."""
-    if model is not None:
-        save_model(model, folder)
+    """What a finished run keeps beside its weights: config.yaml, tokenizer/, history.json."""
     write_atomic(folder / "config.yaml", config.to_yaml())
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder / "tokenizer"))

@@ -28,6 +28,7 @@ class GrowthPlan:
     ) -> None:
         self.config, self.p, self.specials = config, config.progressive, specials
         self.n_items, self.processes, self.time_mapping = n_items, processes, time_mapping
+        self._chain = self._build_chain()
         if time_mapping is not None:
             self.check_mapping()
 
@@ -76,6 +77,9 @@ class GrowthPlan:
 
     def chain(self) -> DenoisingChain | None:
         """The denoising chain of a rack grown high-noise-to-low (time as depth), else None."""
+        return self._chain
+
+    def _build_chain(self) -> DenoisingChain | None:
         if self.p.time_interpretation != "depth" or self.p.depth_order != "high_to_low":
             return None
         objective = build_objective(self.config, self.specials)

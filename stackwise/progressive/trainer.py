@@ -263,12 +263,12 @@ class ProgressiveTrainer:
 
     def save_stacks(self, changed_only: bool) -> None:
         """The new stack (and, when the trunk trains too, every stack) plus anchor/manifest."""
-        b = self.builder
+        b, chained = self.builder, self.chain() is not None
         for stack in [b.new_stack] if changed_only else list(b.rack.stacks):
             assert stack is not None
             g = b.growth_index(stack)
             info = {"position": b.position(stack), **b.meta[stack].as_dict()}
-            if self.chain() is not None:
+            if chained:
                 info["chain_input"] = CHAIN_INPUT_VERSION
             save_stack(self.output_dir, g, stack, {**info, "t_range": self.t_range(g)})
         order = [b.growth_index(s) for s in b.rack.stacks]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,14 +28,14 @@ class RunResult:
     progressive: Any = None  # ProgressiveResult of a progressive run
 
 
-class TrainingStrategy:
+class TrainingStrategy(ABC):
     name = "strategy"
 
+    @abstractmethod
     def run(
         self, config: Config, data: PreparedData, adapter: ModelAdapter, quiet: bool
     ) -> RunResult:
         """Train the model `adapter` builds for `config` on `data`, save it, return the run."""
-        raise NotImplementedError
 
 
 REGISTERED: Registry[TrainingStrategy] = Registry()

@@ -115,7 +115,7 @@ def save_all_stacks(rack: nn.Module, output_dir: Path) -> None:
     """End-to-end runs also write stacks/ (save_stacks), so any rack can be regrown from it."""
     stacks = getattr(rack, "stacks", None)
     if stacks is None:
-        return  # not a rack: nothing to save stack by stack
+        return  # another adapter's model has no stacks to save one by one
     for i, stack in enumerate(stacks):
         save_stack(output_dir, i, stack, {"position": i, "precision": "full", "t_range": None})
     save_anchor_and_manifest(output_dir, rack, list(range(len(stacks))))  # type: ignore[arg-type]

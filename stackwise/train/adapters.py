@@ -7,6 +7,7 @@ and passed to `train_from_config(config, adapter="name")` (see docs/architecture
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,12 @@ from stackwise.objectives.base import Objective
 from stackwise.registry import Registry
 
 
-class ModelAdapter:
+class ModelAdapter(ABC):
     name = "adapter"
 
+    @abstractmethod
     def build(self, config: Config, vocab_size: int) -> nn.Module:
         """A fresh model for `config` over a vocabulary of `vocab_size` tokens."""
-        raise NotImplementedError
 
     def loss(
         self,
@@ -56,10 +57,10 @@ class ModelAdapter:
         if all(p.is_floating_point() for p in model.parameters()):
             load_weights(model, path)
             return
-        from stackwise.io.files import read_tensors
+        from stackwise.io.checkpoints import load_weights_file
         from stackwise.quant.layers import load_quantized_state  # packed quantized weights
 
-        state = read_tensors(path, "Resume from another checkpoint.")
+        state = load_weights_file(path)
         try:
             load_quantized_state(model, state)
         except (KeyError, RuntimeError) as err:
@@ -69,7 +70,8 @@ class ModelAdapter:
             ) from None
 
     def load(self, folder: Path) -> tuple[Config, nn.Module, Any]:
-        """(config, model, tokenizer) of a run this adapter saved."""
+        """(config, model, tokenizer) of a run this adapter saved. Loading is optional: an
+        adapter without it trains and saves, and says so when asked to load."""
         raise NotImplementedError(f"the '{self.name}' model adapter cannot load a saved run")
 
 

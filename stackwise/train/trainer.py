@@ -386,6 +386,6 @@ class Trainer:
             }
             if weights:
                 self.adapter.save(self._unwrapped(), self.output_dir)
-            save_run(self.output_dir, None, self.config, tokenizer, summary)
+            save_run(self.output_dir, self.config, tokenizer, summary)
         acc.wait_for_everyone()
         return self.output_dir
