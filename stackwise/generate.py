@@ -6,6 +6,7 @@ The masked samplers live in `stackwise.samplers`; this module picks one from `co
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -169,14 +170,6 @@ def generate(
     return Samples(texts, out, ids.shape[1], stats)
 
 
-def sample_texts(
-    config: Config,
-    rack: Rack,
-    tokenizer: PreTrainedTokenizerBase,
-    prompt: str | None = None,
-    n: int | None = None,
-    seed: int = 0,
-    **overrides: object,
-) -> list[str]:
-    """Decode `n` samples with the settings of config.sample (overridable by keyword)."""
-    return generate(config, rack, tokenizer, prompt, n, seed, **overrides).texts
+def sample_texts(*args: Any, **kwargs: Any) -> list[str]:
+    """The decoded texts of `generate` (same arguments)."""
+    return generate(*args, **kwargs).texts

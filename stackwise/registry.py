@@ -12,8 +12,12 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    def __init__(self) -> None:
+    """`what` names the kind in errors; `decorator` is the public name of `register`."""
+
+    def __init__(self, what: str, decorator: str) -> None:
         self.entries: dict[str, Callable[[], T]] = {}
+        self.what = what
+        self.decorator = decorator
 
     def register(self, name: str) -> Callable[[type[Any]], type[Any]]:
         """Class decorator: the class becomes `name` (its `name` attribute is set too)."""
@@ -28,11 +32,11 @@ class Registry(Generic[T]):
     def known(self) -> str:
         return ", ".join(sorted(self.entries))
 
-    def create(self, name: str, what: str, decorator: str) -> T:
+    def create(self, name: str) -> T:
         """A new instance of `name`; an unknown name is a StackWiseError naming the known ones."""
         if name not in self.entries:
             raise StackWiseError(
-                f"No {what} is registered as '{name}'. Known: {self.known()}. Register yours "
-                f"with @stackwise.{decorator}('name') before training."
+                f"No {self.what} is registered as '{name}'. Known: {self.known()}. Register "
+                f"yours with @stackwise.{self.decorator}('name') before training."
             )
         return self.entries[name]()

@@ -4,6 +4,7 @@ per-stack overrides."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from stackwise.config.base import cross_rule
 from stackwise.config.derive import stack_config
@@ -12,14 +13,20 @@ from stackwise.config.root import Config
 from stackwise.errors import StackWiseError
 from stackwise.precision import QUANT_FORMATS
 
+if TYPE_CHECKING:
+    from stackwise.config.growth import LoraConfig, ProgressiveConfig, QuantConfig
+
+
+def _growth(cfg: Config) -> tuple[ProgressiveConfig, LoraConfig, QuantConfig]:
+    """The three sections most growth rules read, in the order they unpack."""
+    return cfg.progressive, cfg.lora, cfg.quant
+
 
 @cross_rule
 def growth_budget(cfg: Config) -> Iterator[str]:
     """What strategy, budget and saving a progressive run needs."""
-    p = cfg.progressive
+    p, lo, q = _growth(cfg)
     name = cfg.objective.name
-    lo = cfg.lora
-    q = cfg.quant
     if p.time_interpretation == "depth" and name != "diffusion":
         yield (
             "time_interpretation 'depth' ties the diffusion time step to the stack; it "
@@ -52,10 +59,8 @@ def growth_budget(cfg: Config) -> Iterator[str]:
 @cross_rule
 def growth_precision(cfg: Config) -> Iterator[str]:
     """New-stack precisions and the adapters they need."""
-    p = cfg.progressive
+    p, lo, q = _growth(cfg)
     name = cfg.objective.name
-    lo = cfg.lora
-    q = cfg.quant
     prec = p.new_stack_precision
     if prec in QUANTIZED and not lo.enabled:
         yield (
@@ -96,9 +101,7 @@ def growth_precision(cfg: Config) -> Iterator[str]:
 @cross_rule
 def growth_adapters(cfg: Config) -> Iterator[str]:
     """Trunk adapters, random lengths and the cache."""
-    p = cfg.progressive
-    lo = cfg.lora
-    q = cfg.quant
+    p, lo, q = _growth(cfg)
     prec = p.new_stack_precision
     if p.cache.enabled and cfg.objective.random_length_ratio > 0:
         yield (
@@ -134,8 +137,7 @@ def growth_adapters(cfg: Config) -> Iterator[str]:
 @cross_rule
 def growth_storage(cfg: Config) -> Iterator[str]:
     """How frozen stacks are stored."""
-    p = cfg.progressive
-    q = cfg.quant
+    p, _, q = _growth(cfg)
     prec = p.new_stack_precision
     new_storage = {"full": "fp32", "qlora": "nf4"}.get(prec, prec)
     if q.enabled and q.backbone_quantized and p.strategy == "progressive":
@@ -163,9 +165,7 @@ def growth_storage(cfg: Config) -> Iterator[str]:
 @cross_rule
 def growth_trunk(cfg: Config) -> Iterator[str]:
     """Trunk settings with one stack, and per-group LRs of growth."""
-    p = cfg.progressive
-    lo = cfg.lora
-    q = cfg.quant
+    p, lo, q = _growth(cfg)
     if p.strategy == "progressive" and cfg.model.n_stacks == 1:
         trunk_bits = {
             "trunk_strategy 'qlora'": p.trunk_strategy == "qlora",

@@ -10,10 +10,12 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from stackwise.config import ModelConfig
+
+Rope = tuple[Tensor, Tensor]  # (cos, sin) tables for the positions being run
 
 
 class RMSNorm(nn.Module):
@@ -37,7 +39,7 @@ class Rotary(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, length: int) -> Rope:
         return self.cos[:length], self.sin[:length]
 
 
@@ -77,7 +79,7 @@ class KVCache:
     each new token then costs one position's compute instead of the whole prefix's."""
 
     def __init__(self) -> None:
-        self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.layers: dict[int, Rope] = {}
         self.length = 0  # positions already cached (the same in every layer)
 
     def extend(self, layer: nn.Module, k: torch.Tensor, v: torch.Tensor) -> tuple:
@@ -103,12 +105,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        mask: torch.Tensor | None,
-        cache: KVCache | None = None,
-    ) -> torch.Tensor:
+        self, x: Tensor, rope: Rope, mask: Tensor | None, cache: KVCache | None = None
+    ) -> Tensor:
         b, n, _ = x.shape
         q = self.q_proj(x).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
@@ -156,12 +154,8 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        mask: torch.Tensor | None,
-        cache: KVCache | None = None,
-    ) -> torch.Tensor:
+        self, x: Tensor, rope: Rope, mask: Tensor | None, cache: KVCache | None = None
+    ) -> Tensor:
         x = x + self.drop(self.attn(self.attn_norm(x), rope, mask, cache))
         return x + self.drop(self.ffn(self.ffn_norm(x)))
 
@@ -176,12 +170,8 @@ class Stack(nn.Module):
         self.gradient_checkpointing = cfg.gradient_checkpointing
 
     def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        mask: torch.Tensor | None,
-        cache: KVCache | None = None,
-    ) -> torch.Tensor:
+        self, x: Tensor, rope: Rope, mask: Tensor | None, cache: KVCache | None = None
+    ) -> Tensor:
         # the norms carry the stack's storage dtype (linears may be quantized or LoRA-wrapped)
         dtype = self.blocks[0].attn_norm.weight.dtype if len(self.blocks) else x.dtype
         if dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
@@ -190,12 +180,8 @@ class Stack(nn.Module):
         return self._run(x, rope, mask, cache)
 
     def _run(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        mask: torch.Tensor | None,
-        cache: KVCache | None = None,
-    ) -> torch.Tensor:
+        self, x: Tensor, rope: Rope, mask: Tensor | None, cache: KVCache | None = None
+    ) -> Tensor:
         for block in self.blocks:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(block, x, rope, mask, use_reentrant=False)

@@ -11,8 +11,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from stackwise.objectives.keyed import keyed_uniform
-
 IGNORE = -100
 
 
@@ -34,6 +32,19 @@ class Prepared:
     attention_mask: torch.Tensor | None = None
     t: torch.Tensor | None = None  # (B,) diffusion time, when the objective has one
     elbo_weights: torch.Tensor | None = None  # diffusion: NELBO weights even if training uniform
+
+    @classmethod
+    def for_batch(
+        cls,
+        batch: dict[str, torch.Tensor],
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        weights: torch.Tensor,
+        normalizer: torch.Tensor,
+        **extra: torch.Tensor,
+    ) -> Prepared:
+        """Every objective keeps the batch's padding mask; only what it changes is passed."""
+        return cls(inputs, targets, weights, normalizer, batch.get("attention_mask"), **extra)
 
 
 def token_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -79,25 +90,6 @@ class Objective:
         if prep.elbo_weights is not None:
             sums["nelbo_sum"] = float((ce * prep.elbo_weights).sum())
         return sums
-
-
-def uniforms(
-    batch: dict[str, torch.Tensor], gen: torch.Generator, n: int, stream: int
-) -> torch.Tensor:
-    """(B, n) uniforms: from the batch's `mask_key` when present (reproducible per sample, which
-    the activation cache needs), otherwise from the step's generator."""
-    ids = batch["input_ids"]
-    if "mask_key" in batch:
-        return keyed_uniform(batch["mask_key"].to(ids.device), n, stream)
-    return torch.rand(ids.shape[0], n, generator=gen, device=ids.device)
-
-
-def real_tokens(batch: dict[str, torch.Tensor], pad_id: int) -> torch.Tensor:
-    """(B, L) bool: positions that hold data, from attention_mask if given, else != pad."""
-    ids = batch["input_ids"]
-    if "attention_mask" in batch:
-        return batch["attention_mask"].bool()
-    return ids != pad_id
 
 
 def random_lengths(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from stackwise.objectives.base import IGNORE, Objective, Prepared, real_tokens
+from stackwise.objectives.base import IGNORE, Objective, Prepared
+from stackwise.objectives.positions import real_tokens
 
 
 class CLM(Objective):
@@ -18,10 +19,4 @@ class CLM(Objective):
         nxt_ok = real[:, 1:] & real[:, :-1]
         targets[:, :-1] = torch.where(nxt_ok, ids[:, 1:], IGNORE)
         weights = (targets != IGNORE).float()
-        return Prepared(
-            inputs=ids,
-            targets=targets,
-            weights=weights,
-            normalizer=weights.sum(),
-            attention_mask=batch.get("attention_mask"),
-        )
+        return Prepared.for_batch(batch, ids, targets, weights, weights.sum())

@@ -10,14 +10,8 @@ import math
 
 import torch
 
-from stackwise.objectives.base import (
-    IGNORE,
-    Objective,
-    Prepared,
-    Specials,
-    real_tokens,
-    uniforms,
-)
+from stackwise.objectives.base import Objective, Prepared, Specials
+from stackwise.objectives.positions import masked_targets, real_tokens, uniforms
 from stackwise.objectives.schedules import Schedule
 
 
@@ -92,18 +86,11 @@ class Diffusion(Objective):
         frac = self.schedule.mask_fraction(t)
         masked = (uniforms(batch, gen, ids.shape[1], stream=1) < frac[:, None]) & real
         inputs = torch.where(masked, self.specials.mask_id, ids)
-        targets = torch.where(masked, ids, IGNORE)
+        targets = masked_targets(ids, masked)
         elbo_w = self.schedule.weight(t)[:, None] * masked.float()
         weights = masked.float() if self.uniform_weight else elbo_w
-        return Prepared(
-            inputs=inputs,
-            targets=targets,
-            weights=weights,
-            normalizer=real.sum(),
-            attention_mask=batch.get("attention_mask"),
-            t=t,
-            elbo_weights=elbo_w,
-        )
+        extra = {"t": t, "elbo_weights": elbo_w}
+        return Prepared.for_batch(batch, inputs, targets, weights, real.sum(), **extra)
 
     def prepare(self, batch: dict[str, torch.Tensor], gen: torch.Generator) -> Prepared:
         ids = batch["input_ids"]

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from stackwise.objectives.base import (
-    IGNORE,
-    Objective,
-    Prepared,
-    Specials,
-    real_tokens,
-    uniforms,
-)
+from stackwise.objectives.base import Objective, Prepared, Specials
+from stackwise.objectives.positions import masked_targets, real_tokens, uniforms
 
 
 class MLM(Objective):
@@ -38,13 +32,8 @@ class MLM(Objective):
             inputs = torch.where(chosen & (u >= 0.8) & (u < 0.9), rand_tok, inputs)
         else:
             inputs = torch.where(chosen, self.specials.mask_id, inputs)
-        targets = torch.where(chosen, ids, IGNORE)
         weights = chosen.float()
-        return Prepared(
-            inputs=inputs,
-            targets=targets,
-            weights=weights,
-            normalizer=weights.sum(),
-            attention_mask=batch.get("attention_mask"),
-            t=ratio.squeeze(1),
+        targets = masked_targets(ids, chosen)
+        return Prepared.for_batch(
+            batch, inputs, targets, weights, weights.sum(), t=ratio.squeeze(1)
         )

@@ -63,8 +63,9 @@ class ProgressiveRackBuilder:
         cfg: ModelConfig,
         vocab_size: int,
         causal: bool,
-        num_time_steps: int | None = None,
+        *,
         building_mode: Literal["append", "prepend"] = "append",
+        num_time_steps: int | None = None,
         double_quant: bool = False,
     ) -> None:
         self.cfg = cfg

@@ -79,8 +79,8 @@ class ProgressiveTrainer:
             config.model,
             config.model.vocab_size,
             config.objective.causal,
-            config.masking.num_time_steps,
-            self.p.building_mode,
+            building_mode=self.p.building_mode,
+            num_time_steps=config.masking.num_time_steps,
             double_quant=config.quant.enabled and config.quant.double_quant,
         )
         self.builder.rack.to(self.accelerator.device)

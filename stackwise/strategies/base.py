@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,17 +37,11 @@ class TrainingStrategy(ABC):
         """Train the model `adapter` builds for `config` on `data`, save it, return the run."""
 
 
-REGISTERED: Registry[TrainingStrategy] = Registry()
+REGISTERED: Registry[TrainingStrategy] = Registry("training strategy", "register_training_strategy")
 STRATEGIES = REGISTERED.entries
-
-
-def register_training_strategy(name: str) -> Callable[[type[Any]], type[Any]]:
-    """Class decorator: makes `name` usable as `train_from_config(..., strategy=name)`."""
-    return REGISTERED.register(name)
-
-
-def get_training_strategy(name: str) -> TrainingStrategy:
-    return REGISTERED.create(name, "training strategy", "register_training_strategy")
+# `@register_training_strategy(name)` makes `train_from_config(..., strategy=name)` work.
+register_training_strategy = REGISTERED.register
+get_training_strategy = REGISTERED.create
 
 
 def strategy_for(config: Config) -> str:

@@ -8,7 +8,6 @@ and passed to `train_from_config(config, adapter="name")` (see docs/architecture
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,17 +74,11 @@ class ModelAdapter(ABC):
         raise NotImplementedError(f"the '{self.name}' model adapter cannot load a saved run")
 
 
-ADAPTERS: Registry[ModelAdapter] = Registry()
+ADAPTERS: Registry[ModelAdapter] = Registry("model adapter", "register_model_adapter")
 MODEL_ADAPTERS = ADAPTERS.entries
-
-
-def register_model_adapter(name: str) -> Callable[[type[Any]], type[Any]]:
-    """Class decorator: makes `name` usable as `train_from_config(..., adapter=name)`."""
-    return ADAPTERS.register(name)
-
-
-def get_model_adapter(name: str) -> ModelAdapter:
-    return ADAPTERS.create(name, "model adapter", "register_model_adapter")
+# `@register_model_adapter(name)` makes `train_from_config(..., adapter=name)` work.
+register_model_adapter = ADAPTERS.register
+get_model_adapter = ADAPTERS.create
 
 
 @register_model_adapter("rack")

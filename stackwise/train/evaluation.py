@@ -12,7 +12,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from stackwise import seeds
-from stackwise.objectives.base import IGNORE, Objective, real_tokens
+from stackwise.objectives.base import IGNORE, Objective
+from stackwise.objectives.positions import real_tokens
 from stackwise.train.sampler import EpochSampler
 
 

@@ -77,7 +77,7 @@ class Extension:
         return {}
 
 
-EXTENSIONS: Registry[Extension] = Registry()
+EXTENSIONS: Registry[Extension] = Registry("extension", "register_extension")
 REGISTRY = EXTENSIONS.entries
 
 
@@ -92,7 +92,7 @@ def build_extensions(names: list[str]) -> list[Extension]:
         raise StackWiseError(
             f"train.enabled_extensions names '{unknown[0]}', which is not registered. Known: "
             f"{EXTENSIONS.known()}. Register yours with "
-            "@stackwise.register_extension('name') before training."
+            f"@stackwise.{EXTENSIONS.decorator}('name') before training."
         )
     return [REGISTRY[n]() for n in names]
 
