@@ -348,6 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return ns.func(ns)
     except StackWiseError as err:
+        if hasattr(err, "resume_command"):  # a stop signal: the work is saved, say how to go on
+            print(
+                f"stackwise: stopped by {err.signal_name} at step {err.step}; the checkpoint "
+                f"{err.checkpoint} holds the work. To resume:\n  "
+                f"{err.resume_command(ns.args)}",
+                file=sys.stderr,
+            )
+            return 130
         # wrap between words only: a path or key in the message must stay copy-pasteable
         msg = textwrap.fill(
             " ".join(str(err).split()), width=100, break_long_words=False, break_on_hyphens=False

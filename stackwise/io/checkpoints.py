@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from stackwise.config import Config, load_config
 from stackwise.errors import StackWiseError
 from stackwise.io.files import read_json, read_tensors, read_torch
 
@@ -73,7 +74,8 @@ def checkpoints(run_dir: Path) -> list[Path]:
 
 
 def resolve_checkpoint(spec: str, run_dir: Path) -> Path:
-    """`latest` (the run dir's pointer) or a path to a checkpoint dir."""
+    """`latest` (the run dir's pointer), a checkpoint-<step> name inside the run dir, or a path
+    to a checkpoint dir."""
     if spec == LATEST:
         pointer = run_dir / LATEST
         if not pointer.is_file():
@@ -83,14 +85,34 @@ def resolve_checkpoint(spec: str, run_dir: Path) -> Path:
                 "a checkpoint-<step> folder, or start without resuming."
             )
         path = run_dir / pointer.read_text(encoding="utf-8").strip()
+        if not path.is_dir():
+            raise StackWiseError(
+                f"'{pointer}' names '{path.name}', but '{path}' no longer exists. "
+                f"{_available(run_dir)}"
+            )
     else:
-        path = Path(spec).expanduser()
+        given = Path(spec).expanduser()
+        inside = run_dir / given
+        path = inside if not given.is_absolute() and inside.is_dir() else given
+        if not path.exists():
+            places = f"'{given}'" if given.is_absolute() else f"'{inside}' or '{given.resolve()}'"
+            raise StackWiseError(
+                f"train.resume_from_checkpoint='{spec}' does not exist: looked for {places}. "
+                f"{_available(run_dir)}"
+            )
     if not (path / STATE).is_file():
         raise StackWiseError(
             f"'{path}' is not a complete checkpoint (no {STATE}). Pass a checkpoint-<step> "
             "folder written by save_steps, or 'latest'."
         )
     return path
+
+
+def _available(run_dir: Path) -> str:
+    names = [p.name for p in checkpoints(run_dir)]
+    if not names:
+        return f"'{run_dir}' holds no complete checkpoint: start without resuming."
+    return f"The complete checkpoints in '{run_dir}' are: {', '.join(names)}."
 
 
 def clean_partial(run_dir: Path) -> None:
@@ -148,3 +170,51 @@ def load_json(path: Path) -> Any:
 
 def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
     return read_tensors(path, RESUME_ELSEWHERE)
+
+
+# fields that make the saved weights a different function: a resume that changes one is refused
+SHAPE_FIELDS = (
+    "vocab_size",
+    "d_model",
+    "n_heads",
+    "n_kv_heads",
+    "n_stacks",
+    "blocks_per_stack",
+    "ffn_hidden",
+    "max_seq_len",
+    "rope_theta",
+    "norm_eps",
+    "tie_embeddings",
+    "frozen_up_proj",
+    "time_conditioning",
+)
+
+
+def check_resume_config(path: Path, config: Config) -> str | None:
+    """Refuse a checkpoint whose model differs from this run's; return a note when the step
+    budget differs (the LR schedule then follows the new one)."""
+    saved_path = path / "config.yaml"
+    if not saved_path.is_file():
+        return None
+    saved = load_config(saved_path)
+    changed = [
+        f"model.{f} {getattr(saved.model, f)} -> {getattr(config.model, f)}"
+        for f in SHAPE_FIELDS
+        if getattr(saved.model, f) != getattr(config.model, f)
+    ]
+    if saved.objective.name != config.objective.name:
+        changed.append(f"objective.name {saved.objective.name} -> {config.objective.name}")
+    if changed:
+        raise StackWiseError(
+            f"The checkpoint '{path}' was trained with another model shape than this config "
+            f"asks for ({'; '.join(changed)}). Resume with the config it was saved with (its "
+            "config.yaml), or start a new run in another train.output_dir."
+        )
+    before, now = saved.train.max_steps, config.train.max_steps
+    if before == now:
+        return None
+    return (
+        f"note: train.max_steps is {now} here but was {before} when '{path.name}' was saved: "
+        f"the LR schedule now runs to step {now}, so this run will not match one that was "
+        "never interrupted."
+    )

@@ -25,6 +25,7 @@ from stackwise.precision import HALF_FLOATS, QUANT_FORMATS, torch_dtype
 STACKS_DIR = "stacks"
 MANIFEST = "manifest.json"
 ANCHOR = "anchor.safetensors"
+HISTORY = "progressive_history.json"  # finished stages of a progressive run, for resume
 
 
 RETRAIN = "The saved stacks are incomplete or damaged: restore them, or retrain."

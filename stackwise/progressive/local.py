@@ -16,7 +16,7 @@ from stackwise.train.trainer import Trainer
 
 class LocalLossTrainer(Trainer):
     # several backward passes per step do not fit DDP's one-backward contract, so gradients
-    # are averaged over ranks by hand (Trainer.sync_gradients)
+    # are averaged over ranks by hand (stackwise.train.hardware.average_gradients)
     wrap_model = False
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]

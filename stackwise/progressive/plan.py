@@ -9,7 +9,7 @@ from typing import Any
 
 from torch.optim.lr_scheduler import LambdaLR
 
-from stackwise.config import Config
+from stackwise.config import Config, derive
 from stackwise.errors import StackWiseError
 from stackwise.model.chain import DenoisingChain
 from stackwise.objectives import Diffusion, Objective, Specials, build_objective
@@ -103,3 +103,15 @@ class GrowthPlan:
                     f"at the highest noise down; the time mapping gives range tops {tops}, which "
                     "do not decrease. Give stack 0 the noisiest range."
                 )
+
+
+def stage_derive(config: Config, **sections: dict[str, Any]) -> Config:
+    """A stage's config: its budget is its train.max_steps, so the per-stack budget keys
+    have been resolved; `sections` maps a section name to the keys it changes."""
+    changes: dict[str, Any] = {
+        "progressive.steps_per_stack": None,
+        "progressive.epochs_per_stack": None,
+    }
+    for sec, values in sections.items():
+        changes.update({f"{sec}.{key}": value for key, value in values.items()})
+    return derive(config, changes, "a stage's config")

@@ -15,10 +15,9 @@ from stackwise.config import Config
 from stackwise.errors import StackWiseError
 from stackwise.io.checkpoints import LATEST, rng_state, set_rng_state
 from stackwise.io.files import read_json, read_tensors, write_json
-from stackwise.io.stack_files import ANCHOR, STACKS_DIR
+from stackwise.io.stack_files import ANCHOR, HISTORY, STACKS_DIR
 from stackwise.progressive.records import StackRecord
 
-HISTORY = "progressive_history.json"
 DAMAGED = "The run was made with another config, or its files are damaged: start a new run."
 
 

@@ -17,10 +17,11 @@ import torch
 from accelerate import Accelerator
 
 from stackwise import seeds
-from stackwise.config import Config, derive, stack_config
+from stackwise.config import Config, stack_config
 from stackwise.data.pack import PreparedData
 from stackwise.errors import StackWiseError
 from stackwise.io.files import write_atomic
+from stackwise.io.final import final_save
 from stackwise.io.stack_files import (
     save_anchor_and_manifest,
     save_stack,
@@ -31,7 +32,7 @@ from stackwise.model.rack import count_parameters
 from stackwise.objectives import Objective, build_objective
 from stackwise.progressive.builder import QUANTIZED, AdapterSpec, ProgressiveRackBuilder
 from stackwise.progressive.cache import ActivationCache
-from stackwise.progressive.plan import GrowthPlan
+from stackwise.progressive.plan import GrowthPlan, stage_derive
 from stackwise.progressive.records import ProgressiveResult, StackRecord, summary_table
 from stackwise.progressive.resume import HISTORY, restore_progress, stage_resume, write_history
 from stackwise.progressive.stage import KeyedSamples, StageModel
@@ -40,22 +41,12 @@ from stackwise.progressive.timing import TimeMapping
 from stackwise.quant.lora import rank_for
 from stackwise.train.evaluation import score_model
 from stackwise.train.hardware import make_accelerator
+from stackwise.train.interrupts import TrainingInterrupted
 from stackwise.train.run_dir import claim_output_dir
 from stackwise.train.state import Stage
 from stackwise.train.trainer import Trainer
 
 __all__ = ["HISTORY", "ProgressiveResult", "ProgressiveTrainer", "StackRecord", "summary_table"]
-
-
-def _with(config: Config, **sections: dict[str, Any]) -> Config:
-    # a stage's budget is its train.max_steps: the per-stack budget keys have been resolved
-    changes: dict[str, Any] = {
-        "progressive.steps_per_stack": None,
-        "progressive.epochs_per_stack": None,
-    }
-    for sec, values in sections.items():
-        changes.update({f"{sec}.{key}": value for key, value in values.items()})
-    return derive(config, changes, "a stage's config")
 
 
 class ProgressiveTrainer:
@@ -171,7 +162,7 @@ class ProgressiveTrainer:
         train_data, carried = self._stage_data(index, cfg, objective, new)
         steps = self.budget(index, len(self.data.train), n_stacks)  # epochs over samples
         stage_dir = self.output_dir / f"stack_{index}"
-        cfg = _with(
+        cfg = stage_derive(
             cfg,
             train={
                 "max_steps": steps,
@@ -261,7 +252,7 @@ class ProgressiveTrainer:
             )
         acc.wait_for_everyone()
 
-    def save_stacks(self, changed_only: bool) -> None:
+    def save_stacks(self, changed_only: bool, folder: Path | None = None) -> None:
         """The new stack (and, when the trunk trains too, every stack) plus anchor/manifest."""
         b, chained = self.builder, self.chain() is not None
         for stack in [b.new_stack] if changed_only else list(b.rack.stacks):
@@ -270,9 +261,9 @@ class ProgressiveTrainer:
             info = {"position": b.position(stack), **b.meta[stack].as_dict()}
             if chained:
                 info["chain_input"] = CHAIN_INPUT_VERSION
-            save_stack(self.output_dir, g, stack, {**info, "t_range": self.t_range(g)})
+            save_stack(folder or self.output_dir, g, stack, {**info, "t_range": self.t_range(g)})
         order = [b.growth_index(s) for s in b.rack.stacks]
-        save_anchor_and_manifest(self.output_dir, b.rack, order)
+        save_anchor_and_manifest(folder or self.output_dir, b.rack, order)
 
     def joint_tuning(self) -> dict[str, Any]:
         """mode fused: every parameter that can train trains together, ordinary backprop over the
@@ -282,7 +273,7 @@ class ProgressiveTrainer:
         for p in rack.parameters():
             p.requires_grad_(p.is_floating_point() and not getattr(p, "_stackwise_fixed", False))
         steps = self.p.joint_tuning_steps
-        cfg = _with(
+        cfg = stage_derive(
             self.config,
             train={
                 "max_steps": steps,
@@ -370,6 +361,10 @@ class ProgressiveTrainer:
                 self.records.append(record)
                 write_history(self)
                 self.last_trainer.call_hook("on_stack_end", index, record)
+            except TrainingInterrupted as err:  # resume names the run, not the stage's folder
+                raise TrainingInterrupted(
+                    err.signal_name, err.step, err.checkpoint, self.output_dir
+                ) from None
             finally:  # the stage's loggers close after its stack's own report, or on failure
                 if getattr(self, "last_trainer", None) is not None:
                     self.last_trainer.finish()
@@ -386,14 +381,14 @@ class ProgressiveTrainer:
         """config.yaml, tokenizer/, the full rack (save_rack) and stacks/ (save_stacks)."""
         acc = self.accelerator
         acc.wait_for_everyone()
-        if acc.is_main_process:
-            out = self.output_dir
-            write_atomic(out / "config.yaml", self.config.to_yaml())
-            if tokenizer is not None:
-                tokenizer.save_pretrained(str(out / "tokenizer"))
-            if self.p.save_rack:
-                save_model(self.builder.rack, out)
-            if self.p.save_stacks:  # final positions (prepend shifts them) and joint tuning
-                self.save_stacks(changed_only=False)
+        with final_save(self.output_dir, writes=acc.is_main_process) as out:
+            if acc.is_main_process:
+                write_atomic(out / "config.yaml", self.config.to_yaml())
+                if tokenizer is not None:
+                    tokenizer.save_pretrained(str(out / "tokenizer"))
+                if self.p.save_rack:
+                    save_model(self.builder.rack, out)
+                if self.p.save_stacks:  # final positions (prepend shifts them), joint tuning
+                    self.save_stacks(changed_only=False, folder=out)
         acc.wait_for_everyone()
         return self.output_dir

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +48,9 @@ class Standard(TrainingStrategy):
         state = trainer.train()
         if not quiet and trainer.accelerator.is_main_process and state.history:
             print(final_eval_line(state.history[-1]), flush=True)
-        trainer.save(data.tokenizer, weights=config.progressive.save_rack)
         trained = trainer._unwrapped()
-        if config.progressive.save_stacks and trainer.accelerator.is_main_process:
-            save_all_stacks(trained, trainer.output_dir)
+        stacks = partial(save_all_stacks, trained) if config.progressive.save_stacks else None
+        trainer.save(data.tokenizer, weights=config.progressive.save_rack, also=stacks)
         return RunResult(config, trainer.output_dir, trained, data, state, trainer)
 
 

@@ -19,6 +19,7 @@ import sys
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
+from torch import nn
 
 from stackwise.errors import StackWiseError
 from stackwise.hwprobe import ensure_bf16_ready
@@ -114,3 +115,15 @@ def make_accelerator(mixed_precision: str) -> Accelerator:
     # Without CUDA, Accelerate only starts DDP (gloo) under torchrun when told it runs on the CPU;
     # otherwise every rank would silently train its own copy.
     return Accelerator(mixed_precision=mixed_precision, cpu=not torch.cuda.is_available())
+
+
+def average_gradients(model: nn.Module, acc: Accelerator) -> None:
+    """What DDP does for a model it does not wrap: every rank gets the mean gradient."""
+    if acc.num_processes == 1:
+        return
+    import torch.distributed as dist
+
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad /= acc.num_processes

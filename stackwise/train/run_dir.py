@@ -12,7 +12,10 @@ from accelerate import Accelerator
 from stackwise.config import Config
 from stackwise.errors import StackWiseError
 from stackwise.io import checkpoints as ckpt
+from stackwise.io.final import MARKER, is_finished
 from stackwise.io.lock import LOCK, lock_run_folder, unlock_run_folder
+from stackwise.io.stack_files import HISTORY
+from stackwise.io.trained import WEIGHTS
 
 
 def run_dir_of(config: Config, output_dir: str | Path | None) -> str | Path | None:
@@ -40,8 +43,8 @@ def prepare_output_dir(path: Path, overwrite: bool, resuming: bool = False) -> s
     """Lock the folder for this run, refuse to clobber a finished run, and check that we can
     write, all before any training. Returns a note when a dead run's lock was taken over.
 
-    A run being resumed has stacks and history already (written as stages end); only a final
-    model.safetensors marks it finished."""
+    A run being resumed has checkpoints, stacks and history already (written as it goes);
+    only the marker of stackwise.io.final says it finished."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -65,32 +68,38 @@ def prepare_output_dir(path: Path, overwrite: bool, resuming: bool = False) -> s
 
 
 def _check_and_clear(path: Path, overwrite: bool, resuming: bool) -> None:
-    finished = ("model.safetensors",)
-    if not resuming:
-        finished += ("stacks/manifest.json", "progressive_history.json")
-    if any((path / f).exists() for f in finished) and not overwrite:
-        raise StackWiseError(
-            f"Output dir '{path}' already holds a trained model. Choose another "
-            "train.output_dir, or set train.overwrite_output_dir=true to replace it."
-        )
-    unfinished = not resuming and (path / ckpt.LATEST).is_file()
-    if unfinished and not overwrite:
-        raise StackWiseError(
-            f"Output dir '{path}' holds checkpoints of an unfinished run. Resume it with "
-            "train.resume_from_checkpoint=latest, choose another train.output_dir, or set "
-            "train.overwrite_output_dir=true to start over."
-        )
+    if not overwrite:
+        _refuse_taken(path, resuming)
     try:
         probe = path / ".write-test"
         probe.write_text("ok")
         probe.unlink()
-        if unfinished:  # overwrite: the earlier run's checkpoints go first
-            ckpt.clear_run(path)
+        if overwrite:  # the earlier run's checkpoints and its finished mark go first
+            (path / MARKER).unlink(missing_ok=True)
+            if not resuming:
+                ckpt.clear_run(path)
     except OSError as err:
         raise StackWiseError(
             f"Cannot write to output dir '{path}': {err.strerror or err}. Pick a writable "
             "train.output_dir."
         ) from None
+
+
+def _refuse_taken(path: Path, resuming: bool) -> None:
+    """A finished run is never written over; an unfinished one is only resumed."""
+    progress = [f for f in (ckpt.LATEST, HISTORY, "stacks/manifest.json") if (path / f).exists()]
+    legacy = (path / WEIGHTS).is_file() and not progress  # finished before the marker existed
+    if is_finished(path) or legacy:
+        raise StackWiseError(
+            f"Output dir '{path}' already holds a trained model. Choose another "
+            "train.output_dir, or set train.overwrite_output_dir=true to replace it."
+        )
+    if progress and not resuming:
+        raise StackWiseError(
+            f"Output dir '{path}' holds an unfinished run ({progress[0]} is there, "
+            f"{MARKER} is not). Resume it with train.resume_from_checkpoint=latest, choose "
+            "another train.output_dir, or set train.overwrite_output_dir=true to start over."
+        )
 
 
 def claim_output_dir(acc: Accelerator, config: Config, output_dir: str | Path | None) -> Path:

@@ -25,12 +25,14 @@ from stackwise import seeds
 from stackwise.config import Config, save_config
 from stackwise.errors import StackWiseError
 from stackwise.io import checkpoints as ckpt
+from stackwise.io.final import final_save
 from stackwise.objectives.base import Objective, random_lengths
 from stackwise.train.adapters import ModelAdapter, RackAdapter
 from stackwise.train.checkpointer import Checkpointer
 from stackwise.train.evaluation import eval_generator, evaluate_model
 from stackwise.train.extensions import HOOKS, Extension, build_extensions, builtin_extensions
-from stackwise.train.hardware import keep_freed_memory, make_accelerator
+from stackwise.train.hardware import average_gradients, keep_freed_memory, make_accelerator
+from stackwise.train.interrupts import StopSignals, TrainingInterrupted, any_rank_signalled
 from stackwise.train.metrics import LossWindow, logging_extensions
 from stackwise.train.optim import (
     build_optimizer,
@@ -43,6 +45,7 @@ from stackwise.train.sampler import EpochSampler, batch_stream, epoch_loader
 from stackwise.train.state import Control, RunInfo, Stage, TrainState
 
 Scheduler = Any  # a torch LR scheduler
+Writer = Callable[[Path], None] | None  # writes more final files into the folder it is given
 
 
 class Trainer:
@@ -218,15 +221,8 @@ class Trainer:
 
     def sync_gradients(self) -> None:
         """Average gradients over ranks by hand when the model is not DDP-wrapped."""
-        acc = self.accelerator
-        if self.wrap_model or acc.num_processes == 1:
-            return
-        import torch.distributed as dist
-
-        for p in self.raw_model.parameters():
-            if p.grad is not None:
-                dist.all_reduce(p.grad)
-                p.grad /= acc.num_processes
+        if not self.wrap_model:
+            average_gradients(self.raw_model, self.accelerator)
 
     def evaluate(self) -> dict[str, float]:
         """Loss, perplexity (or the NELBO bound) and masked-token accuracy on fixed batches."""
@@ -271,7 +267,7 @@ class Trainer:
     def train(self) -> TrainState:
         """Run to max_steps. With `defer_finish` set the run's loggers stay open (a progressive
         stage reports its stack first) until `finish()`; a failure always finishes."""
-        tc, lc = self.config.train, self.config.logging
+        tc = self.config.train
         if tc.resume_from_checkpoint:
             spec = tc.resume_from_checkpoint
             self.load_checkpoint(ckpt.resolve_checkpoint(spec, self.output_dir))
@@ -280,24 +276,10 @@ class Trainer:
         if self.state.resumed_from is None:
             self._eval_and_log()
         window = LossWindow(self.accelerator, self.state.tokens_seen)
+        signals = StopSignals(announce=self.accelerator.is_main_process)
         try:
-            while self.state.step < tc.max_steps and not self.control.should_stop:
-                self.call_hook("on_step_begin")
-                window.add(self.train_step(batches))
-                self.call_hook("on_step_end")
-                step = self.state.step
-                if (step % lc.log_every == 0 or step == tc.max_steps) and window.steps:
-                    mean, tps = window.close(self.state.tokens_seen)
-                    self.state.last_train_loss = mean
-                    lr = self.scheduler.get_last_lr()[0]
-                    metrics = {"train/loss": mean, "train/lr": lr, "train/tokens_per_s": tps}
-                    if self.state.skipped_steps:
-                        metrics["train/skipped_steps"] = self.state.skipped_steps
-                    self.call_hook("on_log", metrics)
-                if step % tc.eval_every == 0 and step != tc.max_steps:
-                    self._eval_and_log()
-                if tc.save_steps and step % tc.save_steps == 0:
-                    self.save_checkpoint()
+            with signals:
+                self._loop(batches, window, signals)
             if self.state.last_eval_step != self.state.step:
                 self._eval_and_log()
         except BaseException:
@@ -306,6 +288,31 @@ class Trainer:
         if not self.defer_finish:
             self.finish()
         return self.state
+
+    def _loop(self, batches: Iterator[dict], window: LossWindow, signals: StopSignals) -> None:
+        """Steps to max_steps; a stop signal ends it after a full step and a checkpoint."""
+        tc, lc = self.config.train, self.config.logging
+        while self.state.step < tc.max_steps and not self.control.should_stop:
+            self.call_hook("on_step_begin")
+            window.add(self.train_step(batches))
+            self.call_hook("on_step_end")
+            step = self.state.step
+            if (step % lc.log_every == 0 or step == tc.max_steps) and window.steps:
+                mean, tps = window.close(self.state.tokens_seen)
+                self.state.last_train_loss = mean
+                lr = self.scheduler.get_last_lr()[0]
+                metrics = {"train/loss": mean, "train/lr": lr, "train/tokens_per_s": tps}
+                if self.state.skipped_steps:
+                    metrics["train/skipped_steps"] = self.state.skipped_steps
+                self.call_hook("on_log", metrics)
+            if step % tc.eval_every == 0 and step != tc.max_steps:
+                self._eval_and_log()
+            if tc.save_steps and step % tc.save_steps == 0:
+                self.save_checkpoint()
+            if any_rank_signalled(self.accelerator, signals):
+                name = signals.received or "SIGTERM"  # a peer rank's signal
+                path = self.save_checkpoint()
+                raise TrainingInterrupted(name, step, path, self.output_dir)
 
     def finish(self) -> None:
         """End of the run for every extension: loggers flush and close (once)."""
@@ -355,6 +362,8 @@ class Trainer:
         """Weights, optimizer, scheduler, sampler position, RNG and extension states."""
         acc, cp = self.accelerator, self.checkpointer
         saved = cp.read_state(path)
+        if note := ckpt.check_resume_config(path, self.config):
+            self.logger_note(note)
         self.adapter.load_weights(self._checkpointed(), path / "model.safetensors")
         self.optimizer.load_state_dict(ckpt.load_bin(path / "optimizer.bin"))
         self.scheduler.load_state_dict(ckpt.load_bin(path / "scheduler.bin"))
@@ -372,20 +381,20 @@ class Trainer:
 
     # -- saving -----------------------------------------------------------------------------
 
-    def save(self, tokenizer: Any = None, weights: bool = True) -> Path:
-        """model.safetensors, config.yaml, tokenizer/ and history.json in output_dir."""
+    def save(self, tokenizer: Any = None, weights: bool = True, also: Writer = None) -> Path:
+        """model.safetensors, config.yaml, tokenizer/, history.json and whatever `also` writes,
+        staged and then marked complete (stackwise.io.final)."""
         from stackwise.io.trained import save_run
 
         acc = self.accelerator
         acc.wait_for_everyone()
-        if acc.is_main_process:
-            summary = {
-                "steps": self.state.step,
-                "tokens_seen": self.state.tokens_seen,
-                "history": self.state.history,
-            }
-            if weights:
-                self.adapter.save(self._unwrapped(), self.output_dir)
-            save_run(self.output_dir, self.config, tokenizer, summary)
+        with final_save(self.output_dir, writes=acc.is_main_process) as folder:
+            if acc.is_main_process:
+                summary = {"steps": self.state.step, "tokens_seen": self.state.tokens_seen}
+                if weights:
+                    self.adapter.save(self._unwrapped(), folder)
+                save_run(folder, self.config, tokenizer, {**summary, "history": self.state.history})
+                if also is not None:
+                    also(folder)
         acc.wait_for_everyone()
         return self.output_dir

@@ -1,0 +1,92 @@
+"""Ctrl-C and preemption keep the work: the first SIGINT/SIGTERM lets the current optimizer step
+finish, then the Trainer writes a checkpoint and stops; a second one aborts at once.
+
+Schedulers send SIGTERM shortly before they kill a job, so the same path serves preemption.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING, Any
+
+from stackwise.errors import StackWiseError
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class TrainingInterrupted(StackWiseError):
+    """The run stopped on a signal after saving `checkpoint`; `run_dir` is what to resume."""
+
+    def __init__(self, signal_name: str, step: int, checkpoint: Path, run_dir: Path) -> None:
+        self.signal_name, self.step = signal_name, step
+        self.checkpoint, self.run_dir = checkpoint, run_dir
+        super().__init__(
+            f"{signal_name} at step {step}: saved the checkpoint {checkpoint}. Resume with "
+            f"train.output_dir={run_dir} train.resume_from_checkpoint=latest."
+        )
+
+    def resume_command(self, args: list[str]) -> str:
+        """The `stackwise train` line that continues this run, from the user's own arguments."""
+        import shlex
+
+        dropped = ("train.output_dir=", "train.resume_from_checkpoint=")
+        kept = [a for a in args if not a.startswith(dropped)]
+        tail = [f"train.output_dir={self.run_dir}", "train.resume_from_checkpoint=latest"]
+        return shlex.join(["stackwise", "train", *kept, *tail])
+
+
+class StopSignals:
+    """While entered, SIGINT and SIGTERM set `received` instead of killing the process; a second
+    SIGINT (Ctrl-C again) raises KeyboardInterrupt. A SIGTERM after the first signal changes
+    nothing: torchrun forwards Ctrl-C to its workers as SIGTERM, and that must not abort the
+    save. Outside the main thread (signals cannot be caught there) nothing is installed."""
+
+    def __init__(self, announce: bool = True) -> None:
+        self.received: str | None = None
+        self.announce = announce
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.received is not None:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt(f"second {name}: aborted without saving")
+            return
+        self.received = name
+        if self.announce:
+            print(
+                f"\nstackwise: {name} received: finishing this step and saving a checkpoint "
+                "(press Ctrl-C again to abort without saving)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def any_rank_signalled(acc: Accelerator, signals: StopSignals) -> bool:
+    """Whether any rank was signalled: all ranks must stop at the same step, or DDP hangs."""
+    flag = signals.received is not None
+    if acc.num_processes == 1:
+        return flag
+    import torch
+
+    return bool(acc.reduce(torch.tensor(float(flag), device=acc.device)) > 0)

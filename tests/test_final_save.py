@@ -1,0 +1,100 @@
+"""The final save is staged and marked complete; resume finds checkpoints by name and refuses
+a checkpoint of another model."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+from safetensors import SafetensorError
+
+from stackwise.errors import StackWiseError
+from stackwise.io.final import MARKER, STAGING
+from stackwise.pipeline import train_from_config
+
+
+def with_train(cfg, **train):
+    return cfg.model_copy(update={"train": cfg.train.model_copy(update=train)})
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [OSError(errno.ENOSPC, "No space left on device"), SafetensorError("I/O error: disk full")],
+)
+def test_a_full_disk_during_the_final_save_keeps_the_run_resumable(
+    tiny, tmp_path, monkeypatch, failure
+):
+    import stackwise.io.files as files
+
+    cfg = tiny(train={"max_steps": 4, "save_steps": 2})
+    real = files.save_file
+
+    def full_disk(state, path, metadata=None):
+        if STAGING in str(path):  # only the final save's files
+            raise failure
+        return real(state, path, metadata=metadata)
+
+    monkeypatch.setattr(files, "save_file", full_disk)
+    with pytest.raises(StackWiseError, match="Saving the final model into") as caught:
+        train_from_config(cfg, quiet=True)
+    assert "resume_from_checkpoint=latest" in str(caught.value)
+    out = tmp_path / "run"
+    assert not (out / MARKER).exists() and not (out / STAGING).exists()
+    assert not (out / "model.safetensors").exists()  # nothing half-written in place
+    assert (out / "latest").read_text().strip() == "checkpoint-4"
+    monkeypatch.setattr(files, "save_file", real)
+    # the folder is unfinished, not "already holds a trained model": a fresh run is refused
+    # with the resume advice, and the resume finishes it from checkpoint-4 without training
+    with pytest.raises(StackWiseError, match="unfinished run"):
+        train_from_config(cfg, quiet=True)
+    done = train_from_config(with_train(cfg, resume_from_checkpoint="latest"), quiet=True)
+    assert done.state.step == 4 and (out / MARKER).is_file()
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer").is_dir()
+
+
+def test_a_finished_run_is_marked_and_refuses_a_resume(tiny, tmp_path):
+    cfg = tiny(train={"max_steps": 2, "save_steps": 2})
+    train_from_config(cfg, quiet=True)
+    out = tmp_path / "run"
+    assert (out / MARKER).is_file() and not (out / STAGING).exists()
+    with pytest.raises(StackWiseError, match="already holds a trained model"):
+        train_from_config(with_train(cfg, resume_from_checkpoint="latest"), quiet=True)
+
+
+def test_resume_by_name_looks_in_the_output_dir(tiny, tmp_path, monkeypatch):
+    cfg = tiny(train={"max_steps": 4, "save_steps": 2})
+    out = tmp_path / "run"
+    train_from_config(cfg, quiet=True)
+    (out / MARKER).unlink()  # as if the run had stopped after its last checkpoint
+    monkeypatch.chdir(tmp_path)  # the current dir holds no checkpoint-2
+    resumed = train_from_config(with_train(cfg, resume_from_checkpoint="checkpoint-2"), quiet=True)
+    assert resumed.trainer.resumed_from == out / "checkpoint-2"
+    assert resumed.state.step == 4 and (out / MARKER).is_file()
+
+
+def test_resume_names_what_is_missing(tiny, tmp_path):
+    cfg = tiny(train={"max_steps": 4, "save_steps": 2})
+    out = tmp_path / "run"
+    train_from_config(with_train(cfg, max_steps=2), quiet=True)
+    (out / MARKER).unlink()
+    with pytest.raises(StackWiseError, match=r"checkpoint-9.*does not exist.*checkpoint-2"):
+        train_from_config(with_train(cfg, resume_from_checkpoint="checkpoint-9"), quiet=True)
+    (out / "latest").write_text("checkpoint-7\n")  # the folder it named was deleted
+    with pytest.raises(
+        StackWiseError, match=r"names 'checkpoint-7'.*no longer exists.*checkpoint-2"
+    ):
+        train_from_config(with_train(cfg, resume_from_checkpoint="latest"), quiet=True)
+
+
+def test_resume_refuses_another_shape_and_states_a_new_step_budget(tiny, tmp_path, capsys):
+    cfg = tiny(train={"max_steps": 4, "save_steps": 2})
+    out = tmp_path / "run"
+    train_from_config(with_train(cfg, max_steps=2), quiet=True)
+    (out / MARKER).unlink()
+    heads = cfg.model_copy(update={"model": cfg.model.model_copy(update={"n_heads": 4})})
+    with pytest.raises(StackWiseError, match=r"another model shape.*model.n_heads 2 -> 4"):
+        train_from_config(with_train(heads, resume_from_checkpoint="latest"), quiet=True)
+    res = train_from_config(with_train(cfg, resume_from_checkpoint="latest"), quiet=False)
+    assert res.state.step == 4
+    said = " ".join(capsys.readouterr().out.split())
+    assert "train.max_steps is 4 here but was 2" in said and "LR schedule" in said

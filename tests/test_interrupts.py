@@ -1,0 +1,175 @@
+"""Ctrl-C and SIGTERM keep the work: the step finishes, a checkpoint is written, the error says
+how to resume, and the resumed run ends bit for bit where an uninterrupted one does. A second
+Ctrl-C aborts at once."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+import yaml
+from conftest import tiny_dict
+from safetensors.torch import load_file
+
+from stackwise.io.final import MARKER
+from stackwise.pipeline import train_from_config
+from stackwise.train.extensions import REGISTRY, Extension
+from stackwise.train.interrupts import StopSignals, TrainingInterrupted
+
+
+class SignalAt(Extension):
+    """Sends this process `signals` (one after another) when a step ends at `step` (of the
+    stage growing stack `stack`, in a progressive run)."""
+
+    def __init__(self, step: int, *signals: int, stack: int | None = None) -> None:
+        self.step, self.signals, self.stack = step, signals, stack
+
+    def on_step_end(self, run) -> None:
+        if run.state.step == self.step and run.stack_index == self.stack:
+            for sig in self.signals:
+                os.kill(os.getpid(), sig)
+
+
+@contextlib.contextmanager
+def registered(name: str, make) -> Iterator[None]:
+    REGISTRY[name] = make
+    try:
+        yield
+    finally:
+        del REGISTRY[name]
+
+
+def with_train(cfg, **train):
+    return cfg.model_copy(update={"train": cfg.train.model_copy(update=train)})
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_saves_a_checkpoint_and_resume_is_bitwise(tiny, tmp_path, sig):
+    base = tiny(model={"dropout": 0.1}, train={"max_steps": 8, "save_steps": 0})
+    full = train_from_config(with_train(base, output_dir=str(tmp_path / "full")), quiet=True)
+    out = tmp_path / "stopped"
+    with registered("signal_at_3", lambda: SignalAt(3, sig)):
+        stopping = with_train(base, output_dir=str(out), enabled_extensions=["signal_at_3"])
+        with pytest.raises(TrainingInterrupted) as caught:
+            train_from_config(stopping, quiet=True)
+    err = caught.value
+    assert err.step == 3 and err.signal_name == signal.Signals(sig).name
+    assert (
+        err.checkpoint == out / "checkpoint-3"
+        and (out / "latest").read_text().strip() == "checkpoint-3"
+    )
+    assert not (out / MARKER).exists() and not (out / "model.safetensors").exists()
+    command = err.resume_command(["cfg.yaml", f"train.output_dir={out}", "train.max_steps=8"])
+    assert command == (
+        f"stackwise train cfg.yaml train.max_steps=8 train.output_dir={out} "
+        "train.resume_from_checkpoint=latest"
+    )
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    resuming = with_train(base, output_dir=str(out), resume_from_checkpoint="latest")
+    resumed = train_from_config(resuming, quiet=True)
+    assert resumed.trainer.resumed_from.name == "checkpoint-3"
+    a, b = full.rack.state_dict(), resumed.rack.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert (out / MARKER).is_file()
+
+
+def test_a_second_ctrl_c_aborts_without_saving(tiny, tmp_path):
+    cfg = tiny(train={"max_steps": 8})
+    twice = registered("twice", lambda: SignalAt(2, signal.SIGINT, signal.SIGINT))
+    with twice, pytest.raises(KeyboardInterrupt):
+        train_from_config(with_train(cfg, enabled_extensions=["twice"]), quiet=True)
+    out = tmp_path / "run"
+    assert not list(out.glob("checkpoint-*")) and not (out / "latest").exists()
+
+
+def test_sigterm_after_ctrl_c_does_not_abort_the_save():
+    """torchrun answers Ctrl-C by sending its workers SIGTERM: that must not abort the save."""
+    with StopSignals(announce=False) as signals:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+        assert signals.received == "SIGINT"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+
+
+def test_progressive_interrupt_names_the_run_and_resume_finishes(tiny, tmp_path):
+    cfg = tiny(
+        model={"n_stacks": 2, "blocks_per_stack": 1},
+        objective={"name": "diffusion"},
+        progressive={"strategy": "progressive"},
+        train={"max_steps": 8},
+    )
+    full = train_from_config(with_train(cfg, output_dir=str(tmp_path / "full")), quiet=True)
+    out = tmp_path / "grown"
+    with registered("stop_in_stack_1", lambda: SignalAt(2, signal.SIGINT, stack=1)):
+        grown = with_train(cfg, output_dir=str(out), enabled_extensions=["stop_in_stack_1"])
+        with pytest.raises(TrainingInterrupted) as caught:
+            train_from_config(grown, quiet=True)
+    assert caught.value.run_dir == out  # the run folder, not the stage's
+    assert caught.value.checkpoint.parent.parent == out
+    resuming = with_train(cfg, output_dir=str(out), resume_from_checkpoint="latest")
+    resumed = train_from_config(resuming, quiet=True)
+    a, b = full.rack.state_dict(), resumed.rack.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert (out / MARKER).is_file()
+
+
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "OMP_NUM_THREADS": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def test_cli_ctrl_c_prints_a_resume_command_that_finishes(corpus_file, cache_dir, tmp_path):
+    data = tiny_dict(corpus_file, cache_dir, tmp_path / "unused")
+    data["train"].update(max_steps=100_000, eval_every=1000)
+    data["logging"].update(log_every=1, jsonl=True)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(data))
+    out = tmp_path / "cli-run"
+    argv = [str(config), f"train.output_dir={out}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stackwise.cli", "train", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    deadline = time.monotonic() + 120
+    metrics = out / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if metrics.is_file() and metrics.read_text().count("\n") >= 3:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    resume = [line for line in stderr.splitlines() if line.strip().startswith("stackwise train")]
+    assert len(resume) == 1, stderr
+    words = resume[0].split()
+    assert words[2:] == [*argv, "train.resume_from_checkpoint=latest"]
+    step = int((out / "latest").read_text().split("-")[1])
+    finish = subprocess.run(
+        [sys.executable, "-m", "stackwise.cli", "train", *words[2:], f"train.max_steps={step + 2}"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+        check=False,
+    )
+    assert finish.returncode == 0, finish.stderr
+    assert (out / MARKER).is_file()
+    assert load_file(str(out / "model.safetensors"))
