@@ -5,6 +5,7 @@ The masked samplers live in `stackwise.samplers`; this module picks one from `co
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,14 @@ from stackwise.model.rack import Rack
 from stackwise.objectives import build_objective
 from stackwise.objectives.diffusion import Diffusion
 from stackwise.repeat_guard import WordRepeatGuard
-from stackwise.samplers import MaskedSampler, MaskedSampling, SampleStats, draw, truncate_at_eos
+from stackwise.samplers import (
+    MaskedSampler,
+    MaskedSampling,
+    Progress,
+    SampleStats,
+    draw,
+    truncate_at_eos,
+)
 
 
 @torch.no_grad()
@@ -31,6 +39,7 @@ def generate_clm(
     eos_id: int | None = None,
     stats: SampleStats | None = None,
     use_cache: bool = True,
+    on_token: Progress | None = None,
 ) -> torch.Tensor:
     """Token by token with a KV cache (each token costs one position's compute); the context is
     the last max_seq_len tokens. Stops once every row has produced EOS."""
@@ -49,6 +58,8 @@ def generate_clm(
         stats.forward_passes += 1
         nxt = draw(logits, s.temperature, s.top_k, s.top_p, gen)
         ids = torch.cat([ids, nxt[:, None]], dim=1)
+        if on_token is not None:
+            on_token(ids)
         stats.tokens += int((~done).sum())
         if eos_id is not None:
             done |= nxt == eos_id
@@ -126,9 +137,12 @@ def generate(
     prompt: str | None = None,
     n: int | None = None,
     seed: int = 0,
+    stream: Callable[[str], None] | None = None,
     **overrides: object,
 ) -> Samples:
-    """`n` samples with the settings of config.sample (any of them overridable by keyword)."""
+    """`n` samples with the settings of config.sample (any of them overridable by keyword).
+    With `stream`, the first sample's text is passed to it piece by piece as it is made:
+    token by token from a causal rack, block by block (sample.block_length) from a masked one."""
     from stackwise.data.pack import specials_of
 
     updates = {k: v for k, v in overrides.items() if v is not None}
@@ -156,18 +170,51 @@ def generate(
     stats = SampleStats()
     was_training = rack.training
     rack.eval()
+    shown = TextStream(tokenizer, stream, specials.eos_id) if stream else None
+    progress = shown.update if shown else None
     with torch.no_grad():
         if config.objective.causal:
-            out = generate_clm(rack, ids, s.max_new_tokens, s, gen, specials.eos_id, stats)
+            out = generate_clm(
+                rack, ids, s.max_new_tokens, s, gen, specials.eos_id, stats, on_token=progress
+            )
         else:
             sampler = masked_sampler(config, rack, tokenizer, gen)
             length = min(s.max_new_tokens, room)  # the config's default is fitted to the room
-            out = sampler.run(ids, length)
+            out = sampler.run(ids, length, on_block=progress)
             out = truncate_at_eos(out, ids.shape[1], specials.eos_id, specials.mask_id)
             stats = sampler.stats
     rack.train(was_training)
     texts = [tokenizer.decode(row.tolist(), skip_special_tokens=True) for row in out]
+    if shown is not None:
+        shown.finish(texts[0])
     return Samples(texts, out, ids.shape[1], stats)
+
+
+class TextStream:
+    """Writes the first row's text as it grows: only what extends what was already written,
+    so a piece that decodes differently once the next token arrives is held back, and the
+    finished text (cut at EOS) ends it."""
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, write: Callable[[str], None], eos: int | None
+    ) -> None:
+        self.tokenizer, self.write, self.eos, self.written = tokenizer, write, eos, ""
+
+    def update(self, ids: torch.Tensor) -> None:
+        row = ids[0].tolist()
+        if self.eos is not None and self.eos in row[1:]:
+            row = row[: row.index(self.eos, 1)]
+        text = self.tokenizer.decode(row, skip_special_tokens=True)
+        if text.startswith(self.written) and not text.endswith("\ufffd"):
+            self.write(text[len(self.written) :])
+            self.written = text
+
+    def finish(self, text: str) -> None:
+        if text.startswith(self.written):
+            self.write(text[len(self.written) :])
+        else:  # the end changed what was already shown: show the whole text again
+            self.write("\n" + text)
+        self.written = text
 
 
 def sample_texts(*args: Any, **kwargs: Any) -> list[str]:

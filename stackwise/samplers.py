@@ -22,6 +22,7 @@ temperature stays a low temperature. Sampling stops once every row holds an EOS.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,7 @@ from stackwise.objectives.schedules import Linear, Schedule, time_for_fraction
 from stackwise.repeat_guard import WordRepeatGuard
 
 REMASKING = ("low_confidence", "random", "entropy", "margin")
+Progress = Callable[[torch.Tensor], None]  # sees (B, n) tokens generated so far, for streaming
 REDRAW_STEPS = 8  # a block's extra steps for words the repeat guard masked again
 
 
@@ -149,7 +151,10 @@ class MaskedSampler:
         self._cache = (x.clone(), out)
         return out
 
-    def run(self, prompt: torch.Tensor, length: int) -> torch.Tensor:
+    def run(
+        self, prompt: torch.Tensor, length: int, on_block: Progress | None = None
+    ) -> torch.Tensor:
+        """`on_block(ids)` sees the tokens up to the end of each block as it is finished."""
         b, p = prompt.shape
         self.prompt_len = p
         if self.guard is not None:
@@ -165,6 +170,8 @@ class MaskedSampler:
             in_block = torch.zeros_like(x, dtype=torch.bool)
             in_block[:, start : min(start + block, p + length)] = True
             x = self._fill_block(x, in_block, steps)
+            if on_block is not None:
+                on_block(x[:, : min(start + block, p + length)])
             if self.eos_id is not None and bool((x[:, p:] == self.eos_id).any(1).all()):
                 break  # every row has ended: later blocks are not generated
         self.stats.tokens += int((x[:, p:] != self.mask_id).sum())

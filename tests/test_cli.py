@@ -87,6 +87,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Work:
             "logging.console=true",
             "logging.progress_bar=auto",
             "sample.num_samples=2",
+            "train.save_steps=30",
         ],
         "diffusion": ["objective.name=diffusion", "train.max_steps=6"],
         "mlm": ["objective.name=mlm", "train.max_steps=6"],
@@ -165,6 +166,19 @@ def work2(work: Work) -> Work:
     def error(name: str, args: list[Any], check: Callable[[], None] | None, *needles: str):
         jobs[name] = args
         work.errors[name] = (needles, check)
+
+    jobs["generate-streamed"] = [
+        "generate",
+        "--checkpoint",
+        clm / "checkpoint-30",
+        "--prompt",
+        PROMPT,
+    ]
+    jobs["generate-help"] = ["generate", "--checkpoint", work.runs["diffusion"], "--help"]
+    jobs["generate-help-plain"] = ["generate", "--help"]
+    error(
+        "generate-clm-steps", ["generate", "--checkpoint", clm, "--steps", 4], None, "sample.steps"
+    )
 
     for flag, (args, needle) in GENERATE_FLAGS.items():
         error(
@@ -283,6 +297,26 @@ def test_generate_prints_text(work2, name):
         assert len(text) > len(PROMPT), text
 
 
+def test_generate_streams_one_sample_from_a_checkpoint_folder(work2):
+    """checkpoint-N of a run samples with the run's tokenizer; one sample is streamed."""
+    proc = work2.procs["generate-streamed"]
+    assert proc.returncode == 0, explain(proc)
+    assert "--- sample" not in proc.stdout
+    assert proc.stdout.startswith(PROMPT) and len(proc.stdout.strip()) > len(PROMPT)
+
+
+def test_generate_help_explains_samplers_and_shows_the_checkpoints_defaults(work2):
+    shown, plain = work2.procs["generate-help"], work2.procs["generate-help-plain"]
+    assert shown.returncode == 0 and plain.returncode == 0
+    saved = load_config(work2.runs["diffusion"] / "config.yaml").sample
+    text = " ".join(shown.stdout.split())
+    assert f"(default: {saved.temperature!r})" in text and f"(default: {saved.steps!r})" in text
+    assert "(default: 'ancestral')" in text  # diffusion's sampler, resolved from 'auto'
+    for sampler in ("ancestral", "remask", "single_pass"):
+        assert sampler in plain.stdout
+    assert "name --checkpoint before --help" in " ".join(plain.stdout.split())
+
+
 # --- config ----------------------------------------------------------------------------------
 
 
@@ -333,6 +367,7 @@ ERROR_CASES = [
     "generate-no-config",
     "generate-truncated",
     "generate-shape-mismatch",
+    "generate-clm-steps",
     *[f"generate-{flag}" for flag in GENERATE_FLAGS],
 ]
 

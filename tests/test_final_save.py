@@ -98,3 +98,14 @@ def test_resume_refuses_another_shape_and_states_a_new_step_budget(tiny, tmp_pat
     assert res.state.step == 4
     said = " ".join(capsys.readouterr().out.split())
     assert "train.max_steps is 4 here but was 2" in said and "LR schedule" in said
+
+
+def test_a_stage_checkpoint_is_not_taken_for_a_rack(tmp_path):
+    from stackwise.io.trained import load_trained
+
+    stage = tmp_path / "run" / "stack_1" / "checkpoint-2"
+    stage.mkdir(parents=True)
+    (stage / "trainer_state.json").write_text("{}")
+    (stage / "config.yaml").write_text("{}")
+    with pytest.raises(StackWiseError, match=r"one progressive stage \(stack_1\).*run folder"):
+        load_trained(stage)

@@ -42,7 +42,7 @@ def final_save(folder: Path, writes: bool = True) -> Iterator[Path]:
         yield staging
         fsync_tree(staging)
         for entry in sorted(staging.iterdir()):
-            _move_into(entry, folder / entry.name)
+            move_into(entry, folder / entry.name)
         staging.rmdir()
         fsync_dir(folder)
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
@@ -57,7 +57,7 @@ def final_save(folder: Path, writes: bool = True) -> Iterator[Path]:
         ) from None
 
 
-def _move_into(entry: Path, dest: Path) -> None:
+def move_into(entry: Path, dest: Path) -> None:
     """A file replaces its namesake atomically; a folder (tokenizer/, stacks/) replaces it
     by two renames, the old one removed only after the new one is in place."""
     if entry.is_dir() and dest.exists():

@@ -5,6 +5,8 @@ Loading never unpickles: weights come from safetensors, the config through yaml.
 
 from __future__ import annotations
 
+import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -14,12 +16,15 @@ from transformers import PreTrainedTokenizerBase
 from stackwise.config import Config, load_config
 from stackwise.data.tokenizer import load_tokenizer_dir
 from stackwise.errors import StackWiseError
+from stackwise.io.checkpoints import STATE
 from stackwise.io.files import read_tensors, save_tensors, write_atomic, write_json
+from stackwise.io.final import move_into
 from stackwise.io.stack_files import needs_structure, rack_from_stacks, read_manifest
 from stackwise.model.chain import CHAIN_INPUT_VERSION, DenoisingChain
 from stackwise.model.rack import Rack
 
 WEIGHTS = "model.safetensors"
+STAGE_DIR = re.compile(r"^(stack_\d+|joint)$")  # where a progressive run keeps stage folders
 
 
 def save_model(model: nn.Module, folder: Path) -> Path:
@@ -36,6 +41,29 @@ def save_run(
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder / "tokenizer"))
     write_json(folder / "history.json", summary)
+
+
+def save_tokenizer(run_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Written when a run starts, so that its checkpoints can be sampled before it ends."""
+    staging = run_dir / ".tokenizer.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    tokenizer.save_pretrained(str(staging))
+    move_into(staging, run_dir / "tokenizer")
+
+
+def run_folder_of(folder: Path) -> tuple[Path, Path]:
+    """(the folder holding config.yaml and weights, its tokenizer dir): a run folder, or one
+    of its checkpoint-<step> folders, whose tokenizer is the run's."""
+    if not (folder / STATE).is_file():
+        return folder, folder / "tokenizer"
+    if STAGE_DIR.match(folder.parent.name):
+        raise StackWiseError(
+            f"'{folder}' is a checkpoint of one progressive stage ({folder.parent.name}): it "
+            "holds that stage's training state, not a rack to sample from. Generate from the "
+            f"run folder '{folder.parent.parent}' once the run has finished (resume it with "
+            "train.resume_from_checkpoint=latest)."
+        )
+    return folder, folder.parent / "tokenizer"
 
 
 def build_rack(config: Config, vocab_size: int) -> Rack:
@@ -89,8 +117,9 @@ def load_trained(
             f"'{folder}' is not a StackWise output dir (no config.yaml). Pass the folder that "
             "`stackwise train` wrote."
         )
+    folder, tokenizer_dir = run_folder_of(folder)
     config = load_config(folder / "config.yaml")
-    tokenizer = load_tokenizer_dir(folder / "tokenizer")
+    tokenizer = load_tokenizer_dir(tokenizer_dir)
     vocab = config.model.vocab_size or len(tokenizer)
     metas = read_manifest(folder)
     partial = metas is not None and len(metas) != config.model.n_stacks  # grown short of n

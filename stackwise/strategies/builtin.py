@@ -12,6 +12,7 @@ from stackwise.config import Config
 from stackwise.data.pack import PreparedData
 from stackwise.errors import StackWiseError
 from stackwise.io.stack_files import save_anchor_and_manifest, save_stack
+from stackwise.io.trained import save_tokenizer
 from stackwise.model.rack import count_parameters
 from stackwise.objectives import build_objective
 from stackwise.progressive import LocalLossTrainer, ProgressiveTrainer, summary_table
@@ -36,6 +37,8 @@ class Standard(TrainingStrategy):
         trainer = self.trainer_class(
             config, model, objective, data.train, data.val, adapter=adapter
         )
+        if trainer.accelerator.is_main_process:
+            save_tokenizer(trainer.output_dir, data.tokenizer)
         if not quiet and trainer.accelerator.is_main_process:
             print(
                 f"StackWise: {config.objective.name} {adapter.name}, "
@@ -44,6 +47,7 @@ class Standard(TrainingStrategy):
                 f"{len(data.train):,} train / {len(data.val):,} val sequences of "
                 f"{config.data.seq_len} tokens; device {trainer.accelerator.device}, "
                 f"precision {precision(config, trainer)}; output {trainer.output_dir}"
+                + saving_note(config)
             )
         state = trainer.train()
         if not quiet and trainer.accelerator.is_main_process and state.history:
@@ -75,6 +79,8 @@ class Progressive(TrainingStrategy):
                 "adapter cannot be grown. Use strategy 'standard', or the rack adapter."
             )
         trainer = ProgressiveTrainer(config, data, quiet=quiet)
+        if trainer.accelerator.is_main_process:
+            save_tokenizer(trainer.output_dir, data.tokenizer)
         p = config.progressive
         if not quiet and trainer.accelerator.is_main_process:
             print(
@@ -85,7 +91,7 @@ class Progressive(TrainingStrategy):
                 + (f", then {p.joint_tuning_steps} joint steps" if p.mode == "fused" else "")
                 + f"); {len(data.train):,} train / {len(data.val):,} val sequences of "
                 f"{config.data.seq_len} tokens; device {trainer.accelerator.device}, precision "
-                f"{precision(config, trainer)}; output {trainer.output_dir}",
+                f"{precision(config, trainer)}; output {trainer.output_dir}" + saving_note(config),
                 flush=True,
             )
         result = trainer.train_progressively()
@@ -105,6 +111,17 @@ def final_eval_line(ev: dict[str, Any]) -> str:
     if "bpc" in ev:
         parts.append(f"{ev['bpc']:.3f} bits per character")
     return f"final eval (step {ev.get('step', '?')}): " + ", ".join(parts)
+
+
+def saving_note(config: Config) -> str:
+    """What survives a crash, said before the run starts rather than after it is lost."""
+    every = config.train.save_steps
+    if every:
+        return f"; a checkpoint every {every} steps"
+    return (
+        "; no periodic checkpoints (train.save_steps: 0): Ctrl-C or SIGTERM still saves one, "
+        "a hard kill or power loss loses the run"
+    )
 
 
 def precision(config: Config, trainer: Any) -> str:

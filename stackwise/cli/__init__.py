@@ -1,0 +1,51 @@
+"""`stackwise train | generate | eval | merge-lora | lr-find | env | config`.
+
+User mistakes (StackWiseError) print one paragraph and exit 2; there is no traceback for them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+
+from stackwise.cli.commands import (
+    DEFAULT_PRESET,
+    PRESETS,
+    generate_help_defaults,
+    resolve_config_path,
+)
+from stackwise.cli.parsers import build_parser
+from stackwise.errors import StackWiseError
+
+__all__ = ["DEFAULT_PRESET", "PRESETS", "build_parser", "main", "resolve_config_path"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    ns = build_parser(generate_help_defaults(args)).parse_args(args)
+    try:
+        return ns.func(ns)
+    except StackWiseError as err:
+        if hasattr(err, "resume_command"):  # a stop signal: the work is saved, say how to go on
+            print(
+                f"stackwise: stopped by {err.signal_name} at step {err.step}; the checkpoint "
+                f"{err.checkpoint} holds the work. To resume:\n  "
+                f"{err.resume_command(ns.args)}",
+                file=sys.stderr,
+            )
+            return 130
+        # wrap between words only: a path or key in the message must stay copy-pasteable
+        msg = textwrap.fill(
+            " ".join(str(err).split()), width=100, break_long_words=False, break_on_hyphens=False
+        )
+        print(f"stackwise: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("stackwise: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush stays quiet
+        return 0

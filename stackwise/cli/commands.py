@@ -1,0 +1,222 @@
+"""What each `stackwise` subcommand does; the parsers that lead here are in parsers.py."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from stackwise.errors import StackWiseError
+
+PRESETS = Path(__file__).parents[1] / "presets"
+DEFAULT_PRESET = "tiny-diffusion-progressive"
+
+
+def resolve_config_path(name: str | None) -> Path:
+    """A file path, or the name of a bundled preset (`tiny-clm`)."""
+    if name is None:
+        name = DEFAULT_PRESET
+    path = Path(name)
+    if path.is_file():
+        return path
+    preset = PRESETS / (name if name.endswith(".yaml") else f"{name}.yaml")
+    if preset.is_file():
+        return preset
+    known = ", ".join(sorted(p.stem for p in PRESETS.glob("*.yaml")))
+    raise StackWiseError(f"Config '{name}' is neither a file nor a preset. Presets: {known}.")
+
+
+def _split(args: list[str]) -> tuple[str | None, list[str]]:
+    if args and "=" not in args[0]:
+        return args[0], args[1:]
+    return None, args
+
+
+def _load(args: list[str]):
+    from stackwise.config import load_config
+
+    name, overrides = _split(args)
+    return load_config(resolve_config_path(name), overrides)
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
+    from stackwise.generate import sample_texts
+    from stackwise.pipeline import train_from_config
+
+    config = _load(ns.args)
+    result = train_from_config(config)
+    if not result.trainer.accelerator.is_main_process:  # under torchrun, rank 0 reports
+        return 0
+    print(f"Saved the trained rack to {result.output_dir}")
+    n = config.sample.num_samples
+    if n:
+        for i, text in enumerate(
+            sample_texts(result.config, result.rack.eval(), result.data.tokenizer, n=n)
+        ):
+            print(f"--- sample {i + 1} ---\n{text.strip()}")
+    return 0
+
+
+# the generate flags that override one sample.* setting each (None: the run's own)
+SAMPLE_OVERRIDES = (
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "steps",
+    "sampler",
+    "remasking",
+    "block_length",
+    "no_repeat_words",
+)
+
+
+def cmd_generate(ns: argparse.Namespace) -> int:
+    from stackwise.generate import generate
+    from stackwise.io.trained import load_trained
+
+    config, rack, tok = load_trained(ns.checkpoint)
+    overrides = {name: getattr(ns, name) for name in SAMPLE_OVERRIDES}
+    stream = None
+    if ns.num_samples == 1:  # one sample is shown as it is made
+
+        def stream(piece: str) -> None:
+            print(piece, end="", flush=True)
+
+    texts = generate(
+        config, rack, tok, ns.prompt, ns.num_samples, ns.seed, stream=stream, **overrides
+    ).texts
+    if stream is not None:
+        print()
+        return 0
+    for i, text in enumerate(texts):
+        print(f"--- sample {i + 1} ---")
+        print(text)
+    return 0
+
+
+def cmd_merge_lora(ns: argparse.Namespace) -> int:
+    import warnings
+
+    from stackwise.io.merge import merge_checkpoint
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = merge_checkpoint(ns.checkpoint, ns.out, requantize=ns.requantize)
+    for w in caught:
+        if "merged logits" in str(w.message):
+            print(f"stackwise: warning: {w.message}", file=sys.stderr)
+    kinds = ", ".join(sorted(set(report.storages)))
+    print(
+        f"Merged the adapters of {report.adapters} stack(s) (bases stored as {kinds}) into "
+        f"{ns.out}{' (requantized)' if report.requantized else ''}.\n"
+        f"Logits vs the adapted model: max |diff| {report.max_abs_error:.3g}, relative "
+        f"{report.rel_error:.3g}."
+    )
+    return 0
+
+
+def cmd_lr_find(ns: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from stackwise.pipeline import build_trainer
+    from stackwise.train.lr_find import lr_find
+
+    if not (0 < ns.min_lr < ns.max_lr) or ns.steps < 2:
+        raise StackWiseError(
+            f"lr-find needs 0 < --min-lr < --max-lr and --steps >= 2 (got {ns.min_lr}, "
+            f"{ns.max_lr}, {ns.steps})."
+        )
+    config = _load(ns.args)
+    if config.train.output_dir is None:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        from stackwise.config import derive
+
+        config = derive(config, {"train.output_dir": f"outputs/lr-find-{stamp}"}, "lr-find")
+    trainer = build_trainer(config)
+    result = lr_find(trainer, ns.min_lr, ns.max_lr, ns.steps)
+    plot = result.plot(Path(ns.plot) if ns.plot else trainer.output_dir / "lr_find.png")
+    print(
+        f"swept {len(result.lrs)} steps from {ns.min_lr:.1e} to {result.lrs[-1]:.1e}"
+        + (" (stopped: the loss diverged)" if result.stopped_early else "")
+    )
+    print(f"plot: {plot}")
+    print(f"suggested lr: {result.suggestion:.2e}")
+    return 0
+
+
+def cmd_eval(ns: argparse.Namespace) -> int:
+    import json
+
+    from stackwise.evaluate import EvalSettings, render, run_eval
+
+    for name in ("t_points", "mc_num", "samples", "max_blocks"):
+        if getattr(ns, name) < 1:
+            raise StackWiseError(f"--{name.replace('_', '-')} must be at least 1.")
+    settings = EvalSettings(ns.t_points, ns.mc_num, ns.samples, ns.max_blocks, ns.seed)
+    sampling = {"sampler": ns.sampler, "remasking": ns.remasking, "steps": ns.steps}
+    report = run_eval(ns.checkpoint, settings, ns.reference, **sampling)
+    out = Path(ns.checkpoint).expanduser() / "eval.json"
+    out.write_text(json.dumps(report, indent=1))
+    print(render(report))
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_env(ns: argparse.Namespace) -> int:
+    import json
+
+    from stackwise.envreport import collect, render
+
+    info = collect(refresh_probe=ns.refresh_probe)
+    print(json.dumps(info, indent=1) if ns.json else render(info))
+    return 0
+
+
+def cmd_config(ns: argparse.Namespace) -> int:
+    if ns.aliases:
+        from stackwise.config import alias_table
+
+        if ns.action != "show" or ns.args:
+            raise StackWiseError("--aliases goes with `stackwise config show` alone.")
+        width = max(len(a) for a, _ in alias_table())
+        print("the seeds' legacy names StackWise accepts, and what each means:")
+        for alias, meaning in alias_table():
+            print(f"  {alias:<{width}}  ->  {meaning}")
+        return 0
+    config = _load(ns.args)
+    if ns.action == "show":
+        print(config.to_yaml(), end="")
+    else:
+        print("config is valid")
+    return 0
+
+
+def generate_help_defaults(argv: list[str]) -> dict[str, Any] | None:
+    """For `generate --checkpoint DIR --help`: the sample settings DIR's config gives each flag
+    (None when there is no such help request or the folder holds no readable config)."""
+    if "generate" not in argv or not {"-h", "--help"} & set(argv):
+        return None
+    folder = None
+    for i, arg in enumerate(argv):
+        if arg == "--checkpoint" and i + 1 < len(argv):
+            folder = argv[i + 1]
+        elif arg.startswith("--checkpoint="):
+            folder = arg.split("=", 1)[1]
+    path = Path(folder).expanduser() / "config.yaml" if folder else None
+    if path is None or not path.is_file():
+        return None
+    from stackwise.config import load_config
+
+    try:
+        config = load_config(path)
+    except StackWiseError:
+        return None
+    shown: dict[str, Any] = config.sample.model_dump()
+    if config.objective.causal:
+        for name in ("steps", "sampler", "remasking", "block_length", "no_repeat_words"):
+            shown[name] = "n/a: this rack is causal"
+    else:
+        shown["sampler"] = config.sample.resolved_sampler(config.objective.name)
+    return shown

@@ -1,0 +1,220 @@
+"""The `stackwise` command line: one parser per subcommand, with the help users read."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from stackwise.cli.commands import (
+    DEFAULT_PRESET,
+    cmd_config,
+    cmd_env,
+    cmd_eval,
+    cmd_generate,
+    cmd_lr_find,
+    cmd_merge_lora,
+    cmd_train,
+)
+
+
+def build_parser(generate_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="stackwise", description="Train language models stack by stack."
+    )
+    from stackwise import __version__
+
+    p.add_argument("--version", action="version", version=f"stackwise {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    _train_parser(sub)
+    _generate_parser(sub, generate_defaults)
+    _merge_lora_parser(sub)
+    _lr_find_parser(sub)
+    _eval_parser(sub)
+    _env_parser(sub)
+    _config_parser(sub)
+    return p
+
+
+def _train_parser(sub: Any) -> None:
+    t = sub.add_parser(
+        "train",
+        help="train a rack",
+        description=(
+            "Train from CONFIG (a YAML/JSON file or a preset name; default "
+            f"'{DEFAULT_PRESET}') with dotted overrides such as train.max_steps=100."
+        ),
+    )
+    t.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]")
+    t.set_defaults(func=cmd_train)
+
+
+SAMPLERS = """\
+how each rack samples:
+  clm          left to right, one token per forward pass, with a KV cache; --steps,
+               --sampler, --remasking and --block-length do not apply and are refused.
+  ancestral    (diffusion's default) MDLM's reverse process: at each of --steps steps
+               every masked position is revealed with the probability the noise
+               schedule gives for that step, so the text firms up everywhere at once.
+  remask       (mlm's default) LLaDA-style: each step predicts every masked position
+               and keeps the ones --remasking ranks first; the rest are masked again.
+  single_pass  one forward pass per stack through a rack grown as a denoising chain
+               (progressive.depth_order: high_to_low), from the noisiest stack down.
+--block-length N fills N-token blocks left to right (semi-autoregressive), each with
+its share of the steps; long generations are printed block by block (clm: token by
+token) when one sample is asked for.
+"""
+
+# flag -> what it sets, beside the default the checkpoint's config gives it
+SAMPLE_FLAGS = {
+    "max_new_tokens": (int, "tokens to generate"),
+    "temperature": (float, "softmax temperature; 0 is greedy"),
+    "top_k": (int, "keep the k likeliest tokens; 0 keeps all"),
+    "top_p": (float, "nucleus sampling: keep the smallest set with this much mass"),
+}
+
+
+def _generate_parser(sub: Any, defaults: dict[str, Any] | None) -> None:
+    """`defaults`: the sample section of the checkpoint named before --help, if any."""
+    where = "this checkpoint's" if defaults else "the checkpoint's config, sample."
+    g = sub.add_parser(
+        "generate",
+        help="sample text from a trained rack",
+        description="Sample from a trained run. Unset flags take the run's sample.* settings"
+        + (" shown below." if defaults else "; name --checkpoint before --help to see them."),
+        epilog=SAMPLERS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g.add_argument(
+        "--checkpoint", required=True, help="a run folder of `stackwise train`, or a checkpoint-N"
+    )
+    g.add_argument("--prompt", default=None, help=_shown(defaults, "prompt", where))
+    g.add_argument("--num-samples", type=int, default=1, help="samples to draw (default: 1)")
+    for name, (kind, text) in SAMPLE_FLAGS.items():
+        flag = "--" + name.replace("_", "-")
+        g.add_argument(flag, type=kind, default=None, help=f"{text}{_shown(defaults, name, where)}")
+    _masked_sampling_flags(g, defaults)
+    block = _shown(defaults, "block_length", where)
+    g.add_argument("--block-length", type=int, default=None, help=f"block size; 0: one{block}")
+    g.add_argument(
+        "--no-repeat-words",
+        action="store_const",
+        const=True,
+        default=None,
+        help="char/byte racks: redraw a word that repeats the word before it"
+        + _shown(defaults, "no_repeat_words", where),
+    )
+    g.add_argument(
+        "--allow-repeat-words",
+        dest="no_repeat_words",
+        action="store_const",
+        const=False,
+        help="turn off the config's sample.no_repeat_words",
+    )
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    g.set_defaults(func=cmd_generate)
+
+
+def _shown(defaults: dict[str, Any] | None, name: str, where: str) -> str:
+    if defaults is None:
+        return f" (default: {where}{name})" if where.endswith(".") else ""
+    return f" (default: {defaults[name]!r})"
+
+
+def _masked_sampling_flags(
+    parser: argparse.ArgumentParser, defaults: dict[str, Any] | None = None
+) -> None:
+    """The sampler flags `generate` and `eval` share (sample.* of the run's config)."""
+    where = "the checkpoint's config, sample."
+    steps = _shown(defaults, "steps", where)
+    parser.add_argument("--steps", type=int, default=None, help=f"denoising steps{steps}")
+    parser.add_argument(
+        "--sampler",
+        choices=["ancestral", "remask", "single_pass"],
+        default=None,
+        help="mlm/diffusion: see below" + _shown(defaults, "sampler", where),
+    )
+    parser.add_argument(
+        "--remasking",
+        choices=["low_confidence", "random", "entropy", "margin"],
+        default=None,
+        help="remask: which positions are revealed first" + _shown(defaults, "remasking", where),
+    )
+
+
+def _merge_lora_parser(sub: Any) -> None:
+    m = sub.add_parser(
+        "merge-lora",
+        help="fold LoRA adapters into their base and save a plain rack",
+        description=(
+            "Merge every adapter of CHECKPOINT (an output dir of `stackwise train`) into its "
+            "dequantized base and save full-precision safetensors to OUT."
+        ),
+    )
+    m.add_argument("checkpoint", metavar="CHECKPOINT")
+    m.add_argument("out", metavar="OUT")
+    m.add_argument(
+        "--requantize",
+        action="store_true",
+        help="store stacks whose base was quantized in that format again (smaller, lossy)",
+    )
+    m.set_defaults(func=cmd_merge_lora)
+
+
+def _lr_find_parser(sub: Any) -> None:
+    f = sub.add_parser(
+        "lr-find",
+        help="LR range test: suggest a learning rate, plot loss against LR",
+        description=(
+            "Train briefly from CONFIG while the LR grows exponentially, print the LR where the "
+            "loss falls fastest and save a plot. The model is restored afterwards; progressive "
+            "configs are swept on the whole rack."
+        ),
+    )
+    f.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]")
+    f.add_argument("--steps", type=int, default=100)
+    f.add_argument("--min-lr", type=float, default=1e-6)
+    f.add_argument("--max-lr", type=float, default=1.0)
+    f.add_argument("--plot", default=None, help="PNG path (default OUTPUT_DIR/lr_find.png)")
+    f.set_defaults(func=cmd_lr_find)
+
+
+def _eval_parser(sub: Any) -> None:
+    v = sub.add_parser(
+        "eval",
+        help="likelihood (bits/char), conditional likelihood and sample quality of a run",
+        description=(
+            "Score the run in --checkpoint on its validation split with fixed noise (the "
+            "numbers of two runs are comparable), sample from it, and write eval.json there."
+        ),
+    )
+    v.add_argument("--checkpoint", required=True, help="output dir of `stackwise train`")
+    v.add_argument("--reference", default=None, help="a causal run to score samples (gen PPL)")
+    v.add_argument("--samples", type=int, default=16)
+    v.add_argument("--t-points", type=int, default=16, help="t grid size of the NELBO")
+    v.add_argument("--mc-num", type=int, default=8, help="noise levels per conditional estimate")
+    v.add_argument("--max-blocks", type=int, default=64, help="validation blocks scored")
+    _masked_sampling_flags(v)
+    v.add_argument("--seed", type=int, default=0)
+    v.set_defaults(func=cmd_eval)
+
+
+def _env_parser(sub: Any) -> None:
+    e = sub.add_parser(
+        "env",
+        help="print versions, CPU/GPU, the bf16 probe and cache dirs (paste it into bug reports)",
+    )
+    e.add_argument("--json", action="store_true", help="machine-readable output")
+    e.add_argument(
+        "--refresh-probe", action="store_true", help="run the bf16 probe again, ignoring its cache"
+    )
+    e.set_defaults(func=cmd_env)
+
+
+def _config_parser(sub: Any) -> None:
+    c = sub.add_parser("config", help="show or validate a config")
+    c.add_argument("action", choices=["show", "validate"])
+    c.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]")
+    c.add_argument(
+        "--aliases", action="store_true", help="show: list the accepted legacy (seed) key names"
+    )
+    c.set_defaults(func=cmd_config)
