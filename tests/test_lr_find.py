@@ -42,3 +42,31 @@ def test_lr_find_cli_prints_a_suggestion_and_writes_a_png(tiny, tmp_path, capsys
     assert found and 1e-6 <= float(found.group(1)) <= 1.0, out
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["lr-find", str(config), "--min-lr", "1", "--max-lr", "0.1"]) == 2
+
+
+def test_lr_find_makes_the_plot_folder_takes_overrides_after_flags_and_warns(
+    tiny, tmp_path, capsys
+):
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(tiny().model_dump(mode="json")))
+    plot = tmp_path / "new" / "nested" / "lr.png"
+    out_dir = tmp_path / "sweep"
+    argv = ["lr-find", str(config), "--steps", "3", "--plot", str(plot)]
+    assert main([*argv, f"train.output_dir={out_dir}"]) == 0  # an override after the flags
+    captured = capsys.readouterr()
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out_dir.is_dir()
+    assert "stackwise: warning: the sweep ran 3 steps, too few" in captured.err
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    bad = ["lr-find", str(config), "--steps", "3", "--plot", str(blocker / "lr.png")]
+    assert main(bad) == 2  # refused before the sweep, not after it
+    assert "Cannot create the folder of --plot" in capsys.readouterr().err
+
+
+def test_a_suggestion_at_the_start_of_the_sweep_is_flagged():
+    from stackwise.train.lr_find import LRFindResult
+
+    lrs = [10.0**e for e in range(-6, 1)]
+    falling_first = LRFindResult(lrs, [5.0, 1.0, 0.9, 0.8, 0.7, 0.6, 9.0], 1e-6, False)
+    assert "very start of the sweep" in falling_first.warnings()[0]
+    assert not LRFindResult(lrs, [], 1e-3, False).warnings()

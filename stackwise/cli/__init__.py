@@ -24,7 +24,12 @@ __all__ = ["DEFAULT_PRESET", "PRESETS", "build_parser", "main", "resolve_config_
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    ns = build_parser(generate_help_defaults(args)).parse_args(args)
+    parser = build_parser(generate_help_defaults(args))
+    ns, extra = parser.parse_known_args(args)
+    if extra:  # dotted overrides may follow the flags: `lr-find cfg --steps 50 train.lr=1`
+        if not hasattr(ns, "args") or any(a.startswith("-") or "=" not in a for a in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        ns.args = [*ns.args, *extra]
     try:
         return ns.func(ns)
     except StackWiseError as err:

@@ -134,15 +134,26 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
         from stackwise.config import derive
 
         config = derive(config, {"train.output_dir": f"outputs/lr-find-{stamp}"}, "lr-find")
+    plot_path = Path(ns.plot).expanduser() if ns.plot else None
+    if plot_path is not None:  # before the sweep: a bad path must not waste it
+        try:
+            plot_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise StackWiseError(
+                f"Cannot create the folder of --plot '{plot_path}': {err.strerror or err}. "
+                "Pick a writable path."
+            ) from None
     trainer = build_trainer(config)
     result = lr_find(trainer, ns.min_lr, ns.max_lr, ns.steps)
-    plot = result.plot(Path(ns.plot) if ns.plot else trainer.output_dir / "lr_find.png")
+    plot = result.plot(plot_path or trainer.output_dir / "lr_find.png")
     print(
         f"swept {len(result.lrs)} steps from {ns.min_lr:.1e} to {result.lrs[-1]:.1e}"
         + (" (stopped: the loss diverged)" if result.stopped_early else "")
     )
     print(f"plot: {plot}")
     print(f"suggested lr: {result.suggestion:.2e}")
+    for warning in result.warnings():
+        print(f"stackwise: warning: {warning}", file=sys.stderr)
     return 0
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -44,9 +45,45 @@ def _check_keys(data: Any, model: type[BaseModel], path: str = "") -> None:
             raise StackWiseError(
                 f"Unknown config key '{where}'{suggestion} Valid keys here: {valid}."
             )
-        sub = model.model_fields[key].annotation
-        if isinstance(sub, type) and issubclass(sub, BaseModel):
+        annotation = model.model_fields[key].annotation
+        sub = _section_of(annotation)
+        if sub is not None:
             _check_keys(value, sub, f"{where}.")
+        elif get_origin(annotation) is dict and isinstance(value, dict):
+            item = _section_of(get_args(annotation)[1])  # progressive.stacks.<k>.*
+            for k, v in value.items() if item is not None else ():
+                _check_keys(v, item, f"{where}.{k}.")
+
+
+def _section_of(annotation: Any) -> type[BaseModel] | None:
+    """The model an annotation holds: `Section` or `Section | None`."""
+    union = get_origin(annotation) in (Union, UnionType)
+    for kind in (annotation, *(get_args(annotation) if union else ())):
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            return kind
+    return None
+
+
+def _field_type(parts: list[str]) -> Any:
+    """The annotation of the field a dotted override sets (None past a dict or a typo)."""
+    model: Any = Config
+    annotation: Any = None
+    for part in parts:
+        model = _section_of(annotation) if annotation is not None else model
+        if model is None or part not in model.model_fields:
+            return None
+        annotation = model.model_fields[part].annotation
+    return annotation
+
+
+def _takes_words(annotation: Any) -> bool:
+    """Whether a field takes free text where YAML would read a bool, number or mapping (choice
+    fields keep their own reading of YAML booleans: see config.base)."""
+    if annotation is str:
+        return True
+    if get_origin(annotation) not in (Union, UnionType):
+        return False
+    return any(_takes_words(a) for a in get_args(annotation))
 
 
 def format_validation(err: ValidationError, origin: str) -> str:
@@ -111,6 +148,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
+    field = _field_type(parts)
+    listed = isinstance(value, list) and list in map(get_origin, (field, *get_args(field)))
+    if value is not None and not isinstance(value, str) and not listed and _takes_words(field):
+        value = raw.strip()  # sample.prompt=no is the word "no", not False
     return parts, value
 
 

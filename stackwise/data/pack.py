@@ -14,6 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from stackwise.config import DataConfig
 from stackwise.data.sources import load_documents
+from stackwise.data.tokenize import token_stream
 from stackwise.data.tokenizer import bytes_per_token, make_tokenizer
 from stackwise.errors import StackWiseError
 from stackwise.objectives.base import Specials
@@ -77,8 +78,7 @@ def build_data(cfg: DataConfig) -> PreparedData:
     docs = load_documents(cfg)
     texts = [t for _, t in docs]
     tok = make_tokenizer(cfg.tokenizer, texts, cfg.bpe_vocab_size, cfg.cache_dir)
-    ids = tok(texts, add_special_tokens=False)["input_ids"]
-    stream = pack_stream(ids, tok.eos_token_id)
+    stream = token_stream(tok, texts, tok.eos_token_id)
     n_val = max(cfg.seq_len, int(stream.numel() * cfg.val_fraction))
     train_blocks = to_blocks(stream[:-n_val], cfg.seq_len)
     val_blocks = to_blocks(stream[-n_val:], cfg.seq_len)

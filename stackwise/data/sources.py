@@ -119,6 +119,11 @@ def load_documents(cfg: DataConfig) -> list[tuple[str, str]]:
     docs: list[tuple[str, str]] = []
     paths = [Path(name).expanduser() for name in cfg.files]
     for path in paths:
+        if path.is_dir():
+            raise StackWiseError(
+                f"Data file '{path}' is a directory. List the files in it under data.files "
+                f"(e.g. data.files=[{path / 'a.txt'}, {path / 'b.txt'}])."
+            )
         if not path.is_file():
             raise StackWiseError(
                 f"Data file '{path}' does not exist. Check data.files (paths are relative to "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from stackwise.data.tokenize import text_pieces
 from stackwise.errors import StackWiseError
 from stackwise.paths import cache_root
 
@@ -49,20 +51,37 @@ def ensure_specials(tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     return tok
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+SAVED_WITH = "a folder written by save_pretrained (or data.tokenizer: char / byte)"
+
+
 def load_tokenizer_dir(path: str | Path) -> PreTrainedTokenizerBase:
     path = Path(path).expanduser()
+    if path.is_file():
+        raise StackWiseError(
+            f"Tokenizer '{path}' is a file; a tokenizer is a folder. Pass the folder that holds "
+            f"it: {SAVED_WITH}."
+        )
     if not path.is_dir():
         raise StackWiseError(
-            f"Tokenizer dir '{path}' does not exist. Point data.tokenizer at a folder saved with "
-            "save_pretrained, or remove it to train a BPE on the corpus."
+            f"Tokenizer dir '{path}' does not exist. Point data.tokenizer at {SAVED_WITH}, or "
+            "remove it to train a BPE on the corpus."
+        )
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise StackWiseError(
+            f"'{path}' holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}). Point "
+            f"data.tokenizer at {SAVED_WITH}."
         )
     try:
         tok = AutoTokenizer.from_pretrained(
             str(path), local_files_only=True, trust_remote_code=False
         )
-    except (OSError, ValueError) as err:
+    except Exception as err:  # a damaged file raises KeyError, TypeError, JSON errors, ...
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise StackWiseError(f"Could not load the tokenizer in '{path}': {first}.") from None
+        raise StackWiseError(
+            f"Could not load the tokenizer in '{path}' ({type(err).__name__}: {first[:160]}): "
+            f"its files are damaged or not a tokenizer's. Use {SAVED_WITH}."
+        ) from None
     return ensure_specials(tok)
 
 
@@ -76,9 +95,10 @@ def train_bpe(texts: Sequence[str], vocab_size: int) -> PreTrainedTokenizerFast:
         vocab_size=vocab_size,
         special_tokens=list(SPECIALS.values()),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        show_progress=sys.stderr.isatty(),  # a bar for people, nothing in logs and pipes
     )
-    tok.train_from_iterator(texts, trainer=trainer)
+    # in pieces cut at word starts: the word counts are the same, the memory is bounded
+    tok.train_from_iterator((p for t in texts for p in text_pieces(t)), trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIALS)
 
 

@@ -24,6 +24,27 @@ class LRFindResult:
     suggestion: float
     stopped_early: bool
 
+    def warnings(self) -> list[str]:
+        """What makes the suggestion unreliable, in words a user can act on."""
+        found: list[str] = []
+        if len(self.lrs) < 5:
+            found.append(
+                f"the sweep ran {len(self.lrs)} steps, too few to find where the loss falls "
+                "fastest; the suggestion (the best LR / 10) is a guess. Raise --steps or lower "
+                "--max-lr so the loss does not diverge at once."
+            )
+        elif not self.lrs[0] <= self.suggestion <= self.lrs[-1]:
+            found.append(
+                f"the suggestion {self.suggestion:.2e} lies outside the swept range "
+                f"{self.lrs[0]:.1e}..{self.lrs[-1]:.1e}; widen --min-lr/--max-lr."
+            )
+        elif self.suggestion <= self.lrs[2]:
+            found.append(
+                f"the loss fell fastest at the very start of the sweep ({self.lrs[0]:.1e}); "
+                "lower --min-lr to see where the fall begins."
+            )
+        return found
+
     def plot(self, path: Path) -> Path:
         import matplotlib
 

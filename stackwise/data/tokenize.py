@@ -1,0 +1,74 @@
+"""Documents to one EOS-separated int32 token stream, in bounded memory and with progress.
+
+A tokenizer handed one 20 MB line holds every token's offsets and Python ints at once (gigabytes);
+here long documents are cut into pieces of about 64k characters and tokenized a megabyte at a
+time, and ids go straight into int32 tensors. Pieces are cut just before a space that follows a
+non-space, where the byte-level BPE, char and byte tokenizers start a new word anyway, so the
+stream is the one the whole document gives; a tokenizer from a folder may differ by a token at
+a cut, one cut per 64k characters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
+
+PIECE_CHARS = 1 << 16
+BATCH_CHARS = 1 << 20
+
+
+def text_pieces(text: str, size: int = PIECE_CHARS) -> Iterator[str]:
+    """`text` in consecutive pieces of at most `size` characters (one, when it is short)."""
+    start = 0
+    while len(text) - start > size:
+        cut = text.rfind(" ", start + size // 2, start + size)
+        while cut > start and text[cut - 1].isspace():  # inside a run of spaces: go back
+            cut = text.rfind(" ", start + 1, cut - 1)
+        if cut <= start:  # no word boundary at all: cut anywhere
+            cut = start + size
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
+
+
+def token_stream(
+    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], eos_id: int
+) -> torch.Tensor:
+    """Every document's tokens followed by EOS, as one int32 tensor."""
+    chunks: list[torch.Tensor] = []
+    batch: list[str] = []
+    ends: list[bool] = []  # whether a piece is the last of its document
+    total = sum(len(t) for t in texts)
+    bar = tqdm(
+        total=total, unit="char", unit_scale=True, desc="tokenizing", leave=False, disable=None
+    )
+
+    def flush() -> None:
+        flat: list[int] = []
+        encoded = tokenizer(batch, add_special_tokens=False)["input_ids"]
+        for ids, end in zip(encoded, ends, strict=True):
+            flat.extend(ids)
+            if end:
+                flat.append(eos_id)
+        chunks.append(torch.tensor(flat, dtype=torch.int32))
+        bar.update(sum(len(piece) for piece in batch))
+        batch.clear()
+        ends.clear()
+
+    with bar:
+        pending = 0
+        for text in texts:
+            pieces = list(text_pieces(text))
+            for i, piece in enumerate(pieces):
+                batch.append(piece)
+                ends.append(i == len(pieces) - 1)
+                pending += len(piece)
+                if pending >= BATCH_CHARS:
+                    flush()
+                    pending = 0
+        if batch:
+            flush()
+    return torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.int32)

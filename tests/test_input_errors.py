@@ -1,0 +1,108 @@
+"""Tokenizer, data and override mistakes name the real problem; long documents tokenize in
+pieces to the same stream, in bounded memory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import make_corpus
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stackwise.config import load_config
+from stackwise.config.loading import parse_override
+from stackwise.data.pack import pack_stream
+from stackwise.data.tokenize import text_pieces, token_stream
+from stackwise.data.tokenizer import byte_tokenizer, char_tokenizer, load_tokenizer_dir, train_bpe
+from stackwise.errors import StackWiseError
+
+
+def long_document() -> str:
+    """About 150k characters with runs of spaces and newlines at varied places."""
+    lines = make_corpus(3000, seed=3).splitlines()
+    return "\n".join(
+        line + "  " * (i % 3) + ("\n" if i % 7 == 0 else "") for i, line in enumerate(lines)
+    )
+
+
+@pytest.mark.parametrize("kind", ["bpe", "char", "byte"])
+def test_long_documents_tokenize_in_pieces_to_the_same_stream(kind):
+    doc = long_document()
+    texts = [doc, "A short one.", "", doc[:5000]]
+    tok = {"bpe": lambda: train_bpe(texts, 400), "char": lambda: char_tokenizer(texts)}.get(
+        kind, byte_tokenizer
+    )()
+    pieces = list(text_pieces(doc, 4096))
+    assert len(pieces) > 30 and "".join(pieces) == doc
+    whole = pack_stream(tok(texts, add_special_tokens=False)["input_ids"], tok.eos_token_id)
+    import stackwise.data.tokenize as tz
+
+    old = tz.PIECE_CHARS, tz.BATCH_CHARS
+    tz.PIECE_CHARS, tz.BATCH_CHARS = 4096, 20_000  # many pieces and batches
+    try:
+        pieced = token_stream(tok, texts, tok.eos_token_id)
+    finally:
+        tz.PIECE_CHARS, tz.BATCH_CHARS = old
+    assert pieced.dtype.is_floating_point is False and pieced.tolist() == whole.tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet=" \nab", min_size=0, max_size=400), st.integers(4, 64))
+def test_pieces_rebuild_the_text_and_respect_the_size(text, size):
+    pieces = list(text_pieces(text, size))
+    assert "".join(pieces) == text
+    assert all(len(p) <= size for p in pieces[:-1])
+
+
+def test_tokenizer_folder_mistakes_are_named(tmp_path):
+    file = tmp_path / "tok.json"
+    file.write_text("{}")
+    with pytest.raises(StackWiseError, match="is a file; a tokenizer is a folder"):
+        load_tokenizer_dir(file)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(StackWiseError, match="holds no tokenizer"):
+        load_tokenizer_dir(empty)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "tokenizer.json").write_text(json.dumps({"model": {"type": "nothing"}}))
+    with pytest.raises(StackWiseError, match="damaged or not a tokenizer"):
+        load_tokenizer_dir(broken)
+    with pytest.raises(StackWiseError, match="does not exist"):
+        load_tokenizer_dir(tmp_path / "missing")
+
+
+def test_a_directory_given_as_a_data_file_is_named(tiny, tmp_path):
+    from stackwise.data.sources import load_documents
+
+    cfg = tiny(data={"files": [str(tmp_path)]})
+    with pytest.raises(StackWiseError, match="is a directory"):
+        load_documents(cfg.data)
+
+
+def test_a_misspelt_per_stack_key_gets_a_suggestion():
+    with pytest.raises(StackWiseError, match=r"progressive.stacks.0.stepz' — did you mean 'steps'"):
+        load_config(None, ["progressive.stacks.0.stepz=5"])
+
+
+WORDS_YAML_MISREADS = ["no", "yes", "on", "off", "true", "123", "1.5", "{a: 1}"]
+
+
+@pytest.mark.parametrize("word", WORDS_YAML_MISREADS)
+def test_a_string_setting_takes_the_word_yaml_would_misread(word):
+    assert load_config(None, [f"sample.prompt={word}"]).sample.prompt == word
+    assert load_config(None, [f"logging.run_name={word}"]).logging.run_name == word
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.text(alphabet="abnoyes01 .:-", min_size=1, max_size=12).filter(lambda t: t.strip() == t))
+def test_prompt_overrides_are_taken_verbatim(word):
+    parts, value = parse_override(f"sample.prompt={word}")
+    assert parts == ["sample", "prompt"]
+    assert value == word or (value is None and word.lower() in ("null", "~"))
+
+
+def test_numbers_and_booleans_still_parse_where_they_belong():
+    cfg = load_config(None, ["train.max_steps=7", "model.tie_embeddings=no"])
+    assert cfg.train.max_steps == 7 and cfg.model.tie_embeddings is False
