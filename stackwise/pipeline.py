@@ -11,6 +11,7 @@ from stackwise.io.trained import build_rack
 from stackwise.objectives import build_objective
 from stackwise.strategies import RunResult, get_training_strategy, strategy_for
 from stackwise.train.adapters import get_model_adapter
+from stackwise.train.run_dir import precheck_run_dir
 from stackwise.train.trainer import Trainer
 
 
@@ -50,6 +51,7 @@ def train_from_config(
         )
     chosen = get_training_strategy(strategy or strategy_for(config))  # unknown: fail first
     model_adapter = get_model_adapter(adapter)
+    precheck_run_dir(config)  # before the data: a refused run is refused at once
     set_seed(config.train.seed)
     data = build_data(config.data)
     config = resolve_vocab(config, len(data.tokenizer))

@@ -266,6 +266,8 @@ def test_train_end_to_end_writes_a_run_and_lowers_val_loss(work):
     assert val[60] < val[0] - 1.0, val
     assert any("train/loss" in r for r in rows)
     assert "step 20: val/loss=" in proc.stdout  # logging.console=true
+    assert "--- done in " in proc.stdout and f"stackwise generate --checkpoint {out}" in proc.stdout
+    assert "kernels" not in proc.stderr and "pickle protocol" not in proc.stderr
 
 
 @pytest.mark.parametrize("name", ["clm", "diffusion", "mlm"])

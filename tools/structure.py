@@ -39,6 +39,7 @@ LAYERS = {  # first dotted parts -> layer, higher is further up
     "registry": 1,
     "seeds": 1,
     "hwprobe": 1,
+    "quiet": 1,
 }
 
 

@@ -17,12 +17,14 @@ from stackwise.cli.commands import (
 )
 from stackwise.cli.parsers import build_parser
 from stackwise.errors import StackWiseError
+from stackwise.quiet import filter_library_noise
 
 __all__ = ["DEFAULT_PRESET", "PRESETS", "build_parser", "main", "resolve_config_path"]
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    filter_library_noise()
     args = sys.argv[1:] if argv is None else [str(a) for a in argv]
     parser = build_parser(generate_help_defaults(args))
     ns, extra = parser.parse_known_args(args)

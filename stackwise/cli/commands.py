@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
     from stackwise.generate import sample_texts
     from stackwise.pipeline import train_from_config
 
+    start = time.monotonic()
     config = _load(ns.args)
     result = train_from_config(config)
     if not result.trainer.accelerator.is_main_process:  # under torchrun, rank 0 reports
@@ -55,7 +57,33 @@ def cmd_train(ns: argparse.Namespace) -> int:
             sample_texts(result.config, result.rack.eval(), result.data.tokenizer, n=n)
         ):
             print(f"--- sample {i + 1} ---\n{text.strip()}")
+    print(run_summary(result, time.monotonic() - start))
     return 0
+
+
+def run_summary(result: Any, seconds: float) -> str:
+    """The last lines of a run: how long it took, where it ended, and what to run next."""
+    import shlex
+
+    from stackwise.strategies.builtin import final_eval_line
+
+    final = result.progressive.final_eval if result.progressive is not None else None
+    if final is None and result.state is not None and result.state.history:
+        final = result.state.history[-1]
+    minutes, secs = divmod(round(seconds), 60)
+    out = shlex.quote(str(result.output_dir))
+    lines = [f"--- done in {minutes}m {secs:02d}s ---"]
+    if final:
+        at = f" (step {final['step']})" if "step" in final else ""
+        lines.append(f"final{at}: " + final_eval_line(final).split(": ", 1)[1])
+    lines += [
+        "next:",
+        f"  stackwise generate --checkpoint {out} --prompt 'To be'",
+        f"  stackwise eval --checkpoint {out}",
+    ]
+    if result.config.logging.tensorboard:
+        lines.append(f"  tensorboard --logdir {out}")
+    return "\n".join(lines)
 
 
 # the generate flags that override one sample.* setting each (None: the run's own)
@@ -186,6 +214,8 @@ def cmd_env(ns: argparse.Namespace) -> int:
 
 
 def cmd_config(ns: argparse.Namespace) -> int:
+    if ns.action in ("list", "copy"):
+        return _presets(ns.action, ns.args)
     if ns.aliases:
         from stackwise.config import alias_table
 
@@ -202,6 +232,44 @@ def cmd_config(ns: argparse.Namespace) -> int:
     else:
         print("config is valid")
     return 0
+
+
+def _presets(action: str, args: list[str]) -> int:
+    """`config list`: the bundled presets; `config copy NAME FILE`: one of them, to edit."""
+    names = sorted(p.stem for p in PRESETS.glob("*.yaml"))
+    if action == "list":
+        if args:
+            raise StackWiseError("`stackwise config list` takes no arguments.")
+        for name in names:
+            print(f"{name:<36}{_first_sentence(PRESETS / f'{name}.yaml')}")
+        print(f"(default: {DEFAULT_PRESET}; copy one with `stackwise config copy NAME FILE`)")
+        return 0
+    if len(args) != 2:
+        raise StackWiseError("Use `stackwise config copy NAME FILE`, e.g. tiny-clm my.yaml.")
+    name, target = args[0].removesuffix(".yaml"), Path(args[1]).expanduser()
+    if name not in names:
+        raise StackWiseError(f"No preset '{name}'. Presets: {', '.join(names)}.")
+    if target.exists():
+        raise StackWiseError(f"'{target}' exists already; nothing was written. Pick a new name.")
+    try:
+        target.write_text((PRESETS / f"{name}.yaml").read_text(encoding="utf-8"), "utf-8")
+    except OSError as err:
+        raise StackWiseError(f"Cannot write '{target}': {err.strerror or err}.") from None
+    print(f"wrote {target}: edit it, then `stackwise train {shlex_quote(target)}`")
+    return 0
+
+
+def _first_sentence(path: Path) -> str:
+    """The first sentence of a preset's leading comment."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    comment = " ".join(line.lstrip("# ").strip() for line in lines if line.startswith("#"))
+    return comment.split(". ")[0].removesuffix(".")
+
+
+def shlex_quote(path: Path) -> str:
+    import shlex
+
+    return shlex.quote(str(path))
 
 
 def generate_help_defaults(argv: list[str]) -> dict[str, Any] | None:

@@ -211,8 +211,12 @@ def _env_parser(sub: Any) -> None:
 
 
 def _config_parser(sub: Any) -> None:
-    c = sub.add_parser("config", help="show or validate a config")
-    c.add_argument("action", choices=["show", "validate"])
+    c = sub.add_parser(
+        "config",
+        help="show or validate a config; list or copy the presets",
+        description="show/validate [CONFIG] [key=value ...]; list; copy NAME FILE.",
+    )
+    c.add_argument("action", choices=["show", "validate", "list", "copy"])
     c.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]")
     c.add_argument(
         "--aliases", action="store_true", help="show: list the accepted legacy (seed) key names"

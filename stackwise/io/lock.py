@@ -65,3 +65,20 @@ def unlock_run_folder(folder: Path) -> None:
     fd = _held.pop(folder.resolve(), None)
     if fd is not None:
         os.close(fd)  # closing the descriptor drops the flock; the PID stays (see run_dir)
+
+
+def lock_holder(folder: Path) -> str | None:
+    """The PID of a live run holding the folder's lock (None when free); changes nothing."""
+    import fcntl
+
+    path = folder / LOCK
+    if folder.resolve() in _held or not path.is_file():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)  # also drops the shared lock, if it was taken
+    return None

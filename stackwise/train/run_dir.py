@@ -13,7 +13,7 @@ from stackwise.config import Config
 from stackwise.errors import StackWiseError
 from stackwise.io import checkpoints as ckpt
 from stackwise.io.final import MARKER, is_finished
-from stackwise.io.lock import LOCK, lock_run_folder, unlock_run_folder
+from stackwise.io.lock import LOCK, lock_holder, lock_run_folder, unlock_run_folder
 from stackwise.io.stack_files import HISTORY
 from stackwise.io.trained import WEIGHTS
 
@@ -125,3 +125,32 @@ def claim_output_dir(acc: Accelerator, config: Config, output_dir: str | Path | 
     if shared[1] is not None:
         raise StackWiseError(shared[1])
     return Path(shared[0])
+
+
+def precheck_run_dir(config: Config) -> None:
+    """Before data preparation and the model build: a run that would be refused for its
+    output folder or its resume path is refused now, in seconds. Reads only; the real claim
+    (lock, clearing) is made by claim_output_dir."""
+    tc = config.train
+    given = run_dir_of(config, None)
+    if given is None and tc.output_dir is None and config.logging.run_name is None:
+        return  # a new time-stamped folder
+    path = Path(given) if given is not None else resolve_output_dir(config)
+    if not path.is_dir():
+        if tc.resume_from_checkpoint is not None:  # nothing there to resume: its error says so
+            ckpt.resolve_checkpoint(tc.resume_from_checkpoint, path)
+        return
+    holder = lock_holder(path)
+    if holder is not None:
+        raise StackWiseError(
+            f"Output dir '{path}' is in use by another StackWise run (PID {holder}): wait for "
+            "it to end, or choose another train.output_dir."
+        )
+    resuming = tc.resume_from_checkpoint is not None
+    if not tc.overwrite_output_dir:
+        _refuse_taken(path, resuming)
+    spec = tc.resume_from_checkpoint
+    if spec and (spec != ckpt.LATEST or (path / ckpt.LATEST).is_file()):
+        ckpt.resolve_checkpoint(spec, path)
+    elif spec and not any((path / f).exists() for f in (HISTORY, f"stack_0/{ckpt.LATEST}")):
+        ckpt.resolve_checkpoint(spec, path)  # nothing to resume: its error says so

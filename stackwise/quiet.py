@@ -1,0 +1,29 @@
+"""Library messages on stderr that a user can do nothing about, filtered by their exact text.
+
+Only these two: bitsandbytes' note that the optional `kernels` package is missing (it falls back
+to its own CPU kernel), and torch's note that our optimizer state was pickled with protocol 4
+(it is read with weights_only=True either way). Every other warning, from these libraries too,
+still reaches the user.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+BNB_LOGGER = "bitsandbytes.backends.cpu.ops"
+BNB_KERNELS = "Failed to load CPU gemm_4bit_forward from kernels-community"
+TORCH_PICKLE = r"Detected pickle protocol \d+ in the checkpoint"
+
+
+class _DropKernelsNote(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(BNB_KERNELS)
+
+
+def filter_library_noise() -> None:
+    """Idempotent; install before bitsandbytes is imported (its note comes at import)."""
+    logger = logging.getLogger(BNB_LOGGER)
+    if not any(isinstance(f, _DropKernelsNote) for f in logger.filters):
+        logger.addFilter(_DropKernelsNote())
+    warnings.filterwarnings("ignore", message=TORCH_PICKLE, category=UserWarning)

@@ -1,0 +1,81 @@
+"""The CLI around training: presets to copy, the end-of-run summary, refusals before any data
+work, and library noise kept off stderr."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import pytest
+
+from stackwise.cli import PRESETS, main
+from stackwise.errors import StackWiseError
+from stackwise.io.final import MARKER
+from stackwise.pipeline import train_from_config
+
+
+def test_config_list_and_copy(tmp_path, capsys):
+    assert main(["config", "list"]) == 0
+    listed = capsys.readouterr().out
+    for preset in PRESETS.glob("*.yaml"):
+        assert preset.stem in listed
+    target = tmp_path / "mine.yaml"
+    assert main(["config", "copy", "tiny-clm", str(target)]) == 0
+    assert target.read_text() == (PRESETS / "tiny-clm.yaml").read_text()
+    target.write_text("edited")
+    assert main(["config", "copy", "tiny-clm", str(target)]) == 2  # never overwritten
+    assert target.read_text() == "edited" and "exists already" in capsys.readouterr().err
+    assert main(["config", "copy", "no-such", str(tmp_path / "x.yaml")]) == 2
+    assert "No preset 'no-such'" in capsys.readouterr().err
+
+
+def test_refusals_come_before_the_data_is_prepared(tiny, tmp_path, monkeypatch):
+    cfg = tiny(train={"max_steps": 2, "save_steps": 2})
+    train_from_config(cfg, quiet=True)
+    assert (tmp_path / "run" / MARKER).is_file()
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data was prepared before the refusal")
+
+    monkeypatch.setattr("stackwise.pipeline.build_data", no_data)
+    with pytest.raises(StackWiseError, match="already holds a trained model"):
+        train_from_config(cfg, quiet=True)
+    other = cfg.model_copy(
+        update={
+            "train": cfg.train.model_copy(
+                update={"output_dir": str(tmp_path / "fresh"), "resume_from_checkpoint": "ckpt-9"}
+            )
+        }
+    )
+    (tmp_path / "fresh").mkdir()
+    with pytest.raises(StackWiseError, match="ckpt-9' does not exist"):
+        train_from_config(other, quiet=True)
+
+
+def test_the_summary_names_time_metrics_and_next_commands(tiny, tmp_path):
+    from stackwise.cli.commands import run_summary
+
+    res = train_from_config(tiny(train={"max_steps": 2}), quiet=True)
+    text = run_summary(res, 125.4)
+    assert text.startswith("--- done in 2m 05s ---")
+    assert "final (step 2): val loss" in text
+    assert f"stackwise generate --checkpoint {res.output_dir}" in text
+    assert f"stackwise eval --checkpoint {res.output_dir}" in text
+
+
+def test_only_the_known_library_noise_is_filtered(caplog):
+    from stackwise.quiet import BNB_KERNELS, BNB_LOGGER, filter_library_noise
+
+    filter_library_noise()
+    logger = logging.getLogger(BNB_LOGGER)
+    with caplog.at_level(logging.WARNING):
+        logger.warning(BNB_KERNELS + ": No module named 'kernels'")
+        logger.warning("a real problem in bitsandbytes")
+    assert [r.getMessage() for r in caplog.records] == ["a real problem in bitsandbytes"]
+    with warnings.catch_warnings(record=True) as caught:
+        filter_library_noise()  # catch_warnings reset the filters
+        warnings.warn(
+            "Detected pickle protocol 4 in the checkpoint, which was not", UserWarning, stacklevel=1
+        )
+        warnings.warn("a real problem in torch", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["a real problem in torch"]
