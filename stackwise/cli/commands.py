@@ -42,6 +42,8 @@ def _load(args: list[str]):
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
+    """Train from CONFIG (a YAML/JSON file or a preset name; default DEFAULT_PRESET) with
+    dotted overrides such as train.max_steps=100."""
     from stackwise.generate import sample_texts
     from stackwise.pipeline import train_from_config
 
@@ -125,6 +127,8 @@ def cmd_generate(ns: argparse.Namespace) -> int:
 
 
 def cmd_merge_lora(ns: argparse.Namespace) -> int:
+    """Merge every adapter of CHECKPOINT (an output dir of `stackwise train`) into its
+    dequantized base and save full-precision safetensors to OUT."""
     import warnings
 
     from stackwise.io.merge import merge_checkpoint
@@ -146,6 +150,9 @@ def cmd_merge_lora(ns: argparse.Namespace) -> int:
 
 
 def cmd_lr_find(ns: argparse.Namespace) -> int:
+    """Train briefly from CONFIG while the LR grows exponentially, print the LR where the loss
+    falls fastest and save a plot. The model is restored afterwards; progressive configs are
+    swept on the whole rack."""
     from datetime import datetime
 
     from stackwise.pipeline import build_trainer
@@ -186,6 +193,8 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:
+    """Score the run in --checkpoint on its validation split with fixed noise (the numbers of
+    two runs are comparable), sample from it, and write eval.json there."""
     import json
 
     from stackwise.evaluate import EvalSettings, render, run_eval

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 from typing import Any
 
 from stackwise.cli.commands import (
@@ -15,6 +16,11 @@ from stackwise.cli.commands import (
     cmd_merge_lora,
     cmd_train,
 )
+
+
+def _about(command: Any) -> str:
+    """A subcommand's --help text is its function's docstring: one text, kept beside the code."""
+    return " ".join(inspect.getdoc(command).split()).replace("DEFAULT_PRESET", DEFAULT_PRESET)
 
 
 def build_parser(generate_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
@@ -36,14 +42,7 @@ def build_parser(generate_defaults: dict[str, Any] | None = None) -> argparse.Ar
 
 
 def _train_parser(sub: Any) -> None:
-    t = sub.add_parser(
-        "train",
-        help="train a rack",
-        description=(
-            "Train from CONFIG (a YAML/JSON file or a preset name; default "
-            f"'{DEFAULT_PRESET}') with dotted overrides such as train.max_steps=100."
-        ),
-    )
+    t = sub.add_parser("train", help="train a rack", description=_about(cmd_train))
     t.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]")
     t.set_defaults(func=cmd_train)
 
@@ -142,14 +141,8 @@ def _masked_sampling_flags(
 
 
 def _merge_lora_parser(sub: Any) -> None:
-    m = sub.add_parser(
-        "merge-lora",
-        help="fold LoRA adapters into their base and save a plain rack",
-        description=(
-            "Merge every adapter of CHECKPOINT (an output dir of `stackwise train`) into its "
-            "dequantized base and save full-precision safetensors to OUT."
-        ),
-    )
+    summary = "fold LoRA adapters into their base and save a plain rack"
+    m = sub.add_parser("merge-lora", help=summary, description=_about(cmd_merge_lora))
     m.add_argument("checkpoint", metavar="CHECKPOINT")
     m.add_argument("out", metavar="OUT")
     m.add_argument(
@@ -160,33 +153,26 @@ def _merge_lora_parser(sub: Any) -> None:
     m.set_defaults(func=cmd_merge_lora)
 
 
+LR_FIND_FLAGS = {
+    "--steps": (int, 100, "optimizer steps of the sweep"),
+    "--min-lr": (float, 1e-6, "the LR of the first step"),
+    "--max-lr": (float, 1.0, "the LR of the last step"),
+}
+
+
 def _lr_find_parser(sub: Any) -> None:
-    f = sub.add_parser(
-        "lr-find",
-        help="LR range test: suggest a learning rate, plot loss against LR",
-        description=(
-            "Train briefly from CONFIG while the LR grows exponentially, print the LR where the "
-            "loss falls fastest and save a plot. The model is restored afterwards; progressive "
-            "configs are swept on the whole rack."
-        ),
-    )
+    summary = "LR range test: suggest a learning rate, plot loss against LR"
+    f = sub.add_parser("lr-find", help=summary, description=_about(cmd_lr_find))
     f.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]")
-    f.add_argument("--steps", type=int, default=100)
-    f.add_argument("--min-lr", type=float, default=1e-6)
-    f.add_argument("--max-lr", type=float, default=1.0)
-    f.add_argument("--plot", default=None, help="PNG path (default OUTPUT_DIR/lr_find.png)")
+    for flag, (kind, default, text) in LR_FIND_FLAGS.items():
+        f.add_argument(flag, type=kind, default=default, help=f"{text} (default: {default})")
+    f.add_argument("--plot", default=None, help="PNG path (default: OUTPUT_DIR/lr_find.png)")
     f.set_defaults(func=cmd_lr_find)
 
 
 def _eval_parser(sub: Any) -> None:
-    v = sub.add_parser(
-        "eval",
-        help="likelihood (bits/char), conditional likelihood and sample quality of a run",
-        description=(
-            "Score the run in --checkpoint on its validation split with fixed noise (the "
-            "numbers of two runs are comparable), sample from it, and write eval.json there."
-        ),
-    )
+    summary = "likelihood (bits/char), conditional likelihood and sample quality of a run"
+    v = sub.add_parser("eval", help=summary, description=_about(cmd_eval))
     v.add_argument("--checkpoint", required=True, help="output dir of `stackwise train`")
     v.add_argument("--reference", default=None, help="a causal run to score samples (gen PPL)")
     v.add_argument("--samples", type=int, default=16)

@@ -120,15 +120,12 @@ def load_documents(cfg: DataConfig) -> list[tuple[str, str]]:
     paths = [Path(name).expanduser() for name in cfg.files]
     for path in paths:
         if path.is_dir():
-            raise StackWiseError(
-                f"Data file '{path}' is a directory. List the files in it under data.files "
-                f"(e.g. data.files=[{path / 'a.txt'}, {path / 'b.txt'}])."
-            )
-        if not path.is_file():
-            raise StackWiseError(
-                f"Data file '{path}' does not exist. Check data.files (paths are relative to "
-                "where you run stackwise)."
-            )
+            problem = f"is a directory: list its files, e.g. data.files=[{path / 'a.txt'}]"
+        elif not path.is_file():
+            problem = "does not exist. Check data.files (relative to where you run stackwise)"
+        else:
+            continue
+        raise StackWiseError(f"Data file '{path}' {problem}.")
     formats = [_format_of(path, cfg.format) for path in paths]
     if all(f == "text" for f in formats) and cfg.changed("text_field"):
         raise StackWiseError(

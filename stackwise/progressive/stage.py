@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import Dataset
+from tqdm.auto import tqdm
 
 from stackwise.model.layers import Stack
 from stackwise.model.rack import Rack
@@ -200,7 +201,8 @@ def advance_cache(
     keys = cache.entries(boundary)
     was_training = stack.training
     stack.eval()
-    for i in range(0, len(keys), chunk):
+    starts = range(0, len(keys), chunk)
+    for i in tqdm(starts, desc="carrying the cache", unit="chunk", leave=False, disable=None):
         part = keys[i : i + chunk]
         h = cache.read(boundary, part).to(device).float()
         with autocast():
