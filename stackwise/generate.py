@@ -170,7 +170,7 @@ def generate(
     stats = SampleStats()
     was_training = rack.training
     rack.eval()
-    shown = TextStream(tokenizer, stream, specials.eos_id) if stream else None
+    shown = TextStream(tokenizer, stream, specials.eos_id, len(prefix)) if stream else None
     progress = shown.update if shown else None
     with torch.no_grad():
         if config.objective.causal:
@@ -196,14 +196,19 @@ class TextStream:
     finished text (cut at EOS) ends it."""
 
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, write: Callable[[str], None], eos: int | None
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        write: Callable[[str], None],
+        eos: int | None,
+        prompt_len: int,
     ) -> None:
         self.tokenizer, self.write, self.eos, self.written = tokenizer, write, eos, ""
+        self.prompt_len = prompt_len  # EOS counts only after the prompt, as truncate_at_eos
 
     def update(self, ids: torch.Tensor) -> None:
         row = ids[0].tolist()
-        if self.eos is not None and self.eos in row[1:]:
-            row = row[: row.index(self.eos, 1)]
+        if self.eos is not None and self.eos in row[self.prompt_len :]:
+            row = row[: row.index(self.eos, self.prompt_len)]
         text = self.tokenizer.decode(row, skip_special_tokens=True)
         if text.startswith(self.written) and not text.endswith("\ufffd"):
             self.write(text[len(self.written) :])

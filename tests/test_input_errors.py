@@ -106,3 +106,21 @@ def test_prompt_overrides_are_taken_verbatim(word):
 def test_numbers_and_booleans_still_parse_where_they_belong():
     cfg = load_config(None, ["train.max_steps=7", "model.tie_embeddings=no"])
     assert cfg.train.max_steps == 7 and cfg.model.tie_embeddings is False
+
+
+def test_streamed_text_matches_the_final_text_when_the_prompt_holds_eos():
+    import torch
+
+    from stackwise.generate import TextStream
+
+    tok = char_tokenizer(["abc de"])
+    eos = tok.eos_token_id
+    a, b, c = (tok.convert_tokens_to_ids(x) for x in "abc")
+    prompt = [a, eos, b]
+    shown: list[str] = []
+    stream = TextStream(tok, shown.append, eos, prompt_len=len(prompt))
+    for new in ([c], [c, a], [c, a, eos]):
+        stream.update(torch.tensor([prompt + new]))
+    final = tok.decode([a, eos, b, c, a], skip_special_tokens=True)
+    stream.finish(final)
+    assert "".join(shown) == final == "abca"

@@ -18,6 +18,7 @@ import yaml
 from conftest import tiny_dict
 from safetensors.torch import load_file
 
+from stackwise.errors import StackWiseError
 from stackwise.io.final import MARKER
 from stackwise.pipeline import train_from_config
 from stackwise.train.extensions import REGISTRY, Extension
@@ -173,3 +174,45 @@ def test_cli_ctrl_c_prints_a_resume_command_that_finishes(corpus_file, cache_dir
     assert finish.returncode == 0, finish.stderr
     assert (out / MARKER).is_file()
     assert load_file(str(out / "model.safetensors"))
+
+
+def test_interrupted_joint_tuning_names_the_run_and_a_fresh_start_is_refused(tiny, tmp_path):
+    cfg = tiny(
+        model={"n_stacks": 2, "blocks_per_stack": 1},
+        objective={"name": "diffusion"},
+        progressive={"strategy": "progressive", "mode": "fused", "joint_tuning_steps": 4},
+        train={"max_steps": 8},
+    )
+    out = tmp_path / "run"
+    with registered("stop_in_joint", lambda: SignalAt(2, signal.SIGINT, stack=None)):
+        stopping = with_train(cfg, enabled_extensions=["stop_in_joint"])
+        with pytest.raises(TrainingInterrupted) as caught:
+            train_from_config(stopping, quiet=True)
+    assert caught.value.run_dir == out and caught.value.checkpoint.parent.name == "joint"
+    with pytest.raises(StackWiseError, match="unfinished run"):  # its checkpoints are kept
+        train_from_config(cfg, quiet=True)
+    train_from_config(with_train(cfg, resume_from_checkpoint="latest"), quiet=True)
+    assert (out / MARKER).is_file()
+
+
+def test_a_stage_0_interrupt_is_never_cleared_by_a_plain_rerun(tiny, tmp_path):
+    cfg = tiny(
+        model={"n_stacks": 2, "blocks_per_stack": 1},
+        objective={"name": "diffusion"},
+        progressive={"strategy": "progressive"},
+        train={"max_steps": 8},
+    )
+    stop = registered("stop_in_stack_0", lambda: SignalAt(2, signal.SIGINT, stack=0))
+    with stop, pytest.raises(TrainingInterrupted):
+        train_from_config(with_train(cfg, enabled_extensions=["stop_in_stack_0"]), quiet=True)
+    saved = tmp_path / "run" / "stack_0" / "checkpoint-2"
+    with pytest.raises(StackWiseError, match=r"unfinished run \(stack_0/latest"):
+        train_from_config(cfg, quiet=True)
+    assert (saved / "model.safetensors").is_file()
+
+
+def test_a_signal_in_the_last_step_lets_the_run_finish(tiny, tmp_path):
+    cfg = tiny(train={"max_steps": 4})
+    with registered("stop_at_end", lambda: SignalAt(4, signal.SIGTERM)):
+        res = train_from_config(with_train(cfg, enabled_extensions=["stop_at_end"]), quiet=True)
+    assert res.state.step == 4 and (tmp_path / "run" / MARKER).is_file()

@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         return ns.func(ns)
     except StackWiseError as err:
         if hasattr(err, "resume_command"):  # a stop signal: the work is saved, say how to go on
+            if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 says it once
+                return 130
             print(
                 f"stackwise: stopped by {err.signal_name} at step {err.step}; the checkpoint "
                 f"{err.checkpoint} holds the work. To resume:\n  "

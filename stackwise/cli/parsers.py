@@ -20,7 +20,8 @@ from stackwise.cli.commands import (
 
 def _about(command: Any) -> str:
     """A subcommand's --help text is its function's docstring: one text, kept beside the code."""
-    return " ".join(inspect.getdoc(command).split()).replace("DEFAULT_PRESET", DEFAULT_PRESET)
+    text = inspect.getdoc(command) or ""  # python -OO drops docstrings: no description then
+    return " ".join(text.split()).replace("DEFAULT_PRESET", DEFAULT_PRESET)
 
 
 def build_parser(generate_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:

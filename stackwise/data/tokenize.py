@@ -20,8 +20,9 @@ PIECE_CHARS = 1 << 16
 BATCH_CHARS = 1 << 20
 
 
-def text_pieces(text: str, size: int = PIECE_CHARS) -> Iterator[str]:
-    """`text` in consecutive pieces of at most `size` characters (one, when it is short)."""
+def text_pieces(text: str, size: int | None = None) -> Iterator[str]:
+    """`text` in consecutive pieces of at most `size` (default PIECE_CHARS) characters."""
+    size = size or PIECE_CHARS
     start = 0
     while len(text) - start > size:
         cut = text.rfind(" ", start + size // 2, start + size)

@@ -29,13 +29,9 @@ def is_finished(folder: Path) -> bool:
 
 
 @contextmanager
-def final_save(folder: Path, writes: bool = True) -> Iterator[Path]:
-    """Yields the staging folder to write the run's final files into. `writes` is False on
-    ranks other than 0: they get the same path and touch nothing."""
+def final_save(folder: Path) -> Iterator[Path]:
+    """Yields the staging folder to write the run's final files into (on rank 0 only)."""
     staging = folder / STAGING
-    if not writes:
-        yield staging
-        return
     try:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
@@ -47,8 +43,10 @@ def final_save(folder: Path, writes: bool = True) -> Iterator[Path]:
         fsync_dir(folder)
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
         write_json(folder / MARKER, {"finished": stamp})
-    except (OSError, SafetensorError) as err:
+    except Exception as err:  # a full disk surfaces as OSError, SafetensorError, RuntimeError
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(err, StackWiseError):
+            raise
         raise StackWiseError(
             f"Saving the final model into '{folder}' failed ({_reason(err)}). The run is not "
             f"marked finished ({MARKER} was not written) and its checkpoints are untouched. "
@@ -73,4 +71,6 @@ def move_into(entry: Path, dest: Path) -> None:
 def _reason(err: BaseException) -> str:
     if isinstance(err, OSError) and err.strerror:
         return err.strerror
-    return str(err)[:160] or type(err).__name__
+    if isinstance(err, SafetensorError):
+        return str(err)[:160]
+    return f"{type(err).__name__}: {str(err)[:160]}"

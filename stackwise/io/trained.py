@@ -47,8 +47,15 @@ def save_tokenizer(run_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
     """Written when a run starts, so that its checkpoints can be sampled before it ends."""
     staging = run_dir / ".tokenizer.tmp"
     shutil.rmtree(staging, ignore_errors=True)
-    tokenizer.save_pretrained(str(staging))
-    move_into(staging, run_dir / "tokenizer")
+    try:
+        tokenizer.save_pretrained(str(staging))
+        move_into(staging, run_dir / "tokenizer")
+    except OSError as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise StackWiseError(
+            f"Cannot write the tokenizer into '{run_dir}': {err.strerror or err}. Free some "
+            "space or pick another train.output_dir."
+        ) from None
 
 
 def run_folder_of(folder: Path) -> tuple[Path, Path]:

@@ -39,6 +39,7 @@ from stackwise.progressive.stage import KeyedSamples, StageModel
 from stackwise.progressive.stage_cache import StageCache
 from stackwise.progressive.timing import TimeMapping
 from stackwise.quant.lora import rank_for
+from stackwise.train.checkpointer import on_main
 from stackwise.train.evaluation import score_model
 from stackwise.train.hardware import make_accelerator
 from stackwise.train.interrupts import TrainingInterrupted
@@ -361,14 +362,15 @@ class ProgressiveTrainer:
                 self.records.append(record)
                 write_history(self)
                 self.last_trainer.call_hook("on_stack_end", index, record)
-            except TrainingInterrupted as err:  # resume names the run, not the stage's folder
-                raise TrainingInterrupted(
-                    err.signal_name, err.step, err.checkpoint, self.output_dir
-                ) from None
+            except TrainingInterrupted as err:
+                raise err.of_run(self.output_dir) from None
             finally:  # the stage's loggers close after its stack's own report, or on failure
                 if getattr(self, "last_trainer", None) is not None:
                     self.last_trainer.finish()
-        joint = self.joint_tuning() if self.p.mode == "fused" else None
+        try:
+            joint = self.joint_tuning() if self.p.mode == "fused" else None
+        except TrainingInterrupted as err:
+            raise err.of_run(self.output_dir) from None
         final = self.final_eval()
         self.joint = joint
         self.final = final
@@ -381,8 +383,9 @@ class ProgressiveTrainer:
         """config.yaml, tokenizer/, the full rack (save_rack) and stacks/ (save_stacks)."""
         acc = self.accelerator
         acc.wait_for_everyone()
-        with final_save(self.output_dir, writes=acc.is_main_process) as out:
-            if acc.is_main_process:
+
+        def write() -> None:
+            with final_save(self.output_dir) as out:
                 write_atomic(out / "config.yaml", self.config.to_yaml())
                 if tokenizer is not None:
                     tokenizer.save_pretrained(str(out / "tokenizer"))
@@ -390,5 +393,7 @@ class ProgressiveTrainer:
                     save_model(self.builder.rack, out)
                 if self.p.save_stacks:  # final positions (prepend shifts them), joint tuning
                     self.save_stacks(changed_only=False, folder=out)
+
+        on_main(acc, write)  # a failed save is raised on every rank
         acc.wait_for_everyone()
         return self.output_dir

@@ -18,6 +18,7 @@ from stackwise.objectives import build_objective
 from stackwise.progressive import LocalLossTrainer, ProgressiveTrainer, summary_table
 from stackwise.strategies.base import RunResult, TrainingStrategy, register_training_strategy
 from stackwise.train.adapters import ModelAdapter, RackAdapter
+from stackwise.train.checkpointer import on_main
 from stackwise.train.hardware import describe_precision
 from stackwise.train.trainer import Trainer
 
@@ -37,8 +38,7 @@ class Standard(TrainingStrategy):
         trainer = self.trainer_class(
             config, model, objective, data.train, data.val, adapter=adapter
         )
-        if trainer.accelerator.is_main_process:
-            save_tokenizer(trainer.output_dir, data.tokenizer)
+        on_main(trainer.accelerator, lambda: save_tokenizer(trainer.output_dir, data.tokenizer))
         if not quiet and trainer.accelerator.is_main_process:
             print(
                 f"StackWise: {config.objective.name} {adapter.name}, "
@@ -79,8 +79,7 @@ class Progressive(TrainingStrategy):
                 "adapter cannot be grown. Use strategy 'standard', or the rack adapter."
             )
         trainer = ProgressiveTrainer(config, data, quiet=quiet)
-        if trainer.accelerator.is_main_process:
-            save_tokenizer(trainer.output_dir, data.tokenizer)
+        on_main(trainer.accelerator, lambda: save_tokenizer(trainer.output_dir, data.tokenizer))
         p = config.progressive
         if not quiet and trainer.accelerator.is_main_process:
             print(

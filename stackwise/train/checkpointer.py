@@ -22,21 +22,37 @@ from stackwise.io import checkpoints as ckpt
 from stackwise.io import files
 
 
+def agree(acc: Accelerator, error: str | None) -> None:
+    """Raise `error` (or a peer's) on every rank together, so none waits for a rank that gave
+    up at a barrier."""
+    errors = [error]
+    if acc.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        errors = gather_object([error])
+    failed = next((e for e in errors if e is not None), None)
+    if failed is not None:
+        raise StackWiseError(failed)
+
+
+def on_main(acc: Accelerator, action: Callable[[], None]) -> None:
+    """`action` on rank 0 only; a StackWiseError it raises is raised on every rank."""
+    error = None
+    if acc.is_main_process:
+        try:
+            action()
+        except StackWiseError as err:
+            error = str(err)
+    agree(acc, error)
+
+
 class Checkpointer:
     def __init__(self, accelerator: Accelerator, output_dir: Path, limit: int | None) -> None:
         self.acc, self.output_dir, self.limit = accelerator, output_dir, limit
         self.saved_steps: set[int] = set()  # best and periodic saves of one step coincide
 
     def agree(self, error: str | None) -> None:
-        """Raise `error` (or a peer's) on every rank together."""
-        errors = [error]
-        if self.acc.num_processes > 1:
-            from accelerate.utils import gather_object
-
-            errors = gather_object([error])
-        failed = next((e for e in errors if e is not None), None)
-        if failed is not None:
-            raise StackWiseError(failed)
+        agree(self.acc, error)
 
     def save(
         self, step: int, write: Callable[[Path], None], protected: set[str]

@@ -6,6 +6,8 @@ Schedulers send SIGTERM shortly before they kill a job, so the same path serves 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 import threading
@@ -31,6 +33,10 @@ class TrainingInterrupted(StackWiseError):
             f"{signal_name} at step {step}: saved the checkpoint {checkpoint}. Resume with "
             f"train.output_dir={run_dir} train.resume_from_checkpoint=latest."
         )
+
+    def of_run(self, run_dir: Path) -> TrainingInterrupted:
+        """The same stop, naming the run folder (a stage's Trainer knows only its own)."""
+        return TrainingInterrupted(self.signal_name, self.step, self.checkpoint, run_dir)
 
     def resume_command(self, args: list[str]) -> str:
         """The `stackwise train` line that continues this run, from the user's own arguments."""
@@ -63,7 +69,8 @@ class StopSignals:
         self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
     ) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            if handler is not None:  # None: installed outside Python, cannot be put back
+                signal.signal(sig, handler)
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -73,13 +80,13 @@ class StopSignals:
                 raise KeyboardInterrupt(f"second {name}: aborted without saving")
             return
         self.received = name
-        if self.announce:
-            print(
+        if self.announce:  # os.write: print() may be mid-write on stderr (tqdm) right now
+            note = (
                 f"\nstackwise: {name} received: finishing this step and saving a checkpoint "
-                "(press Ctrl-C again to abort without saving)",
-                file=sys.stderr,
-                flush=True,
+                "(press Ctrl-C again to abort without saving)\n"
             )
+            with contextlib.suppress(OSError):
+                os.write(sys.stderr.fileno(), note.encode())
 
 
 def any_rank_signalled(acc: Accelerator, signals: StopSignals) -> bool:

@@ -87,7 +87,9 @@ def _check_and_clear(path: Path, overwrite: bool, resuming: bool) -> None:
 
 def _refuse_taken(path: Path, resuming: bool) -> None:
     """A finished run is never written over; an unfinished one is only resumed."""
-    progress = [f for f in (ckpt.LATEST, HISTORY, "stacks/manifest.json") if (path / f).exists()]
+    marks = (ckpt.LATEST, HISTORY, "stacks/manifest.json")
+    progress = [f for f in marks if (path / f).exists()]
+    progress += sorted(str(p.relative_to(path)) for p in path.glob(f"*/{ckpt.LATEST}"))
     legacy = (path / WEIGHTS).is_file() and not progress  # finished before the marker existed
     if is_finished(path) or legacy:
         raise StackWiseError(

@@ -71,10 +71,18 @@ def epoch_loader(
         sampler=sampler,
         drop_last=True,
         num_workers=workers,
+        # Ctrl-C reaches the workers too; they must keep loading while the step finishes
+        worker_init_fn=_ignore_sigint if workers else None,
         # its own generator: creating an iterator draws a worker seed, which must not move
         # the global RNG (dropout), or a resumed run would diverge from an uninterrupted one
         generator=torch.Generator().manual_seed(seeds.loader_workers(seed, epoch)),
     )
+
+
+def _ignore_sigint(worker_id: int) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def batch_stream(

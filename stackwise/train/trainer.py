@@ -28,7 +28,7 @@ from stackwise.io import checkpoints as ckpt
 from stackwise.io.final import final_save
 from stackwise.objectives.base import Objective, random_lengths
 from stackwise.train.adapters import ModelAdapter, RackAdapter
-from stackwise.train.checkpointer import Checkpointer
+from stackwise.train.checkpointer import Checkpointer, on_main
 from stackwise.train.evaluation import eval_generator, evaluate_model
 from stackwise.train.extensions import HOOKS, Extension, build_extensions, builtin_extensions
 from stackwise.train.hardware import average_gradients, keep_freed_memory, make_accelerator
@@ -139,7 +139,6 @@ class Trainer:
     skipped_steps = property(lambda self: self.state.skipped_steps)
     last_train_loss = property(lambda self: self.state.last_train_loss)
     resumed_from = property(lambda self: self.run_info.resumed_from)
-    stack_index = property(lambda self: self.stage.index)
 
     # -- data -------------------------------------------------------------------------------
 
@@ -309,7 +308,7 @@ class Trainer:
                 self._eval_and_log()
             if tc.save_steps and step % tc.save_steps == 0:
                 self.save_checkpoint()
-            if any_rank_signalled(self.accelerator, signals):
+            if any_rank_signalled(self.accelerator, signals) and step < tc.max_steps:
                 name = signals.received or "SIGTERM"  # a peer rank's signal
                 path = self.save_checkpoint()
                 raise TrainingInterrupted(name, step, path, self.output_dir)
@@ -382,19 +381,20 @@ class Trainer:
     # -- saving -----------------------------------------------------------------------------
 
     def save(self, tokenizer: Any = None, weights: bool = True, also: Writer = None) -> Path:
-        """model.safetensors, config.yaml, tokenizer/, history.json and whatever `also` writes,
-        staged and then marked complete (stackwise.io.final)."""
+        """Weights, config.yaml, tokenizer/, history.json, `also`'s files: staged (io.final)."""
         from stackwise.io.trained import save_run
 
-        acc = self.accelerator
-        acc.wait_for_everyone()
-        with final_save(self.output_dir, writes=acc.is_main_process) as folder:
-            if acc.is_main_process:
-                summary = {"steps": self.state.step, "tokens_seen": self.state.tokens_seen}
+        st = self.state
+        summary = {"steps": st.step, "tokens_seen": st.tokens_seen, "history": st.history}
+
+        def write() -> None:
+            with final_save(self.output_dir) as folder:
                 if weights:
                     self.adapter.save(self._unwrapped(), folder)
-                save_run(folder, self.config, tokenizer, {**summary, "history": self.state.history})
+                save_run(folder, self.config, tokenizer, summary)
                 if also is not None:
                     also(folder)
-        acc.wait_for_everyone()
+
+        self.accelerator.wait_for_everyone()
+        on_main(self.accelerator, write)  # a failed save is raised on every rank, not a hang
         return self.output_dir
