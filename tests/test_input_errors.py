@@ -56,21 +56,19 @@ def test_pieces_rebuild_the_text_and_respect_the_size(text, size):
 
 
 def test_tokenizer_folder_mistakes_are_named(tmp_path):
-    file = tmp_path / "tok.json"
-    file.write_text("{}")
-    with pytest.raises(StackWiseError, match="is a file; a tokenizer is a folder"):
-        load_tokenizer_dir(file)
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    with pytest.raises(StackWiseError, match="holds no tokenizer"):
-        load_tokenizer_dir(empty)
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    (broken / "tokenizer.json").write_text(json.dumps({"model": {"type": "nothing"}}))
-    with pytest.raises(StackWiseError, match="damaged or not a tokenizer"):
-        load_tokenizer_dir(broken)
-    with pytest.raises(StackWiseError, match="does not exist"):
-        load_tokenizer_dir(tmp_path / "missing")
+    (tmp_path / "tok.json").write_text("{}")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "tokenizer.json").write_text(json.dumps({"model": {"type": "none"}}))
+    expected = {
+        "tok.json": "is a file; a tokenizer is a folder",
+        "empty": "holds no tokenizer",
+        "broken": "damaged or not a tokenizer",
+        "missing": "does not exist",
+    }
+    for name, needle in expected.items():
+        with pytest.raises(StackWiseError, match=needle):
+            load_tokenizer_dir(tmp_path / name)
 
 
 def test_a_directory_given_as_a_data_file_is_named(tiny, tmp_path):

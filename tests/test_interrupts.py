@@ -47,6 +47,16 @@ def registered(name: str, make) -> Iterator[None]:
         del REGISTRY[name]
 
 
+def grown(tiny, **progressive):
+    """Two one-block stacks of diffusion grown one at a time, 4 steps each."""
+    return tiny(
+        model={"n_stacks": 2, "blocks_per_stack": 1},
+        objective={"name": "diffusion"},
+        progressive={"strategy": "progressive", **progressive},
+        train={"max_steps": 8},
+    )
+
+
 def with_train(cfg, **train):
     return cfg.model_copy(update={"train": cfg.train.model_copy(update=train)})
 
@@ -103,18 +113,13 @@ def test_sigterm_after_ctrl_c_does_not_abort_the_save():
 
 
 def test_progressive_interrupt_names_the_run_and_resume_finishes(tiny, tmp_path):
-    cfg = tiny(
-        model={"n_stacks": 2, "blocks_per_stack": 1},
-        objective={"name": "diffusion"},
-        progressive={"strategy": "progressive"},
-        train={"max_steps": 8},
-    )
+    cfg = grown(tiny)
     full = train_from_config(with_train(cfg, output_dir=str(tmp_path / "full")), quiet=True)
-    out = tmp_path / "grown"
+    out = tmp_path / "grown-run"
     with registered("stop_in_stack_1", lambda: SignalAt(2, signal.SIGINT, stack=1)):
-        grown = with_train(cfg, output_dir=str(out), enabled_extensions=["stop_in_stack_1"])
+        stopping = with_train(cfg, output_dir=str(out), enabled_extensions=["stop_in_stack_1"])
         with pytest.raises(TrainingInterrupted) as caught:
-            train_from_config(grown, quiet=True)
+            train_from_config(stopping, quiet=True)
     assert caught.value.run_dir == out  # the run folder, not the stage's
     assert caught.value.checkpoint.parent.parent == out
     resuming = with_train(cfg, output_dir=str(out), resume_from_checkpoint="latest")
@@ -177,12 +182,7 @@ def test_cli_ctrl_c_prints_a_resume_command_that_finishes(corpus_file, cache_dir
 
 
 def test_interrupted_joint_tuning_names_the_run_and_a_fresh_start_is_refused(tiny, tmp_path):
-    cfg = tiny(
-        model={"n_stacks": 2, "blocks_per_stack": 1},
-        objective={"name": "diffusion"},
-        progressive={"strategy": "progressive", "mode": "fused", "joint_tuning_steps": 4},
-        train={"max_steps": 8},
-    )
+    cfg = grown(tiny, mode="fused", joint_tuning_steps=4)
     out = tmp_path / "run"
     with registered("stop_in_joint", lambda: SignalAt(2, signal.SIGINT, stack=None)):
         stopping = with_train(cfg, enabled_extensions=["stop_in_joint"])
@@ -196,12 +196,7 @@ def test_interrupted_joint_tuning_names_the_run_and_a_fresh_start_is_refused(tin
 
 
 def test_a_stage_0_interrupt_is_never_cleared_by_a_plain_rerun(tiny, tmp_path):
-    cfg = tiny(
-        model={"n_stacks": 2, "blocks_per_stack": 1},
-        objective={"name": "diffusion"},
-        progressive={"strategy": "progressive"},
-        train={"max_steps": 8},
-    )
+    cfg = grown(tiny)
     stop = registered("stop_in_stack_0", lambda: SignalAt(2, signal.SIGINT, stack=0))
     with stop, pytest.raises(TrainingInterrupted):
         train_from_config(with_train(cfg, enabled_extensions=["stop_in_stack_0"]), quiet=True)

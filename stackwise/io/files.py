@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,18 @@ def _replace(tmp: Path, path: Path) -> None:
 
 def _tmp(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp")
+
+
+@contextlib.contextmanager
+def staged(tmp: Path, failure: str) -> Iterator[Path]:
+    """A scratch folder (emptied first) to build a result in before it is renamed into place;
+    an OSError removes it and becomes `failure`, a message with a {reason} field."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        yield tmp
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise StackWiseError(failure.format(reason=err.strerror or err)) from None
 
 
 def write_atomic(path: Path, text: str) -> None:

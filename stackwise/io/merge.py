@@ -7,7 +7,6 @@ rounding changes the logits; the report says by how much).
 
 from __future__ import annotations
 
-import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 
 from stackwise.config import Config, derive, save_config
 from stackwise.errors import StackWiseError
+from stackwise.io.files import staged
 from stackwise.io.stack_files import read_manifest, save_anchor_and_manifest, save_stack
 from stackwise.io.trained import WEIGHTS, load_trained, save_model
 from stackwise.model.rack import Rack
@@ -139,20 +139,16 @@ def _save(
     out: Path, config: Config, rack: Rack, tokenizer: object, storages: list[str] | None
 ) -> None:
     """Everything goes to OUT.merging first and is renamed at the end: no half-written OUT."""
-    tmp = out.with_name(out.name + ".merging")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    failure = (
+        f"Could not write the merged rack to '{out}' ({{reason}}). Check the folder is writable "
+        "and has space; nothing was written."
+    )
+    with staged(out.with_name(out.name + ".merging"), failure) as tmp:
         tmp.mkdir(parents=True)
         _write(tmp, config, rack, tokenizer, storages)
         if out.exists():
             out.rmdir()  # empty (checked before merging)
         tmp.rename(out)
-    except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise StackWiseError(
-            f"Could not write the merged rack to '{out}' ({err}). Check the folder is writable "
-            "and has space; nothing was written."
-        ) from None
 
 
 def _write(

@@ -6,7 +6,6 @@ Loading never unpickles: weights come from safetensors, the config through yaml.
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import torch
@@ -17,7 +16,7 @@ from stackwise.config import Config, load_config
 from stackwise.data.tokenizer import load_tokenizer_dir
 from stackwise.errors import StackWiseError
 from stackwise.io.checkpoints import STATE
-from stackwise.io.files import read_tensors, save_tensors, write_atomic, write_json
+from stackwise.io.files import read_tensors, save_tensors, staged, write_atomic, write_json
 from stackwise.io.final import move_into
 from stackwise.io.stack_files import needs_structure, rack_from_stacks, read_manifest
 from stackwise.model.chain import CHAIN_INPUT_VERSION, DenoisingChain
@@ -45,17 +44,10 @@ def save_run(
 
 def save_tokenizer(run_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
     """Written when a run starts, so that its checkpoints can be sampled before it ends."""
-    staging = run_dir / ".tokenizer.tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
-        tokenizer.save_pretrained(str(staging))
-        move_into(staging, run_dir / "tokenizer")
-    except OSError as err:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise StackWiseError(
-            f"Cannot write the tokenizer into '{run_dir}': {err.strerror or err}. Free some "
-            "space or pick another train.output_dir."
-        ) from None
+    failure = f"Cannot write the tokenizer into '{run_dir}': {{reason}}. Free some space or pick "
+    with staged(run_dir / ".tokenizer.tmp", failure + "another train.output_dir.") as tmp:
+        tokenizer.save_pretrained(str(tmp))
+        move_into(tmp, run_dir / "tokenizer")
 
 
 def run_folder_of(folder: Path) -> tuple[Path, Path]:
