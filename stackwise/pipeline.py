@@ -7,10 +7,9 @@ from accelerate.utils import set_seed
 from stackwise.config import Config
 from stackwise.data.pack import build_data
 from stackwise.errors import StackWiseError
-from stackwise.io.trained import build_rack
 from stackwise.objectives import build_objective
 from stackwise.strategies import RunResult, get_training_strategy, strategy_for
-from stackwise.train.adapters import get_model_adapter
+from stackwise.train.adapters import RackAdapter, get_model_adapter
 from stackwise.train.run_dir import precheck_run_dir
 from stackwise.train.trainer import Trainer
 
@@ -29,12 +28,23 @@ def resolve_vocab(config: Config, tokenizer_size: int) -> Config:
     return config
 
 
+def with_hf_shape(config: Config) -> Config:
+    """model.init_from_hf: the rack takes the checkpoint's shape and tokenizer."""
+    if not config.model.init_from_hf:
+        return config
+    from stackwise.config import derive
+    from stackwise.io.hf_llama import init_changes
+
+    return derive(config, init_changes(config), "model.init_from_hf")
+
+
 def build_trainer(config: Config) -> Trainer:
     """The end-to-end Trainer of a config (its whole rack), e.g. for the LR finder."""
+    config = with_hf_shape(config)
     set_seed(config.train.seed)
     data = build_data(config.data)
     config = resolve_vocab(config, len(data.tokenizer))
-    rack = build_rack(config, config.model.vocab_size or len(data.tokenizer))
+    rack = RackAdapter().build(config, config.model.vocab_size or len(data.tokenizer))
     objective = build_objective(config, data.specials)
     return Trainer(config, rack, objective, data.train, data.val)
 
@@ -51,6 +61,7 @@ def train_from_config(
         )
     chosen = get_training_strategy(strategy or strategy_for(config))  # unknown: fail first
     model_adapter = get_model_adapter(adapter)
+    config = with_hf_shape(config)
     precheck_run_dir(config)  # before the data: a refused run is refused at once
     set_seed(config.train.seed)
     data = build_data(config.data)

@@ -196,6 +196,8 @@ CUSTOM = {
     "logging.wandb_project",
     # tested in test_repeat_guard.py: a repeated word is redrawn; refused where it cannot work
     "sample.no_repeat_words",
+    # tested in test_export_hf.py: an exported Llama imported back, and adapted to diffusion
+    "model.init_from_hf",
 }
 
 

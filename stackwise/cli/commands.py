@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -146,6 +147,21 @@ def cmd_merge_lora(ns: argparse.Namespace) -> int:
         f"Logits vs the adapted model: max |diff| {report.max_abs_error:.3g}, relative "
         f"{report.rel_error:.3g}."
     )
+    return 0
+
+
+def cmd_export_hf(ns: argparse.Namespace) -> int:
+    """Write the rack of RUN (a run folder of `stackwise train`) to OUT as a Hugging Face Llama
+    checkpoint with its tokenizer, loadable with AutoModelForCausalLM.from_pretrained(OUT).
+    Quantized or LoRA racks are merged first (`stackwise merge-lora`); time-conditioned and
+    depth-routed racks cannot be exported."""
+    from stackwise.io.hf_llama import export_hf
+
+    out = export_hf(ns.run, ns.out)
+    note = json.loads((out / "config.json").read_text(encoding="utf-8")).get("stackwise_note")
+    print(f"wrote a LlamaForCausalLM checkpoint to {out}")
+    if note:
+        print(f"stackwise: note: the rack was {note}", file=sys.stderr)
     return 0
 
 

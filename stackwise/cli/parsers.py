@@ -11,6 +11,7 @@ from stackwise.cli.commands import (
     cmd_config,
     cmd_env,
     cmd_eval,
+    cmd_export_hf,
     cmd_generate,
     cmd_lr_find,
     cmd_merge_lora,
@@ -35,6 +36,7 @@ def build_parser(generate_defaults: dict[str, Any] | None = None) -> argparse.Ar
     _train_parser(sub)
     _generate_parser(sub, generate_defaults)
     _merge_lora_parser(sub)
+    _export_hf_parser(sub)
     _lr_find_parser(sub)
     _eval_parser(sub)
     _env_parser(sub)
@@ -159,6 +161,14 @@ LR_FIND_FLAGS = {
     "--min-lr": (float, 1e-6, "the LR of the first step"),
     "--max-lr": (float, 1.0, "the LR of the last step"),
 }
+
+
+def _export_hf_parser(sub: Any) -> None:
+    summary = "write a trained rack as a Hugging Face Llama checkpoint"
+    x = sub.add_parser("export-hf", help=summary, description=_about(cmd_export_hf))
+    x.add_argument("run", metavar="RUN")
+    x.add_argument("out", metavar="OUT")
+    x.set_defaults(func=cmd_export_hf)
 
 
 def _lr_find_parser(sub: Any) -> None:

@@ -27,6 +27,11 @@ def growth_budget(cfg: Config) -> Iterator[str]:
     """What strategy, budget and saving a progressive run needs."""
     p, lo, q = _growth(cfg)
     name = cfg.objective.name
+    if cfg.model.init_from_hf and p.strategy == "progressive":
+        yield (
+            "model.init_from_hf imports a whole Llama as the rack; growing more stacks on an "
+            "imported trunk is not available yet. Use progressive.strategy: end_to_end"
+        )
     if p.time_interpretation == "depth" and name != "diffusion":
         yield (
             "time_interpretation 'depth' ties the diffusion time step to the stack; it "

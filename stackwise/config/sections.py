@@ -40,6 +40,11 @@ class ModelConfig(Section):
     time_conditioning: Literal["none", "sinusoidal", "learned"] = "none"
     init_std: PositiveFloat = 0.02
     gradient_checkpointing: bool = False
+    init_from_hf: str | None = Field(
+        None,
+        description="A local Llama checkpoint dir to start from: its shape, weights and "
+        "tokenizer (layers grouped into stacks of blocks_per_stack).",
+    )
 
     @property
     def n_layers(self) -> int:

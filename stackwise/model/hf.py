@@ -14,7 +14,7 @@ from transformers import LlamaConfig
 from stackwise.errors import StackWiseError
 from stackwise.model.rack import Rack
 
-_RENAME = {
+BLOCK_NAMES = {  # rack tensor in a block -> Llama's, under model.layers.<i>.
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "attn.q_proj.weight": "self_attn.q_proj.weight",
@@ -27,9 +27,10 @@ _RENAME = {
 }
 
 
-def llama_config(rack: Rack) -> LlamaConfig:
+def llama_config(rack: Rack, bidirectional_ok: bool = False) -> LlamaConfig:
+    """`bidirectional_ok`: a masked rack too (its weights then expect full attention)."""
     c = rack.cfg
-    if rack.time_embed is not None or not rack.causal:
+    if rack.time_embed is not None or not (rack.causal or bidirectional_ok):
         raise ValueError("only causal racks without time conditioning map onto Llama")
     return LlamaConfig(
         vocab_size=rack.vocab_size,
@@ -56,18 +57,33 @@ def llama_state_dict(rack: Rack) -> dict[str, torch.Tensor]:
     for stack in rack.stacks:
         for block in stack.blocks:
             state = block.state_dict()
-            if any(name not in _RENAME for name in state):
+            if any(name not in BLOCK_NAMES for name in state):
                 raise StackWiseError(
                     "This rack has LoRA adapters or quantized stacks, which a Llama checkpoint "
                     "cannot hold. Run `stackwise merge-lora CHECKPOINT OUT` first and export the "
                     "merged rack."
                 )
             for name, tensor in state.items():
-                out[f"model.layers.{layer}.{_RENAME[name]}"] = tensor
+                out[f"model.layers.{layer}.{BLOCK_NAMES[name]}"] = tensor
             layer += 1
     if rack.lm_head is not None:
         out["lm_head.weight"] = rack.lm_head.weight
     return {k: v.detach().clone() for k, v in out.items()}
+
+
+def rack_parameters(rack: Rack) -> dict[str, torch.Tensor]:
+    """The rack's own parameters under Llama's names: where imported weights are copied."""
+    out = {"model.embed_tokens.weight": rack.embed_tokens.weight}
+    out["model.norm.weight"] = rack.norm.weight
+    layer = 0
+    for stack in rack.stacks:
+        for block in stack.blocks:
+            params = dict(block.named_parameters())
+            out.update({f"model.layers.{layer}.{h}": params[n] for n, h in BLOCK_NAMES.items()})
+            layer += 1
+    if rack.lm_head is not None:
+        out["lm_head.weight"] = rack.lm_head.weight
+    return out
 
 
 def export_llama(rack: Rack, folder: str | Path) -> Path:

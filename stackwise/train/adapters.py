@@ -88,7 +88,12 @@ class RackAdapter(ModelAdapter):
     def build(self, config: Config, vocab_size: int) -> nn.Module:
         from stackwise.io.trained import build_rack
 
-        return build_rack(config, vocab_size)
+        rack = build_rack(config, vocab_size)
+        if config.model.init_from_hf:
+            from stackwise.io.hf_llama import load_llama_weights
+
+            load_llama_weights(rack, config.model.init_from_hf)
+        return rack
 
     def load(self, folder: Path) -> tuple[Config, nn.Module, Any]:
         from stackwise.io.trained import load_trained

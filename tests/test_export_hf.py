@@ -1,0 +1,136 @@
+"""`stackwise export-hf`: a causal rack becomes a Llama checkpoint that transformers loads with
+the same logits; what a Llama cannot hold is refused with the reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_dict
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from stackwise.cli import main
+from stackwise.config import from_dict
+from stackwise.errors import StackWiseError
+from stackwise.io.hf_llama import export_hf
+from stackwise.io.trained import load_trained
+from stackwise.pipeline import train_from_config
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"n_stacks": 2, "blocks_per_stack": 1},  # tied head, blocks across two stacks
+        {"n_kv_heads": 1, "tie_embeddings": False, "ffn_hidden": 48},  # GQA, own head
+    ],
+)
+def test_a_causal_rack_loads_in_transformers_with_the_same_logits(tiny, tmp_path, model):
+    res = train_from_config(tiny(model=model, train={"max_steps": 2}), quiet=True)
+    out = tmp_path / "llama"
+    assert main(["export-hf", str(res.output_dir), str(out)]) == 0
+    config, rack, tok = load_trained(res.output_dir)
+    hf = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
+    hf_tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    ids = torch.tensor([tok("the king shall never speak", add_special_tokens=False)["input_ids"]])
+    assert (
+        hf_tok("the king shall never speak", add_special_tokens=False)["input_ids"]
+        == ids[0].tolist()
+    )
+    with torch.no_grad():
+        ours = rack.float()(ids)
+        theirs = hf(input_ids=ids).logits
+    assert theirs.shape == ours.shape
+    assert (ours - theirs).abs().max().item() < 1e-4
+    assert hf.config.tie_word_embeddings == config.model.tie_embeddings
+    assert hf.config.num_hidden_layers == config.model.n_stacks * config.model.blocks_per_stack
+
+
+def test_a_masked_rack_exports_with_a_note_and_a_time_conditioned_one_is_refused(
+    tiny, tmp_path, capsys
+):
+    masked = tiny(objective={"name": "diffusion"}, train={"max_steps": 2})
+    plain = train_from_config(masked, quiet=True)
+    out = tmp_path / "llama-d"
+    assert main(["export-hf", str(plain.output_dir), str(out)]) == 0
+    note = json.loads((out / "config.json").read_text())["stackwise_note"]
+    assert "bidirectional diffusion" in note and "bidirectional" in capsys.readouterr().err
+    assert main(["export-hf", str(plain.output_dir), str(out)]) == 2  # never written over
+    assert "not empty" in capsys.readouterr().err
+    timed = train_from_config(
+        tiny(
+            objective={"name": "diffusion"},
+            model={"time_conditioning": "sinusoidal"},
+            train={"max_steps": 2, "output_dir": str(tmp_path / "t")},
+        ),
+        quiet=True,
+    )
+    with pytest.raises(StackWiseError, match="time-conditioned"):
+        export_hf(timed.output_dir, tmp_path / "llama-t")
+    assert not (tmp_path / "llama-t").exists()
+
+
+@pytest.fixture
+def imported(corpus_file, cache_dir, tmp_path):
+    """imported(llama_dir, **sections) -> a tiny config starting from that Llama."""
+
+    def build(llama, **sections):
+        model = {"init_from_hf": str(llama), **sections.pop("model", {})}
+        train = {"output_dir": str(tmp_path / "imported"), **sections.pop("train", {})}
+        data = tiny_dict(corpus_file, cache_dir, tmp_path, model=model, train=train, **sections)
+        data["data"].pop("bpe_vocab_size")  # the checkpoint brings its tokenizer
+        return from_dict(data)
+
+    return build
+
+
+def test_an_exported_llama_imports_back_as_the_same_rack_and_trains(tiny, imported, tmp_path):
+    first = train_from_config(tiny(train={"max_steps": 4}), quiet=True)
+    llama = tmp_path / "llama"
+    export_hf(first.output_dir, llama)
+    again = train_from_config(imported(llama), quiet=True)
+    # the imported rack scores the validation set exactly as the run it came from ended
+    assert again.state.history[0]["loss"] == pytest.approx(
+        first.state.history[-1]["loss"], abs=1e-5
+    )
+    assert again.config.model.d_model == first.config.model.d_model
+    assert again.config.data.tokenizer == str(llama)
+
+
+def test_an_imported_causal_trunk_adapts_to_diffusion(tiny, imported, tmp_path):
+    first = train_from_config(tiny(train={"max_steps": 4}), quiet=True)
+    llama = tmp_path / "llama"
+    export_hf(first.output_dir, llama)
+    cfg = imported(
+        llama,
+        objective={"name": "diffusion"},
+        train={"max_steps": 30, "eval_every": 30, "lr": 3e-3},
+        sample={"steps": 4},
+    )
+    res = train_from_config(cfg, quiet=True)
+    assert res.rack.causal is False
+    assert res.state.history[-1]["loss"] < res.state.history[0]["loss"] - 0.1
+
+
+@pytest.mark.parametrize(
+    ("sections", "match"),
+    [
+        ({"model": {"d_model": 64}}, r"model.d_model=64 \(the checkpoint has 32\)"),
+        ({"model": {"blocks_per_stack": 3}}, "does not divide"),
+        ({"progressive": {"strategy": "progressive"}}, "not available yet"),
+    ],
+)
+def test_init_from_hf_refuses_what_it_cannot_honour(tiny, imported, tmp_path, sections, match):
+    first = train_from_config(tiny(train={"max_steps": 2}), quiet=True)
+    llama = tmp_path / "llama"
+    export_hf(first.output_dir, llama)
+    with pytest.raises(StackWiseError, match=match):
+        train_from_config(imported(llama, **sections), quiet=True)
+
+
+def test_a_non_llama_checkpoint_is_refused(tmp_path):
+    from stackwise.io.hf_llama import read_llama_config
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    with pytest.raises(StackWiseError, match="'qwen2' model"):
+        read_llama_config(tmp_path)
