@@ -7,6 +7,7 @@ from accelerate.utils import set_seed
 from stackwise.config import Config
 from stackwise.data.pack import build_data
 from stackwise.errors import StackWiseError
+from stackwise.io.lock import release_run_folder
 from stackwise.objectives import build_objective
 from stackwise.strategies import RunResult, get_training_strategy, strategy_for
 from stackwise.train.adapters import RackAdapter, get_model_adapter
@@ -66,4 +67,6 @@ def train_from_config(
     set_seed(config.train.seed)
     data = build_data(config.data)
     config = resolve_vocab(config, len(data.tokenizer))
-    return chosen.run(config, data, model_adapter, quiet)
+    result = chosen.run(config, data, model_adapter, quiet)
+    release_run_folder(result.output_dir)  # finished: the next run may take the folder quietly
+    return result

@@ -88,3 +88,13 @@ def test_a_run_that_ended_normally_leaves_no_pid_behind(tmp_path):
     assert (folder / LOCK).read_text() == ""
     assert lock_run_folder(folder) is None  # no takeover note: nothing crashed
     unlock_run_folder(folder)
+
+
+def test_a_finished_run_frees_its_folder_at_once(tiny, tmp_path):
+    """A forked or embedded run may never reach interpreter exit: the lock goes with the run."""
+    from stackwise.io.lock import LOCK, lock_holder
+    from stackwise.pipeline import train_from_config
+
+    res = train_from_config(tiny(train={"max_steps": 2}), quiet=True)
+    assert (res.output_dir / LOCK).read_text() == ""  # no PID left to report as "taken over"
+    assert lock_holder(res.output_dir) is None

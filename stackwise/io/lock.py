@@ -61,6 +61,16 @@ def _release_all() -> None:
     _held.clear()
 
 
+def release_run_folder(folder: Path) -> None:
+    """A run that ended normally: its PID is cleared and the lock dropped at once, not at
+    interpreter exit (which a forked or embedded run may never reach)."""
+    fd = _held.pop(folder.resolve(), None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        os.close(fd)
+
+
 def unlock_run_folder(folder: Path) -> None:
     fd = _held.pop(folder.resolve(), None)
     if fd is not None:
