@@ -177,7 +177,10 @@ def work2(work: Work) -> Work:
     jobs["generate-help"] = ["generate", "--checkpoint", work.runs["diffusion"], "--help"]
     jobs["generate-help-plain"] = ["generate", "--help"]
     error(
-        "generate-clm-steps", ["generate", "--checkpoint", clm, "--steps", 4], None, "sample.steps"
+        "generate-clm-steps",
+        ["generate", "--checkpoint", clm, "--steps", 4],
+        None,
+        "--steps (sample.steps) only applies to masked",
     )
 
     for flag, (args, needle) in GENERATE_FLAGS.items():

@@ -134,3 +134,9 @@ def test_a_non_llama_checkpoint_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     with pytest.raises(StackWiseError, match="'qwen2' model"):
         read_llama_config(tmp_path)
+
+
+def test_export_into_a_file_is_refused(tiny, tmp_path):
+    res = train_from_config(tiny(train={"max_steps": 2}), quiet=True)
+    with pytest.raises(StackWiseError, match="is a file; OUT must be a new folder"):
+        export_hf(res.output_dir, res.output_dir / "model.safetensors")

@@ -57,8 +57,9 @@ def test_a_finished_run_is_marked_and_refuses_a_resume(tiny, tmp_path):
     train_from_config(cfg, quiet=True)
     out = tmp_path / "run"
     assert (out / MARKER).is_file() and not (out / STAGING).exists()
-    with pytest.raises(StackWiseError, match="already holds a trained model"):
+    with pytest.raises(StackWiseError, match="already holds a trained model") as caught:
         train_from_config(with_train(cfg, resume_from_checkpoint="latest"), quiet=True)
+    assert f"resume_from_checkpoint={out / 'checkpoint-2'}" in str(caught.value)  # how to go on
 
 
 def test_resume_by_name_looks_in_the_output_dir(tiny, tmp_path, monkeypatch):
@@ -94,6 +95,8 @@ def test_resume_refuses_another_shape_and_states_a_new_step_budget(tiny, tmp_pat
     heads = cfg.model_copy(update={"model": cfg.model.model_copy(update={"n_heads": 4})})
     with pytest.raises(StackWiseError, match=r"another model shape.*model.n_heads 2 -> 4"):
         train_from_config(with_train(heads, resume_from_checkpoint="latest"), quiet=True)
+    with pytest.raises(StackWiseError, match=r"at step 2, past train\.max_steps=1"):
+        train_from_config(with_train(cfg, max_steps=1, resume_from_checkpoint="latest"), quiet=True)
     res = train_from_config(with_train(cfg, resume_from_checkpoint="latest"), quiet=False)
     assert res.state.step == 4
     said = " ".join(capsys.readouterr().out.split())
@@ -109,3 +112,24 @@ def test_a_stage_checkpoint_is_not_taken_for_a_rack(tmp_path):
     (stage / "config.yaml").write_text("{}")
     with pytest.raises(StackWiseError, match=r"one progressive stage \(stack_1\).*run folder"):
         load_trained(stage)
+
+
+def test_an_unfinished_run_folder_points_at_its_latest_checkpoint(tiny, tmp_path):
+    from stackwise.io.trained import load_trained
+
+    cfg = tiny(train={"max_steps": 2, "save_steps": 2})
+    train_from_config(cfg, quiet=True)
+    out = tmp_path / "run"
+    for name in ("config.yaml", MARKER, "model.safetensors"):  # as if it stopped before the end
+        (out / name).unlink()
+    with pytest.raises(StackWiseError, match=r"has not finished.*checkpoint-2"):
+        load_trained(out)
+    with pytest.raises(StackWiseError, match="does not exist"):
+        load_trained(tmp_path / "nowhere")
+
+
+def test_overwriting_a_run_drops_its_old_curves(tiny, tmp_path):
+    cfg = tiny(train={"max_steps": 2}, logging={"tensorboard": True})
+    train_from_config(cfg, quiet=True)
+    train_from_config(with_train(cfg, overwrite_output_dir=True), quiet=True)
+    assert len(list((tmp_path / "run" / "tensorboard").rglob("events.out.tfevents.*"))) == 1

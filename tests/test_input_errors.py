@@ -122,3 +122,9 @@ def test_streamed_text_matches_the_final_text_when_the_prompt_holds_eos():
     final = tok.decode([a, eos, b, c, a], skip_special_tokens=True)
     stream.finish(final)
     assert "".join(shown) == final == "abca"
+
+
+def test_a_head_count_error_offers_counts_that_divide():
+    with pytest.raises(StackWiseError, match=r"head counts that divide it: 1, 7") as caught:
+        load_config(None, ["model.d_model=7"])
+    assert "must be even" not in str(caught.value)

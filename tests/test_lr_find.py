@@ -51,11 +51,12 @@ def test_lr_find_makes_the_plot_folder_takes_overrides_after_flags_and_warns(
     config.write_text(yaml.safe_dump(tiny().model_dump(mode="json")))
     plot = tmp_path / "new" / "nested" / "lr.png"
     out_dir = tmp_path / "sweep"
-    argv = ["lr-find", str(config), "--steps", "3", "--plot", str(plot)]
-    assert main([*argv, f"train.output_dir={out_dir}"]) == 0  # an override after the flags
-    captured = capsys.readouterr()
-    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out_dir.is_dir()
-    assert "stackwise: warning: the sweep ran 3 steps, too few" in captured.err
+    assert main(["lr-find", str(config), "--steps", "3", f"train.output_dir={out_dir}"]) == 0
+    assert (out_dir / "lr_find.png").is_file()  # the override after the flags was applied
+    assert "stackwise: warning: the sweep ran 3 steps, too few" in capsys.readouterr().err
+    assert main(["lr-find", str(config), "--steps", "3", "--plot", str(plot)]) == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "run").exists()  # its output dir held only a lock: removed
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     bad = ["lr-find", str(config), "--steps", "3", "--plot", str(blocker / "lr.png")]

@@ -115,9 +115,17 @@ def cmd_generate(ns: argparse.Namespace) -> int:
         def stream(piece: str) -> None:
             print(piece, end="", flush=True)
 
-    texts = generate(
-        config, rack, tok, ns.prompt, ns.num_samples, ns.seed, stream=stream, **overrides
-    ).texts
+    try:
+        texts = generate(
+            config, rack, tok, ns.prompt, ns.num_samples, ns.seed, stream=stream, **overrides
+        ).texts
+    except StackWiseError as err:  # say it in the flags the user typed, not config keys
+        message = str(err)
+        for name, value in overrides.items():
+            if value is not None:
+                flag = "--" + name.replace("_", "-")
+                message = message.replace(f"sample.{name}", f"{flag} (sample.{name})")
+        raise StackWiseError(message) from None
     if stream is not None:
         print()
         return 0
@@ -197,6 +205,7 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
     trainer = build_trainer(config)
     result = lr_find(trainer, ns.min_lr, ns.max_lr, ns.steps)
     plot = result.plot(plot_path or trainer.output_dir / "lr_find.png")
+    _drop_if_only_lock(trainer.output_dir)
     print(
         f"swept {len(result.lrs)} steps from {ns.min_lr:.1e} to {result.lrs[-1]:.1e}"
         + (" (stopped: the loss diverged)" if result.stopped_early else "")
@@ -206,6 +215,16 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
     for warning in result.warnings():
         print(f"stackwise: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _drop_if_only_lock(folder: Path) -> None:
+    """lr-find claims an output folder like any run; one that got nothing else is removed."""
+    from stackwise.io.lock import LOCK, release_run_folder
+
+    release_run_folder(folder)
+    if folder.is_dir() and [p.name for p in folder.iterdir()] == [LOCK]:
+        (folder / LOCK).unlink()
+        folder.rmdir()
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:

@@ -28,11 +28,12 @@ from stackwise.config.sections import (
 @section_rule("ModelConfig")
 def model_shapes(s: ModelConfig) -> Iterator[str]:
     if s.d_model % s.n_heads:
+        fits = [h for h in range(1, min(s.d_model, 64) + 1) if s.d_model % h == 0][-4:]
         yield (
-            f"n_heads ({s.n_heads}) must divide d_model ({s.d_model}); "
-            "pick a head count such as 2, 4 or 8 that divides it"
+            f"n_heads ({s.n_heads}) must divide d_model ({s.d_model}); head counts that "
+            f"divide it: {', '.join(map(str, fits))}"
         )
-    if (s.d_model // s.n_heads) % 2:
+    elif (s.d_model // s.n_heads) % 2:
         yield (f"head size d_model/n_heads = {s.d_model // s.n_heads} must be even for RoPE")
     if s.n_kv_heads is not None and s.n_heads % s.n_kv_heads:
         yield (f"n_kv_heads ({s.n_kv_heads}) must divide n_heads ({s.n_heads}) for GQA")

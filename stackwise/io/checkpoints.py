@@ -190,9 +190,10 @@ SHAPE_FIELDS = (
 )
 
 
-def check_resume_config(path: Path, config: Config) -> str | None:
-    """Refuse a checkpoint whose model differs from this run's; return a note when the step
-    budget differs (the LR schedule then follows the new one)."""
+def check_resume_config(path: Path, config: Config, step: int = 0) -> str | None:
+    """Refuse a checkpoint whose model differs from this run's, or that is already past the
+    step budget; return a note when the budget differs (the LR schedule follows the new one)."""
+    check_step_budget(path, step, config.train.max_steps)
     saved_path = path / "config.yaml"
     if not saved_path.is_file():
         return None
@@ -218,3 +219,13 @@ def check_resume_config(path: Path, config: Config) -> str | None:
         f"the LR schedule now runs to step {now}, so this run will not match one that was "
         "never interrupted."
     )
+
+
+def check_step_budget(path: Path, step: int, max_steps: int) -> None:
+    """A checkpoint already past the run's budget would train nothing and save as if done."""
+    if step > max_steps:
+        raise StackWiseError(
+            f"The checkpoint '{path}' is at step {step}, past train.max_steps={max_steps}: "
+            "nothing would be trained. Raise train.max_steps above "
+            f"{step}, or resume from an earlier checkpoint."
+        )

@@ -60,6 +60,8 @@ def export_hf(run: str | Path, out: str | Path) -> Path:
     from stackwise.io.trained import load_trained
 
     out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise StackWiseError(f"'{out}' is a file; OUT must be a new folder. Nothing was written.")
     if out.exists() and any(out.iterdir()):
         raise StackWiseError(
             f"'{out}' exists and is not empty; nothing was written. Pick a new folder."

@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerBase
 from stackwise.config import Config, load_config
 from stackwise.data.tokenizer import load_tokenizer_dir
 from stackwise.errors import StackWiseError
-from stackwise.io.checkpoints import STATE
+from stackwise.io.checkpoints import LATEST, STATE
 from stackwise.io.files import read_tensors, save_tensors, staged, write_atomic, write_json
 from stackwise.io.final import move_into
 from stackwise.io.stack_files import needs_structure, rack_from_stacks, read_manifest
@@ -65,6 +65,24 @@ def run_folder_of(folder: Path) -> tuple[Path, Path]:
     return folder, folder.parent / "tokenizer"
 
 
+def not_a_run(folder: Path) -> str:
+    """Why `folder` cannot be loaded as a trained run, and what to pass instead."""
+    if not folder.exists():
+        return f"'{folder}' does not exist. Pass the folder that `stackwise train` wrote."
+    latest = folder / LATEST
+    if latest.is_file() and not (folder / "run_complete.json").is_file():
+        name = latest.read_text(encoding="utf-8").strip()
+        return (
+            f"The run in '{folder}' has not finished (no config.yaml or run_complete.json yet), "
+            f"so it holds no final model. Sample its latest checkpoint, '{folder / name}', or "
+            "resume the run."
+        )
+    return (
+        f"'{folder}' is not a StackWise output dir (no config.yaml). Pass the folder that "
+        "`stackwise train` wrote."
+    )
+
+
 def build_rack(config: Config, vocab_size: int) -> Rack:
     return Rack(config.model, vocab_size, config.objective.causal, config.masking.num_time_steps)
 
@@ -112,10 +130,7 @@ def load_trained(
 ) -> tuple[Config, Rack, PreTrainedTokenizerBase]:
     folder = Path(folder).expanduser()
     if not (folder / "config.yaml").is_file():
-        raise StackWiseError(
-            f"'{folder}' is not a StackWise output dir (no config.yaml). Pass the folder that "
-            "`stackwise train` wrote."
-        )
+        raise StackWiseError(not_a_run(folder))
     folder, tokenizer_dir = run_folder_of(folder)
     config = load_config(folder / "config.yaml")
     tokenizer = load_tokenizer_dir(tokenizer_dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -74,10 +75,11 @@ def _check_and_clear(path: Path, overwrite: bool, resuming: bool) -> None:
         probe = path / ".write-test"
         probe.write_text("ok")
         probe.unlink()
-        if overwrite:  # the earlier run's checkpoints and its finished mark go first
+        if overwrite:  # the earlier run's checkpoints, curves and finished mark go first
             (path / MARKER).unlink(missing_ok=True)
             if not resuming:
                 ckpt.clear_run(path)
+                shutil.rmtree(path / "tensorboard", ignore_errors=True)
     except OSError as err:
         raise StackWiseError(
             f"Cannot write to output dir '{path}': {err.strerror or err}. Pick a writable "
@@ -92,9 +94,16 @@ def _refuse_taken(path: Path, resuming: bool) -> None:
     progress += sorted(str(p.relative_to(path)) for p in path.glob(f"*/{ckpt.LATEST}"))
     legacy = (path / WEIGHTS).is_file() and not progress  # finished before the marker existed
     if is_finished(path) or legacy:
+        last = ckpt.checkpoints(path)
+        more = (
+            f" To train on from it, resume its last checkpoint into a new folder: "
+            f"train.output_dir=NEW train.resume_from_checkpoint={last[-1]}."
+            if last
+            else ""
+        )
         raise StackWiseError(
             f"Output dir '{path}' already holds a trained model. Choose another "
-            "train.output_dir, or set train.overwrite_output_dir=true to replace it."
+            f"train.output_dir, or set train.overwrite_output_dir=true to replace it.{more}"
         )
     if progress and not resuming:
         raise StackWiseError(

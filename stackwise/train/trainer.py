@@ -361,7 +361,7 @@ class Trainer:
         """Weights, optimizer, scheduler, sampler position, RNG and extension states."""
         acc, cp = self.accelerator, self.checkpointer
         saved = cp.read_state(path)
-        if note := ckpt.check_resume_config(path, self.config):
+        if note := ckpt.check_resume_config(path, self.config, int(saved.get("step", 0))):
             self.logger_note(note)
         self.adapter.load_weights(self._checkpointed(), path / "model.safetensors")
         self.optimizer.load_state_dict(ckpt.load_bin(path / "optimizer.bin"))
