@@ -25,6 +25,8 @@ def test_config_list_and_copy(tmp_path, capsys):
     target.write_text("edited")
     assert main(["config", "copy", "tiny-clm", str(target)]) == 2  # never overwritten
     assert target.read_text() == "edited" and "exists already" in capsys.readouterr().err
+    assert main(["config", "copy", "tiny-clm", str(tmp_path)]) == 0  # into a folder
+    assert (tmp_path / "tiny-clm.yaml").read_text() == (PRESETS / "tiny-clm.yaml").read_text()
     assert main(["config", "copy", "no-such", str(tmp_path / "x.yaml")]) == 2
     assert "No preset 'no-such'" in capsys.readouterr().err
 

@@ -291,6 +291,8 @@ def _presets(action: str, args: list[str]) -> int:
     if len(args) != 2:
         raise StackWiseError("Use `stackwise config copy NAME FILE`, e.g. tiny-clm my.yaml.")
     name, target = args[0].removesuffix(".yaml"), Path(args[1]).expanduser()
+    if target.is_dir():  # a folder: the preset keeps its file name there
+        target = target / f"{name}.yaml"
     if name not in names:
         raise StackWiseError(f"No preset '{name}'. Presets: {', '.join(names)}.")
     if target.exists():

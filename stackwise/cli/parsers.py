@@ -18,6 +18,8 @@ from stackwise.cli.commands import (
     cmd_train,
 )
 
+ARGS_HELP = "a YAML/JSON file or preset name first (optional), then dotted overrides"
+
 
 def _about(command: Any) -> str:
     """A subcommand's --help text is its function's docstring: one text, kept beside the code."""
@@ -46,7 +48,7 @@ def build_parser(generate_defaults: dict[str, Any] | None = None) -> argparse.Ar
 
 def _train_parser(sub: Any) -> None:
     t = sub.add_parser("train", help="train a rack", description=_about(cmd_train))
-    t.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]")
+    t.add_argument("args", nargs="*", metavar="CONFIG|key=value", help=ARGS_HELP)
     t.set_defaults(func=cmd_train)
 
 
@@ -174,7 +176,7 @@ def _export_hf_parser(sub: Any) -> None:
 def _lr_find_parser(sub: Any) -> None:
     summary = "LR range test: suggest a learning rate, plot loss against LR"
     f = sub.add_parser("lr-find", help=summary, description=_about(cmd_lr_find))
-    f.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]")
+    f.add_argument("args", nargs="*", metavar="CONFIG|key=value", help=ARGS_HELP)
     for flag, (kind, default, text) in LR_FIND_FLAGS.items():
         f.add_argument(flag, type=kind, default=default, help=f"{text} (default: {default})")
     f.add_argument("--plot", default=None, help="PNG path (default: OUTPUT_DIR/lr_find.png)")
@@ -214,7 +216,7 @@ def _config_parser(sub: Any) -> None:
         description="show/validate [CONFIG] [key=value ...]; list; copy NAME FILE.",
     )
     c.add_argument("action", choices=["show", "validate", "list", "copy"])
-    c.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]")
+    c.add_argument("args", nargs="*", metavar="CONFIG|key=value", help=ARGS_HELP)
     c.add_argument(
         "--aliases", action="store_true", help="show: list the accepted legacy (seed) key names"
     )
