@@ -32,11 +32,17 @@ class Registry(Generic[T]):
     def known(self) -> str:
         return ", ".join(sorted(self.entries))
 
-    def create(self, name: str) -> T:
-        """A new instance of `name`; an unknown name is a StackWiseError naming the known ones."""
+    def create(self, name: str, where: str = "") -> T:
+        """A new instance of `name`; an unknown name is a StackWiseError naming the known ones
+        (and `where` it was asked for, e.g. a config key)."""
         if name not in self.entries:
+            asked = (
+                f"{where} names '{name}', which is not registered"
+                if where
+                else f"No {self.what} is registered as '{name}'"
+            )
             raise StackWiseError(
-                f"No {self.what} is registered as '{name}'. Known: {self.known()}. Register "
-                f"yours with @stackwise.{self.decorator}('name') before training."
+                f"{asked}. Known: {self.known()}. Register yours with "
+                f"@stackwise.{self.decorator}('name') before training."
             )
         return self.entries[name]()

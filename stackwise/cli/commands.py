@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -66,8 +67,6 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 def run_summary(result: Any, seconds: float) -> str:
     """The last lines of a run: how long it took, where it ended, and what to run next."""
-    import shlex
-
     from stackwise.strategies.builtin import final_eval_line
 
     final = result.progressive.final_eval if result.progressive is not None else None
@@ -301,7 +300,7 @@ def _presets(action: str, args: list[str]) -> int:
         target.write_text((PRESETS / f"{name}.yaml").read_text(encoding="utf-8"), "utf-8")
     except OSError as err:
         raise StackWiseError(f"Cannot write '{target}': {err.strerror or err}.") from None
-    print(f"wrote {target}: edit it, then `stackwise train {shlex_quote(target)}`")
+    print(f"wrote {target}: edit it, then `stackwise train {shlex.quote(str(target))}`")
     return 0
 
 
@@ -310,12 +309,6 @@ def _first_sentence(path: Path) -> str:
     lines = path.read_text(encoding="utf-8").splitlines()
     comment = " ".join(line.lstrip("# ").strip() for line in lines if line.startswith("#"))
     return comment.split(". ")[0].removesuffix(".")
-
-
-def shlex_quote(path: Path) -> str:
-    import shlex
-
-    return shlex.quote(str(path))
 
 
 def generate_help_defaults(argv: list[str]) -> dict[str, Any] | None:

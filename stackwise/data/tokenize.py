@@ -47,7 +47,7 @@ def token_stream(
         total=total, unit="char", unit_scale=True, desc="tokenizing", leave=False, disable=None
     )
 
-    def flush() -> None:
+    def flush(chars: int) -> None:
         flat: list[int] = []
         encoded = tokenizer(batch, add_special_tokens=False)["input_ids"]
         for ids, end in zip(encoded, ends, strict=True):
@@ -55,7 +55,7 @@ def token_stream(
             if end:
                 flat.append(eos_id)
         chunks.append(torch.tensor(flat, dtype=torch.int32))
-        bar.update(sum(len(piece) for piece in batch))
+        bar.update(chars)
         batch.clear()
         ends.clear()
 
@@ -68,8 +68,8 @@ def token_stream(
                 ends.append(i == len(pieces) - 1)
                 pending += len(piece)
                 if pending >= BATCH_CHARS:
-                    flush()
+                    flush(pending)
                     pending = 0
         if batch:
-            flush()
+            flush(pending)
     return torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.int32)

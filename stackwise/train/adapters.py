@@ -70,8 +70,11 @@ class ModelAdapter(ABC):
 
     def load(self, folder: Path) -> tuple[Config, nn.Module, Any]:
         """(config, model, tokenizer) of a run this adapter saved. Loading is optional: an
-        adapter without it trains and saves, and says so when asked to load."""
-        raise NotImplementedError(f"the '{self.name}' model adapter cannot load a saved run")
+        adapter without it trains and saves, and refuses when asked to load."""
+        raise StackWiseError(
+            f"The '{self.name}' model adapter trains and saves but cannot load a saved run: "
+            "give it a load(folder) method (see docs/architecture.md) to sample or resume."
+        )
 
 
 ADAPTERS: Registry[ModelAdapter] = Registry("model adapter", "register_model_adapter")

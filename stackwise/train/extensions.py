@@ -15,7 +15,6 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from stackwise.errors import StackWiseError
 from stackwise.registry import Registry
 from stackwise.train.state import RunInfo
 
@@ -87,14 +86,7 @@ def register_extension(name: str) -> Callable[[type[Any]], type[Any]]:
 
 
 def build_extensions(names: list[str]) -> list[Extension]:
-    unknown = [n for n in names if n not in REGISTRY]
-    if unknown:
-        raise StackWiseError(
-            f"train.enabled_extensions names '{unknown[0]}', which is not registered. Known: "
-            f"{EXTENSIONS.known()}. Register yours with "
-            f"@stackwise.{EXTENSIONS.decorator}('name') before training."
-        )
-    return [REGISTRY[n]() for n in names]
+    return [EXTENSIONS.create(n, "train.enabled_extensions") for n in names]
 
 
 def builtin_extensions(config: Any) -> list[Extension]:
