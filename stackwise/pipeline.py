@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from accelerate.utils import set_seed
 
 from stackwise.config import Config
@@ -39,6 +41,41 @@ def with_hf_shape(config: Config) -> Config:
     return derive(config, init_changes(config), "model.init_from_hf")
 
 
+def adapter_for(config: Config) -> str:
+    """The adapter a config's model.source asks for (registering the hf one on first use)."""
+    if config.model.source == "hf":
+        import stackwise.hf.adapter  # noqa: F401  (registers "hf")
+
+        return "hf"
+    return "rack"
+
+
+def with_hf_source(config: Config) -> Config:
+    """A local model dir recorded as an absolute path, so the run folder loads from anywhere."""
+    from stackwise.config import derive
+    from stackwise.hf.load import source_path
+
+    path = source_path(config.model.model_name_or_path or "")
+    if path == config.model.model_name_or_path:
+        return config
+    return derive(config, {"model.model_name_or_path": path}, "model.model_name_or_path")
+
+
+def with_epochs(config: Config, n_rows: int) -> Config:
+    """train.num_train_epochs: max_steps from the number of training rows."""
+    tc = config.train
+    if tc.num_train_epochs is None:
+        return config
+    from accelerate import PartialState
+
+    from stackwise.config import derive
+
+    per_step = tc.batch_size * tc.grad_accum_steps * PartialState().num_processes
+    steps = max(1, math.ceil(tc.num_train_epochs * n_rows / per_step))
+    changes = {"train.max_steps": steps, "train.num_train_epochs": None}
+    return derive(config, changes, "train.num_train_epochs")
+
+
 def build_trainer(config: Config) -> Trainer:
     """The end-to-end Trainer of a config (its whole rack), e.g. for the LR finder."""
     config = with_hf_shape(config)
@@ -61,12 +98,23 @@ def train_from_config(
             "Use the Python API (stackwise.Trainer) with a dataset that yields 'labels'."
         )
     chosen = get_training_strategy(strategy or strategy_for(config))  # unknown: fail first
+    if config.model.source == "hf":
+        adapter = adapter_for(config)
+        config = with_hf_source(config)
     model_adapter = get_model_adapter(adapter)
     config = with_hf_shape(config)
     precheck_run_dir(config)  # before the data: a refused run is refused at once
     set_seed(config.train.seed)
-    data = build_data(config.data)
-    config = resolve_vocab(config, len(data.tokenizer))
+    if config.data.mode == "instruction":
+        from stackwise.chat.build import build_chat_data
+        from stackwise.hf.load import load_tokenizer
+
+        m = config.model
+        data = build_chat_data(config, load_tokenizer(m.model_name_or_path, m.trust_remote_code))
+    else:
+        data = build_data(config.data)
+        config = resolve_vocab(config, len(data.tokenizer))
+    config = with_epochs(config, len(data.train))
     result = chosen.run(config, data, model_adapter, quiet)
     release_run_folder(result.output_dir)  # finished: the next run may take the folder quietly
     return result

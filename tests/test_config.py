@@ -64,7 +64,7 @@ def test_unknown_key_suggests_nearest():
         ({"model": {"n_heads": 4, "n_kv_heads": 3}}, "n_kv_heads"),
         ({"masking": {"mask_ratio": 1.5}, "objective": {"name": "mlm"}}, "mask_ratio"),
         ({"train": {"warmup_steps": 5, "warmup_ratio": 0.1}}, "not both"),
-        ({"data": {"mode": "instruction"}}, "not supported yet"),
+        ({"data": {"mode": "instruction"}}, "reads rows from exactly one"),
         ({"data": {"source": "files"}}, "needs data.files"),
         ({"data": {"seq_len": 512}}, "exceeds model.max_seq_len"),
     ],

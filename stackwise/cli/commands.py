@@ -54,15 +54,28 @@ def cmd_train(ns: argparse.Namespace) -> int:
     result = train_from_config(config)
     if not result.trainer.accelerator.is_main_process:  # under torchrun, rank 0 reports
         return 0
-    print(f"Saved the trained rack to {result.output_dir}")
-    n = config.sample.num_samples
-    if n:
+    n, hf = config.sample.num_samples, config.model.source == "hf"
+    print(f"Saved the {'fine-tuned model' if hf else 'trained rack'} to {result.output_dir}")
+    if hf:
+        show_replies(result, n)
+    elif n:
         for i, text in enumerate(
             sample_texts(result.config, result.rack.eval(), result.data.tokenizer, n=n)
         ):
             print(f"--- sample {i + 1} ---\n{text.strip()}")
     print(run_summary(result, time.monotonic() - start))
     return 0
+
+
+def show_replies(result: Any, n: int) -> None:
+    """A fine-tuned model's replies to the first evaluation conversations (or sample.prompt)."""
+    from stackwise.hf.chat import questions, reply
+
+    sample = result.config.sample
+    for i, convo in enumerate(questions(result.data, n, sample.prompt)):
+        answer = reply(result.rack, result.data.tokenizer, convo, sample, seed=i)
+        print(f"--- sample {i + 1} ---\n{convo[-1]['role']}: {convo[-1]['content']}")
+        print(f"assistant: {answer.strip()}")
 
 
 def run_summary(result: Any, seconds: float) -> str:

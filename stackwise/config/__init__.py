@@ -10,7 +10,7 @@ runs and all problems are reported together.
   made from configs.
 """
 
-from stackwise.config import rules, rules_cross, rules_growth  # noqa: F401  (registers rules)
+from stackwise.config import rules, rules_cross, rules_growth, rules_hf  # noqa: F401
 from stackwise.config.aliases import KEY_ALIASES, VALUE_ALIASES, alias_table, apply_aliases
 from stackwise.config.base import Section
 from stackwise.config.derive import derive, stack_config

@@ -44,6 +44,22 @@ class LoraConfig(Section):
     )
     trunk_rank: PositiveInt = 4
     trunk_alpha: PositiveFloat = 8.0
+    target_modules: str | list[str] = Field(
+        "all-linear",
+        description="hf: module names to adapt; all-linear: every linear but the head.",
+    )
+    use_dora: bool = False
+    use_rslora: bool = Field(False, description="Scale by alpha/sqrt(r) instead of alpha/r.")
+    init_lora_weights: Literal["default", "gaussian", "pissa", "olora", "loftq"] = "default"
+    loraplus_lr_ratio: PositiveFloat | None = Field(
+        None, description="LoRA+: the B matrices learn at this multiple of the LoRA LR."
+    )
+    modules_to_save: list[str] = Field(
+        default_factory=list, description="hf: modules trained whole and saved with the adapter."
+    )
+    save_merged: bool = Field(
+        False, description="hf: also write base + adapter merged into <run>/merged."
+    )
 
 
 class QuantConfig(Section):

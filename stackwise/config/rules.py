@@ -41,6 +41,8 @@ def model_shapes(s: ModelConfig) -> Iterator[str]:
 
 @section_rule("DataConfig")
 def data_sources(s: DataConfig) -> Iterator[str]:
+    if s.mode == "instruction":
+        return  # its sources: rules_hf.data_mode
     if s.source == "files" and not s.files:
         yield "source 'files' needs data.files: [path, ...]"
     if s.source == "shakespeare":

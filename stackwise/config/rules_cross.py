@@ -138,7 +138,7 @@ def relevance_run(cfg: Config) -> Iterator[str]:
             "(diffusion reports nelbo and ppl_bound; clm and mlm report ppl; all report loss "
             "and accuracy)"
         )
-    if cfg.data.seq_len > cfg.model.max_seq_len:
+    if cfg.data.seq_len > cfg.model.max_seq_len and cfg.model.source == "rack":
         yield (
             f"data.seq_len ({cfg.data.seq_len}) exceeds model.max_seq_len "
             f"({cfg.model.max_seq_len}); raise max_seq_len or shorten seq_len"

@@ -3,7 +3,8 @@ per-stack overrides."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from stackwise.config.base import cross_rule
@@ -17,12 +18,22 @@ if TYPE_CHECKING:
     from stackwise.config.growth import LoraConfig, ProgressiveConfig, QuantConfig
 
 
+def rack_rule(fn: Callable[[Config], Iterator[str]]) -> Callable[[Config], Iterator[str]]:
+    """A growth rule: racks only (a Hugging Face run's lora/quant keys are rules_hf's)."""
+
+    @functools.wraps(fn)
+    def checked(cfg: Config) -> Iterator[str]:
+        return iter(()) if cfg.model.source == "hf" else fn(cfg)
+
+    return cross_rule(checked)
+
+
 def _growth(cfg: Config) -> tuple[ProgressiveConfig, LoraConfig, QuantConfig]:
     """The three sections most growth rules read, in the order they unpack."""
     return cfg.progressive, cfg.lora, cfg.quant
 
 
-@cross_rule
+@rack_rule
 def growth_budget(cfg: Config) -> Iterator[str]:
     """What strategy, budget and saving a progressive run needs."""
     p, lo, q = _growth(cfg)
@@ -61,7 +72,7 @@ def growth_budget(cfg: Config) -> Iterator[str]:
         )
 
 
-@cross_rule
+@rack_rule
 def growth_precision(cfg: Config) -> Iterator[str]:
     """New-stack precisions and the adapters they need."""
     p, lo, q = _growth(cfg)
@@ -103,7 +114,7 @@ def growth_precision(cfg: Config) -> Iterator[str]:
         )
 
 
-@cross_rule
+@rack_rule
 def growth_adapters(cfg: Config) -> Iterator[str]:
     """Trunk adapters, random lengths and the cache."""
     p, lo, q = _growth(cfg)
@@ -139,7 +150,7 @@ def growth_adapters(cfg: Config) -> Iterator[str]:
         )
 
 
-@cross_rule
+@rack_rule
 def growth_storage(cfg: Config) -> Iterator[str]:
     """How frozen stacks are stored."""
     p, _, q = _growth(cfg)
@@ -167,7 +178,7 @@ def growth_storage(cfg: Config) -> Iterator[str]:
         )
 
 
-@cross_rule
+@rack_rule
 def growth_trunk(cfg: Config) -> Iterator[str]:
     """Trunk settings with one stack, and per-group LRs of growth."""
     p, lo, q = _growth(cfg)
@@ -198,7 +209,7 @@ def growth_trunk(cfg: Config) -> Iterator[str]:
         )
 
 
-@cross_rule
+@rack_rule
 def growth_depth(cfg: Config) -> Iterator[str]:
     """Time as depth: the mapping must cover the noise that sampling starts from."""
     p = cfg.progressive
@@ -237,7 +248,7 @@ def growth_depth(cfg: Config) -> Iterator[str]:
             )
 
 
-@cross_rule
+@rack_rule
 def growth_cache_grid(cfg: Config) -> Iterator[str]:
     """Cache variants need masked inputs."""
     c = cfg.progressive.cache
@@ -252,7 +263,7 @@ def growth_cache_grid(cfg: Config) -> Iterator[str]:
         yield "clm inputs are never masked: time_step_cache_size must stay 1"
 
 
-@cross_rule
+@rack_rule
 def growth_stack_overrides(cfg: Config) -> Iterator[str]:
     """Per-stack overrides must name real stacks and make valid configs."""
     p = cfg.progressive

@@ -20,6 +20,23 @@ from pydantic import (
 from stackwise.config.base import Section
 from stackwise.precision import MixedPrecision
 
+# the model fields that make a rack's weights a different function
+RACK_SHAPE_FIELDS = (
+    "vocab_size",
+    "d_model",
+    "n_heads",
+    "n_kv_heads",
+    "n_stacks",
+    "blocks_per_stack",
+    "ffn_hidden",
+    "max_seq_len",
+    "rope_theta",
+    "norm_eps",
+    "tie_embeddings",
+    "frozen_up_proj",
+    "time_conditioning",
+)
+
 
 class ModelConfig(Section):
     vocab_size: PositiveInt | None = Field(
@@ -45,6 +62,29 @@ class ModelConfig(Section):
         description="A local Llama checkpoint dir to start from: its shape, weights and "
         "tokenizer (layers grouped into stacks of blocks_per_stack).",
     )
+    source: Literal["rack", "hf"] = Field(
+        "rack", description="rack: StackWise's own model; hf: a Hugging Face causal LM."
+    )
+    model_name_or_path: str | None = Field(
+        None, description="hf: a local model dir (or a hub name where a hub is reachable)."
+    )
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="hf: the base weights' dtype; auto: bf16 when training in bf16."
+    )
+    load_in_4bit: bool = Field(False, description="hf: NF4/FP4 base through bitsandbytes.")
+    load_in_8bit: bool = Field(False, description="hf: int8 base through bitsandbytes.")
+    quant_type_4bit: Literal["nf4", "fp4"] = "nf4"
+    double_quant: bool = Field(True, description="4-bit: quantize the block scales too.")
+    compute_dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="4-bit: the matmul dtype; auto follows model.dtype."
+    )
+    quant_storage: Literal["uint8", "bf16", "fp16", "fp32"] = Field(
+        "uint8", description="4-bit: the packed weights' storage dtype (bf16 for FSDP)."
+    )
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    trust_remote_code: bool = Field(
+        False, description="hf: run the model repo's own Python code; only for repos you trust."
+    )
 
     @property
     def n_layers(self) -> int:
@@ -62,7 +102,30 @@ class DataConfig(Section):
     files: list[str] = Field(default_factory=list, description="Local .txt/.jsonl/.json/.parquet")
     format: Literal["auto", "text", "json", "parquet"] = "auto"
     text_field: str | list[str] = "text"
-    mode: Literal["pretraining"] = "pretraining"
+    mode: Literal["pretraining", "instruction"] = Field(
+        "pretraining", description="instruction: chat/instruction rows, loss on the replies."
+    )
+    chat_format: Literal["auto", "messages", "sharegpt", "prompt_response", "alpaca", "text"] = (
+        Field("auto", description="instruction: the rows' shape; auto detects it.")
+    )
+    chat_template: str | None = Field(
+        None, description="instruction: a Jinja template (text or file) over the tokenizer's."
+    )
+    train_on: Literal["assistant", "all", "last_turn"] = "assistant"
+    train_on_eos: Literal["turn", "last", "all", "none"] = Field(
+        "turn", description="Which end-of-turn tokens are targets: turn = each trained reply's."
+    )
+    drop_unsupervised: bool = Field(
+        False, description="Drop (and count) examples with no target token instead of failing."
+    )
+    packing: bool = Field(False, description="instruction: pack examples into rows of seq_len.")
+    eval_files: list[str] = Field(
+        default_factory=list, description="instruction: evaluation rows (else val_fraction)."
+    )
+    dataset_dir: str | None = Field(None, description="instruction: a save_to_disk folder.")
+    dataset_name: str | None = Field(None, description="instruction: a hub dataset name.")
+    dataset_subset: str | None = None
+    dataset_split: str = "train"
     seq_len: PositiveInt = 128
     num_samples: PositiveInt | None = Field(None, description="Cap on training sequences.")
     val_fraction: float = Field(0.05, gt=0.0, le=0.5)
@@ -83,12 +146,10 @@ class DataConfig(Section):
     def _one_file(cls, v: Any) -> Any:
         return [v] if isinstance(v, str) else v
 
-    @field_validator("mode", mode="before")
+    @field_validator("eval_files", mode="before")
     @classmethod
-    def _mode(cls, v: Any) -> Any:
-        if v == "instruction":
-            raise ValueError("instruction (chat) data is not supported yet; use mode: pretraining")
-        return v
+    def _one_eval_file(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
 
 
 class ObjectiveConfig(Section):
@@ -151,6 +212,9 @@ class GroupLR(Section):
     head: PositiveFloat | None = None
     time: PositiveFloat | None = None
     lora: PositiveFloat | None = Field(None, description="Every LoRA adapter (the lora_lr).")
+    base: PositiveFloat | None = Field(
+        None, description="hf: the base model's trained weights (modules_to_save, full tuning)."
+    )
     trunk: PositiveFloat | None = Field(
         None,
         description="progressive, trunk_strategy full: the stacks grown before the current "
@@ -163,6 +227,9 @@ class TrainConfig(Section):
         0, ge=0, le=2**31 - 1, description="Below 2^31: stages offset it modulo 2^31."
     )
     max_steps: PositiveInt = 600
+    num_train_epochs: PositiveFloat | None = Field(
+        None, description="Set max_steps from the data: epochs x batches per epoch."
+    )
     batch_size: PositiveInt = 16
     grad_accum_steps: PositiveInt = 1
     lr: PositiveFloat = 2e-3

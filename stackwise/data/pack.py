@@ -7,6 +7,7 @@ straddles both sets and the same text never appears in both.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -41,6 +42,9 @@ class PreparedData:
     val: TokenBlocks
     n_documents: int
     n_tokens: int
+    describe: str = ""  # instruction data: what became of the rows, for the run header
+    chat: Any = None  # instruction data: its ChatStats
+    eval_chat: Any = None  # and the evaluation rows'
 
     @property
     def specials(self) -> Specials:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from stackwise.config import Config, load_config
+from stackwise.config.sections import RACK_SHAPE_FIELDS
 from stackwise.errors import StackWiseError
 from stackwise.io.files import read_json, read_tensors, read_torch
 
@@ -173,21 +174,7 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
 
 
 # fields that make the saved weights a different function: a resume that changes one is refused
-SHAPE_FIELDS = (
-    "vocab_size",
-    "d_model",
-    "n_heads",
-    "n_kv_heads",
-    "n_stacks",
-    "blocks_per_stack",
-    "ffn_hidden",
-    "max_seq_len",
-    "rope_theta",
-    "norm_eps",
-    "tie_embeddings",
-    "frozen_up_proj",
-    "time_conditioning",
-)
+SHAPE_FIELDS = RACK_SHAPE_FIELDS
 
 
 def check_resume_config(path: Path, config: Config, step: int = 0) -> str | None:

@@ -40,21 +40,15 @@ class Standard(TrainingStrategy):
         )
         on_main(trainer.accelerator, lambda: save_tokenizer(trainer.output_dir, data.tokenizer))
         if not quiet and trainer.accelerator.is_main_process:
-            print(
-                f"StackWise: {config.objective.name} {adapter.name}, "
-                f"{count_parameters(model):,} parameters, "
-                f"{config.model.n_stacks}x{config.model.blocks_per_stack} blocks{self.note}; "
-                f"{len(data.train):,} train / {len(data.val):,} val sequences of "
-                f"{config.data.seq_len} tokens; device {trainer.accelerator.device}, "
-                f"precision {precision(config, trainer)}; output {trainer.output_dir}"
-                + saving_note(config)
-            )
+            print(header(config, data, adapter, model, trainer, self.note), flush=True)
         state = trainer.train()
         if not quiet and trainer.accelerator.is_main_process and state.history:
             print(final_eval_line(state.history[-1]), flush=True)
         trained = trainer._unwrapped()
-        stacks = partial(save_all_stacks, trained) if config.progressive.save_stacks else None
-        trainer.save(data.tokenizer, weights=config.progressive.save_rack, also=stacks)
+        also = adapter.final_files(trained, data.tokenizer, config)
+        if also is None and config.progressive.save_stacks:
+            also = partial(save_all_stacks, trained)
+        trainer.save(data.tokenizer, weights=config.progressive.save_rack, also=also)
         return RunResult(config, trainer.output_dir, trained, data, state, trainer)
 
 
@@ -98,6 +92,29 @@ class Progressive(TrainingStrategy):
         if not quiet and trainer.accelerator.is_main_process:
             print(summary_table(result), flush=True)
         return RunResult(config, trainer.output_dir, result.rack, data, None, trainer, result)
+
+
+def header(
+    config: Config,
+    data: PreparedData,
+    adapter: ModelAdapter,
+    model: nn.Module,
+    trainer: Any,
+    note: str,
+) -> str:
+    """The run's first line: model, data, device, precision, where it saves."""
+    what = adapter.describe(model, config) or (
+        f"{config.objective.name} {adapter.name}, {count_parameters(model):,} parameters, "
+        f"{config.model.n_stacks}x{config.model.blocks_per_stack} blocks{note}"
+    )
+    rows = data.describe or (
+        f"{len(data.train):,} train / {len(data.val):,} val sequences of "
+        f"{config.data.seq_len} tokens"
+    )
+    return (
+        f"StackWise: {what}; {rows}; device {trainer.accelerator.device}, precision "
+        f"{precision(config, trainer)}; output {trainer.output_dir}" + saving_note(config)
+    )
 
 
 def final_eval_line(ev: dict[str, Any]) -> str:

@@ -43,15 +43,45 @@ class ModelAdapter(ABC):
         logits = model(prep.inputs, prep.attention_mask, t, **extra)
         return objective.loss(logits, prep)
 
+    def micro_scales(self, micros: list[dict[str, torch.Tensor]], acc: Any) -> list[float]:
+        """What each micro-batch's loss is multiplied by before backward: by default the mean
+        over the step's micro-batches (an adapter whose loss is a sum divides by a count)."""
+        return [1.0 / len(micros)] * len(micros)
+
+    def named_groups(self, model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
+        """Parameter groups by name; each name's LR is `group_lr(name, train_config)`."""
+        from stackwise.train.optim import model_groups
+
+        return model_groups(model)
+
+    def group_lr(self, name: str, tc: Any) -> float:
+        return getattr(tc.group_lr, name, None) or tc.lr
+
+    def evaluate(
+        self, model: nn.Module, val_data: Any, acc: Any, tc: Any
+    ) -> dict[str, float] | None:
+        """Metrics on the validation data, or None for the objective's own evaluation."""
+        return None
+
+    def describe(self, model: nn.Module, config: Config) -> str | None:
+        """The model part of the run header, or None for the rack's."""
+        return None
+
+    def final_files(self, model: nn.Module, tokenizer: Any, config: Config) -> Any:
+        """A writer of extra files for the finished run's folder, or None."""
+        return None
+
     def save(self, model: nn.Module, folder: Path) -> None:
         """The weights of a finished run or a checkpoint; atomic, never pickled."""
         from stackwise.io.trained import save_model
 
         save_model(model, folder)
 
-    def load_weights(self, model: nn.Module, path: Path) -> None:
-        """Weights that `save` wrote (a checkpoint's, on resume) into `model` as built."""
-        from stackwise.io.trained import load_weights
+    def load_weights(self, model: nn.Module, folder: Path) -> None:
+        """Weights that `save` wrote into `folder` (a checkpoint, on resume) into `model`."""
+        from stackwise.io.trained import WEIGHTS, load_weights
+
+        path = folder / WEIGHTS
 
         if all(p.is_floating_point() for p in model.parameters()):
             load_weights(model, path)

@@ -121,3 +121,24 @@ class Checkpointer:
 
     def read_rng(self, path: Path) -> None:
         ckpt.set_rng_state(ckpt.load_json(path / f"rng_state_{self.acc.process_index}.json"))
+
+
+def save_finished(trainer: Any, tokenizer: Any, weights: bool, also: Any) -> None:
+    """The finished run's folder, staged (io.final): weights, config.yaml, tokenizer/,
+    history.json and `also`'s files; a failure is raised on every rank, not a hang."""
+    from stackwise.io.final import final_save
+    from stackwise.io.trained import save_run
+
+    st = trainer.state
+    summary = {"steps": st.step, "tokens_seen": st.tokens_seen, "history": st.history}
+
+    def write() -> None:
+        with final_save(trainer.output_dir) as folder:
+            if weights:
+                trainer.adapter.save(trainer._unwrapped(), folder)
+            save_run(folder, trainer.config, tokenizer, summary)
+            if also is not None:
+                also(folder)
+
+    trainer.accelerator.wait_for_everyone()
+    on_main(trainer.accelerator, write)

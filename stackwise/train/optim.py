@@ -8,6 +8,7 @@ here honours the same `min_lr_ratio` floor (transformers' linear one has none).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,14 +26,17 @@ def model_groups(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
 
 
 def build_param_groups(
-    named_groups: dict[str, list[tuple[str, nn.Parameter]]], cfg: TrainConfig
+    named_groups: dict[str, list[tuple[str, nn.Parameter]]],
+    cfg: TrainConfig,
+    lr_of: Callable[[str, TrainConfig], float] | None = None,
 ) -> list[dict[str, Any]]:
+    """AdamW groups; a group's LR is `lr_of(name, cfg)`, by default train.group_lr.<name>."""
     out = []
     for group, named in named_groups.items():
         trainable = [(n, p) for n, p in named if p.requires_grad]
         if not trainable:
             continue
-        lr = getattr(cfg.group_lr, group, None) or cfg.lr
+        lr = lr_of(group, cfg) if lr_of else getattr(cfg.group_lr, group, None) or cfg.lr
         decay = [p for n, p in trainable if p.ndim >= 2]
         no_decay = [p for n, p in trainable if p.ndim < 2]
         if decay:

@@ -71,6 +71,7 @@ def epoch_loader(
         sampler=sampler,
         drop_last=True,
         num_workers=workers,
+        collate_fn=getattr(data, "collate", None),  # rows of their own lengths pad per batch
         # Ctrl-C reaches the workers too; they must keep loading while the step finishes
         worker_init_fn=_ignore_sigint if workers else None,
         # its own generator: creating an iterator draws a worker seed, which must not move

@@ -25,10 +25,9 @@ from stackwise import seeds
 from stackwise.config import Config, save_config
 from stackwise.errors import StackWiseError
 from stackwise.io import checkpoints as ckpt
-from stackwise.io.final import final_save
 from stackwise.objectives.base import Objective, random_lengths
 from stackwise.train.adapters import ModelAdapter, RackAdapter
-from stackwise.train.checkpointer import Checkpointer, on_main
+from stackwise.train.checkpointer import Checkpointer
 from stackwise.train.evaluation import eval_generator, evaluate_model
 from stackwise.train.extensions import HOOKS, Extension, build_extensions, builtin_extensions
 from stackwise.train.hardware import average_gradients, keep_freed_memory, make_accelerator
@@ -38,7 +37,6 @@ from stackwise.train.optim import (
     build_optimizer,
     build_param_groups,
     build_scheduler,
-    model_groups,
 )
 from stackwise.train.run_dir import claim_output_dir, run_dir_of
 from stackwise.train.sampler import EpochSampler, batch_stream, epoch_loader
@@ -122,8 +120,8 @@ class Trainer:
         """The optimizer over the parameter groups, the model and optimizer handed to
         Accelerate (DDP unless wrap_model is False), and the LR schedule."""
         tc, acc = self.config.train, self.accelerator
-        groups = param_groups if param_groups is not None else model_groups(model)
-        opt = build_optimizer(build_param_groups(groups, tc), tc)
+        groups = param_groups if param_groups is not None else self.adapter.named_groups(model)
+        opt = build_optimizer(build_param_groups(groups, tc, self.adapter.group_lr), tc)
         self.raw_model = model
         if tc.compile:
             model = torch.compile(model)  # type: ignore[assignment]
@@ -183,14 +181,15 @@ class Trainer:
         if not self.model.training:
             self.model.train()
         total = torch.zeros((), device=acc.device)
-        for micro in range(tc.grad_accum_steps):
-            batch = next(batches)
+        micros = [next(batches) for _ in range(tc.grad_accum_steps)]
+        scales = self.adapter.micro_scales(micros, acc)
+        for micro, (batch, scale) in enumerate(zip(micros, scales, strict=True)):
             self.state.tokens_seen += batch["input_ids"].numel() * acc.num_processes
             gen = self._seed_gen(self.state.step, micro, acc.process_index)
             last = micro == tc.grad_accum_steps - 1
             ctx = contextlib.nullcontext() if last else acc.no_sync(self.model)
             with ctx:
-                total += self.micro_step(batch, gen, 1.0 / tc.grad_accum_steps)
+                total += self.micro_step(batch, gen, scale)
         self.sync_gradients()
         norm = None
         if tc.max_grad_norm > 0:
@@ -225,16 +224,22 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Loss, perplexity (or the NELBO bound) and masked-token accuracy on fixed batches."""
-        out = evaluate_model(
-            self.model,
-            self.eval_objective,
-            self.val_data,
-            self.accelerator,
-            self.config.train,
-            self.uses_time,
-            seed_gen=lambda i: eval_generator(
-                self.gen, self.eval_seed, i, self.accelerator.process_index
-            ),
+        acc, tc = self.accelerator, self.config.train
+        own = self.adapter.evaluate(self.model, self.val_data, acc, tc)
+        out = (
+            own
+            if own is not None
+            else evaluate_model(
+                self.model,
+                self.eval_objective,
+                self.val_data,
+                self.accelerator,
+                self.config.train,
+                self.uses_time,
+                seed_gen=lambda i: eval_generator(
+                    self.gen, self.eval_seed, i, self.accelerator.process_index
+                ),
+            )
         )
         self.model.train()
         return out
@@ -363,7 +368,7 @@ class Trainer:
         saved = cp.read_state(path)
         if note := ckpt.check_resume_config(path, self.config, int(saved.get("step", 0))):
             self.logger_note(note)
-        self.adapter.load_weights(self._checkpointed(), path / "model.safetensors")
+        self.adapter.load_weights(self._checkpointed(), path)
         self.optimizer.load_state_dict(ckpt.load_bin(path / "optimizer.bin"))
         self.scheduler.load_state_dict(ckpt.load_bin(path / "scheduler.bin"))
         if acc.scaler is not None and (path / "scaler.bin").is_file():
@@ -382,19 +387,7 @@ class Trainer:
 
     def save(self, tokenizer: Any = None, weights: bool = True, also: Writer = None) -> Path:
         """Weights, config.yaml, tokenizer/, history.json, `also`'s files: staged (io.final)."""
-        from stackwise.io.trained import save_run
+        from stackwise.train.checkpointer import save_finished
 
-        st = self.state
-        summary = {"steps": st.step, "tokens_seen": st.tokens_seen, "history": st.history}
-
-        def write() -> None:
-            with final_save(self.output_dir) as folder:
-                if weights:
-                    self.adapter.save(self._unwrapped(), folder)
-                save_run(folder, self.config, tokenizer, summary)
-                if also is not None:
-                    also(folder)
-
-        self.accelerator.wait_for_everyone()
-        on_main(self.accelerator, write)  # a failed save is raised on every rank, not a hang
+        save_finished(self, tokenizer, weights, also)
         return self.output_dir

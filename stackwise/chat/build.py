@@ -1,0 +1,39 @@
+"""From data config to prepared instruction data: rows, template, targets, rows for the loader."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stackwise.chat.data import ChatStats, examples_of, to_rows
+from stackwise.chat.sources import load_rows, split_off
+from stackwise.chat.template import use_template
+from stackwise.data.pack import PreparedData
+
+
+def build_chat_data(config: Any, tok: Any) -> PreparedData:
+    """Instruction rows rendered with `tok` (its chat template set: use_template)."""
+    cfg = config.data
+    template = use_template(tok, cfg.chat_template)
+    rows, eval_rows = load_rows(cfg)
+    if eval_rows is None:
+        rows, eval_rows = split_off(rows, cfg.val_fraction)
+    if cfg.num_samples is not None:
+        rows = rows[: cfg.num_samples]
+    stats, eval_stats = ChatStats(), ChatStats()
+    train = examples_of(rows, tok, cfg, stats)
+    val = examples_of(eval_rows, tok, cfg, eval_stats)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    train_rows = to_rows(train, pad, cfg.packing, cfg.seq_len)
+    val_rows = to_rows(val, pad, False, cfg.seq_len)  # scored one example per row, as given
+    packed = f", packed into {len(train_rows):,} rows" if cfg.packing else ""
+    note = f"train: {stats.line()}{packed}; eval: {eval_stats.line()}; {template}"
+    return PreparedData(
+        tokenizer=tok,
+        train=train_rows,  # type: ignore[arg-type]
+        val=val_rows,  # type: ignore[arg-type]
+        n_documents=len(rows),
+        n_tokens=stats.tokens,
+        describe=note,
+        chat=stats,
+        eval_chat=eval_stats,
+    )

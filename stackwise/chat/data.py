@@ -1,0 +1,166 @@
+"""Instruction data: conversations -> token ids with target marks -> (optionally packed) rows.
+
+Rows keep their own lengths; the collate function pads each batch to its longest row and masks
+padding by position (never by token id, so pad = eos is safe). Packed rows hold several
+examples back to back, with `position_ids` restarting at each, and no attention mask: the model
+then attends within each example only (transformers builds a block-diagonal mask from the
+position restarts on every backend). The first token of every example is never a target, so
+packed and unpacked batches score exactly the same tokens.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from stackwise.chat.formats import detect_format, to_messages
+from stackwise.chat.labels import tokenize_conversation
+from stackwise.errors import StackWiseError
+
+IGNORE = -100
+
+
+@dataclass
+class ChatStats:
+    examples: int = 0
+    truncated: int = 0
+    dropped: int = 0
+    tokens: int = 0
+    supervised: int = 0
+    format: str = ""
+    dropped_examples: list[int] = field(default_factory=list)
+    prompts: list[list[dict]] = field(default_factory=list)  # a few, to sample replies to
+
+    def line(self) -> str:
+        """What became of the data, for the run header."""
+        parts = [f"{self.examples:,} {self.format} examples", f"{self.supervised:,} target tokens"]
+        if self.truncated:
+            parts.append(f"{self.truncated:,} cut at data.seq_len")
+        if self.dropped:
+            parts.append(f"{self.dropped:,} dropped with no target token")
+        return ", ".join(parts)
+
+
+class ChatRows(Dataset):
+    """Rows of token ids with labels (IGNORE where not a target); packed rows also carry
+    position_ids. `collate` pads a batch to its longest row."""
+
+    def __init__(self, rows: list[dict[str, torch.Tensor]], pad_id: int, packed: bool) -> None:
+        self.rows, self.pad_id, self.packed = rows, pad_id, packed
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self.rows[i]
+
+    def collate(self, items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        width = max(len(it["input_ids"]) for it in items)
+        n = len(items)
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        labels = torch.full((n, width), IGNORE, dtype=torch.long)
+        lengths = torch.tensor([len(it["input_ids"]) for it in items])
+        out: dict[str, torch.Tensor] = {"input_ids": ids, "labels": labels}
+        if self.packed:  # padding continues as one more "example" of its own
+            out["position_ids"] = torch.zeros((n, width), dtype=torch.long)
+        for r, it in enumerate(items):
+            k = len(it["input_ids"])
+            ids[r, :k], labels[r, :k] = it["input_ids"], it["labels"]
+            if self.packed:
+                out["position_ids"][r, :k] = it["position_ids"]
+                out["position_ids"][r, k:] = torch.arange(width - k)
+        if not self.packed:
+            out["attention_mask"] = (torch.arange(width)[None] < lengths[:, None]).long()
+        return out
+
+
+def examples_of(
+    rows: list[dict], tokenizer: Any, cfg: Any, stats: ChatStats
+) -> list[tuple[list[int], list[int]]]:
+    """(ids, labels) per conversation; an example without a target token is an error, or with
+    data.drop_unsupervised dropped and counted."""
+    fields = [cfg.text_field] if isinstance(cfg.text_field, str) else list(cfg.text_field)
+    fmt = cfg.chat_format
+    if fmt == "auto":
+        fmt = detect_format(sorted(rows[0]) if rows else [], fields)
+    stats.format = fmt
+    out = []
+    for index, row in enumerate(rows):
+        messages = to_messages(row, fmt, index, fields)
+        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=0)
+        if len(stats.prompts) < 8 and last > 0:
+            stats.prompts.append(messages[:last])
+        tok = tokenize_conversation(
+            tokenizer, messages, index, cfg.train_on, cfg.train_on_eos, cfg.seq_len
+        )
+        labels = [
+            t if s and k > 0 else IGNORE
+            for k, (t, s) in enumerate(zip(tok.ids, tok.supervised, strict=True))
+        ]
+        stats.truncated += tok.truncated
+        n_targets = sum(x != IGNORE for x in labels)
+        if n_targets == 0:
+            if not cfg.drop_unsupervised:
+                cut = " after data.seq_len cut it" if tok.truncated else ""
+                raise StackWiseError(
+                    f"Example {index} has no target token{cut} under data.train_on: "
+                    f"{cfg.train_on}, so training on it would learn nothing. Fix the example, "
+                    "raise data.seq_len, or set data.drop_unsupervised: true to drop such "
+                    "examples (they are counted in the run header)."
+                )
+            stats.dropped += 1
+            stats.dropped_examples.append(index)
+            continue
+        stats.examples += 1
+        stats.tokens += len(tok.ids)
+        stats.supervised += n_targets
+        out.append((tok.ids, labels))
+    return out
+
+
+def best_fit_bins(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Best-fit decreasing: indices grouped into bins of at most `capacity` tokens, each item
+    into the fullest bin it still fits."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    bins: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (room left, bin index), sorted
+    for i in order:
+        k = bisect.bisect_left(free, (lengths[i], -1))
+        if k < len(free):
+            room, b = free.pop(k)
+        else:
+            room, b = capacity, len(bins)
+            bins.append([])
+        bins[b].append(i)
+        room -= lengths[i]
+        if room > 0:
+            bisect.insort(free, (room, b))
+    return bins
+
+
+def to_rows(
+    examples: list[tuple[list[int], list[int]]], pad_id: int, packing: bool, capacity: int
+) -> ChatRows:
+    if not packing:
+        rows = [
+            {"input_ids": torch.tensor(ids), "labels": torch.tensor(lab)} for ids, lab in examples
+        ]
+        return ChatRows(rows, pad_id, packed=False)
+    rows = []
+    for members in best_fit_bins([len(ids) for ids, _ in examples], capacity):
+        members.sort()  # the data order inside a bin: deterministic, and close to the file's
+        ids = [t for m in members for t in examples[m][0]]
+        labels = [t for m in members for t in examples[m][1]]
+        pos = [p for m in members for p in range(len(examples[m][0]))]
+        rows.append(
+            {
+                "input_ids": torch.tensor(ids),
+                "labels": torch.tensor(labels),
+                "position_ids": torch.tensor(pos),
+            }
+        )
+    return ChatRows(rows, pad_id, packed=True)

@@ -1,0 +1,91 @@
+"""Chat templates: the tokenizer's own, one given in data.chat_template, or our default.
+
+The default, used only when a tokenizer has none, is documented in the README:
+
+    <|system|>\\n{content}{eos}\\n  <|user|>\\n{content}{eos}\\n  <|assistant|>\\n{content}{eos}\\n
+
+It ends every turn with the tokenizer's EOS, so a model trained on it learns to stop with the
+token generation already stops at, and it needs no new tokens in the vocabulary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from stackwise.errors import StackWiseError
+
+DEFAULT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}"
+    "{{ message['content'] + eos_token }}{% endgeneration %}"
+    "{% else %}{{ message['content'] + eos_token }}{% endif %}{{ '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+
+
+def use_template(tokenizer: Any, given: str | None) -> str:
+    """Set the template the run renders with; returns where it came from (for the header)."""
+    if given:
+        path = Path(given).expanduser()
+        looks_like_file = "{" not in given and "\n" not in given
+        if looks_like_file:
+            if not path.is_file():
+                raise StackWiseError(
+                    f"data.chat_template '{given}' is not a template (no {{% or {{{{) and no "
+                    "such file exists. Give the path of a Jinja template file, or the template "
+                    "text itself."
+                )
+            tokenizer.chat_template = path.read_text(encoding="utf-8")
+            return f"template file {path}"
+        tokenizer.chat_template = given
+        return "data.chat_template"
+    if getattr(tokenizer, "chat_template", None):
+        return "the tokenizer's chat template"
+    if tokenizer.eos_token is None:
+        raise StackWiseError(
+            "This tokenizer has no chat template and no EOS token, so turns cannot be ended. "
+            "Set data.chat_template to a Jinja template."
+        )
+    tokenizer.chat_template = DEFAULT_TEMPLATE
+    return "StackWise's default chat template (the tokenizer has none)"
+
+
+def render(tokenizer: Any, messages: list[dict], generation_prompt: bool = False) -> str:
+    """The conversation as text; an empty one is whatever the template puts before any turn."""
+    try:
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt
+        )
+    except Exception as err:  # jinja errors, including the template's own raise_exception
+        if not messages:
+            return ""
+        raise StackWiseError(
+            f"The chat template failed on a conversation ({type(err).__name__}: "
+            f"{str(err)[:160]}). Roles were {[m['role'] for m in messages]}; fix the data or "
+            "set data.chat_template to a template that accepts them."
+        ) from None
+
+
+def has_generation_spans(tokenizer: Any) -> bool:
+    template = getattr(tokenizer, "chat_template", None) or ""
+    return isinstance(template, str) and "{% generation %}" in template.replace("{%-", "{%")
+
+
+def end_of_turn_ids(tokenizer: Any) -> list[int]:
+    """Token ids that end an assistant turn under this template (EOS first), so that generation
+    stops at either; found by rendering a one-turn reply and reading what follows its text."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    probe = "Zq7"
+    text = render(
+        tokenizer, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": probe}]
+    )
+    after = text[text.rfind(probe) + len(probe) :]
+    special = set(tokenizer.all_special_ids)
+    for tid in tokenizer(after, add_special_tokens=False)["input_ids"]:
+        if tid in special:
+            if tid not in ids:
+                ids.append(tid)
+            break
+    return ids

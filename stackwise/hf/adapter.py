@@ -1,0 +1,135 @@
+"""The model adapter of Hugging Face causal LMs (model.source: hf): a PEFT LoRA (or QLoRA) model,
+or the whole model, trained on instruction targets by the same Trainer as racks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from stackwise.config import Config
+from stackwise.errors import StackWiseError
+from stackwise.hf import loss as hf_loss
+from stackwise.hf.load import ADAPTER_WEIGHTS, FULL_WEIGHTS, device_now
+from stackwise.objectives.base import Objective
+from stackwise.train.adapters import ModelAdapter, register_model_adapter
+
+
+@register_model_adapter("hf")
+class HFAdapter(ModelAdapter):
+    def __init__(self) -> None:
+        self.config: Config | None = None
+
+    def build(self, config: Config, vocab_size: int) -> nn.Module:
+        from stackwise.hf.load import load_base
+        from stackwise.hf.lora import attach_lora
+
+        self.config = config
+        model = load_base(config, device_now())
+        if config.lora.enabled:
+            return attach_lora(model, config)
+        return model
+
+    def loss(
+        self,
+        model: nn.Module,
+        objective: Objective,
+        batch: dict[str, torch.Tensor],
+        gen: torch.Generator,
+        uses_time: bool,
+    ) -> torch.Tensor:
+        nll, _ = hf_loss.target_sums(hf_loss.forward_logits(model, batch), batch["labels"])
+        return nll
+
+    def micro_scales(self, micros: list[dict[str, torch.Tensor]], acc: Any) -> list[float]:
+        """1 / (targets in the step's micro-batches on every rank), times the world size that
+        DDP's gradient average divides back out."""
+        count = sum(hf_loss.target_count(b) for b in micros)
+        total = float(acc.reduce(torch.as_tensor(count, device=acc.device), "sum"))
+        return [acc.num_processes / max(total, 1.0)] * len(micros)
+
+    def evaluate(self, model: nn.Module, val_data: Any, acc: Any, tc: Any) -> dict[str, float]:
+        from torch.utils.data import DataLoader
+
+        from stackwise.train.sampler import EpochSampler
+
+        if val_data is None or len(val_data) == 0:
+            return {}
+        loader = DataLoader(
+            val_data,
+            batch_size=tc.batch_size,
+            sampler=EpochSampler(len(val_data), 0, acc.process_index, acc.num_processes, False),
+            collate_fn=val_data.collate,
+        )
+        return hf_loss.evaluate_targets(model, loader, acc, tc.eval_batches)
+
+    def named_groups(self, model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
+        from stackwise.hf.lora import named_groups
+
+        assert self.config is not None
+        return named_groups(model, self.config)
+
+    def group_lr(self, name: str, tc: Any) -> float:
+        from stackwise.hf.lora import group_lr
+
+        return group_lr(name, tc, self.config)
+
+    def describe(self, model: nn.Module, config: Config) -> str:
+        total = sum(p.numel() for p in model.parameters())
+        trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        m = config.model
+        quant = "4-bit " if m.load_in_4bit else "8-bit " if m.load_in_8bit else ""
+        how = "LoRA" if config.lora.enabled else "full fine-tuning"
+        return (
+            f"{quant}{Path(m.model_name_or_path or '').name or m.model_name_or_path} with {how}, "
+            f"{trained:,} of {total:,} parameters trained"
+        )
+
+    def save(self, model: nn.Module, folder: Path) -> None:
+        """PEFT's own format (adapter_config.json + adapter_model.safetensors), or the whole
+        model's save_pretrained; both safetensors."""
+        folder.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(str(folder), safe_serialization=True)
+
+    def load_weights(self, model: nn.Module, folder: Path) -> None:
+        try:
+            self._load_weights(model, folder)
+        except RuntimeError as err:  # tensor shapes differ: another rank or model
+            raise StackWiseError(
+                f"'{folder}' does not match this model ({str(err)[:160]}). It was made with "
+                "another base or LoRA settings; resume with its own config."
+            ) from None
+
+    def _load_weights(self, model: nn.Module, folder: Path) -> None:
+        from safetensors.torch import load_file
+
+        if (folder / ADAPTER_WEIGHTS).is_file():
+            from peft import set_peft_model_state_dict
+
+            result = set_peft_model_state_dict(model, load_file(str(folder / ADAPTER_WEIGHTS)))
+            unexpected = getattr(result, "unexpected_keys", [])
+        elif (folder / FULL_WEIGHTS).is_file():
+            result = model.load_state_dict(load_file(str(folder / FULL_WEIGHTS)), strict=False)
+            unexpected = result.unexpected_keys
+        else:
+            raise StackWiseError(
+                f"'{folder}' holds no adapter or model weights ({ADAPTER_WEIGHTS} or "
+                f"{FULL_WEIGHTS}). Resume from a checkpoint folder this run wrote."
+            )
+        if unexpected:
+            raise StackWiseError(
+                f"'{folder}' does not match this model (unexpected weights such as "
+                f"{unexpected[0]}). It was made with other LoRA settings; resume with its config."
+            )
+
+    def final_files(self, model: nn.Module, tokenizer: Any, config: Config) -> Any:
+        from stackwise.hf.outputs import final_files
+
+        return lambda folder: final_files(folder, model, tokenizer, config)
+
+    def load(self, folder: Path) -> tuple[Config, nn.Module, Any]:
+        from stackwise.hf.outputs import load_finetuned
+
+        return load_finetuned(folder)

@@ -1,0 +1,134 @@
+"""Loading a Hugging Face base and its tokenizer, with the quantization and attention asked for.
+
+A quantized base is frozen and kept in its own dtypes: we do not call PEFT's
+`prepare_model_for_kbit_training`, which casts every non-quantized weight to fp32 (the
+bitsandbytes#1569 / peft#1149 memory trap). LoRA weights are fp32; autocast does the rest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from stackwise.errors import StackWiseError
+from stackwise.precision import torch_dtype
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+FULL_WEIGHTS = "model.safetensors"
+
+
+def device_now() -> torch.device:
+    """The device Accelerate gives this process (the Trainer's)."""
+    from accelerate import PartialState
+
+    return PartialState().device
+
+
+def source_path(name: str) -> str:
+    """A local dir as an absolute path (the saved config then works from anywhere); anything
+    else is a hub name, which loads only where a hub (or its cache) is reachable. A path that
+    is not there (or not a model folder) is refused before any data is read."""
+    path = Path(name).expanduser()
+    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or path.exists()
+    if looks_local and not (path / "config.json").is_file():
+        raise _missing(name)
+    return str(path.resolve()) if path.exists() else name
+
+
+def base_dtype(config: Any, device: torch.device) -> torch.dtype:
+    """model.dtype; auto: the training precision for a frozen (LoRA) base, fp32 when the base
+    itself trains (AdamW on bf16 weights loses small updates)."""
+    from stackwise.train.hardware import resolve_precision
+
+    name = config.model.dtype
+    if name == "auto":
+        half = resolve_precision(config.train.mixed_precision, device)
+        name = half if config.lora.enabled and half in ("bf16", "fp16") else "fp32"
+    return torch_dtype(name)
+
+
+def quantization(config: Any, dtype: torch.dtype) -> Any:
+    m = config.model
+    if not (m.load_in_4bit or m.load_in_8bit):
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if m.load_in_8bit:
+        return BitsAndBytesConfig(load_in_8bit=True)
+    compute = dtype if m.compute_dtype == "auto" else torch_dtype(m.compute_dtype)
+    storage = torch.uint8 if m.quant_storage == "uint8" else torch_dtype(m.quant_storage)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=m.quant_type_4bit,
+        bnb_4bit_use_double_quant=m.double_quant,
+        bnb_4bit_compute_dtype=compute,
+        bnb_4bit_quant_storage=storage,
+    )
+
+
+def _missing(path: str) -> StackWiseError:
+    return StackWiseError(
+        f"model.model_name_or_path '{path}' is not a local model folder, and no hub is "
+        "reachable to fetch it by name. Give a folder written by save_pretrained (it holds "
+        "config.json), or run where the hub (or its cache) is reachable."
+    )
+
+
+def load_base(config: Any, device: torch.device) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    m = config.model
+    path = m.model_name_or_path
+    dtype = base_dtype(config, device)
+    kwargs: dict[str, Any] = {
+        "dtype": dtype,
+        "attn_implementation": m.attn_implementation,
+        "trust_remote_code": m.trust_remote_code,
+    }
+    quant = quantization(config, dtype)
+    if quant is not None:
+        kwargs["quantization_config"] = quant
+        kwargs["device_map"] = {"": device}  # bitsandbytes packs the weights where they run
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except ImportError as err:
+        raise StackWiseError(
+            f"Loading '{path}' needs a package that is not installed ({str(err)[:200]}). "
+            "Install it, or pick model.attn_implementation: sdpa."
+        ) from None
+    except OSError:
+        raise _missing(path) from None
+    except ValueError as err:
+        raise StackWiseError(
+            f"Cannot load '{path}' as a causal LM: {str(err)[:240]}. Check "
+            "model.model_name_or_path (and model.trust_remote_code for custom model code)."
+        ) from None
+    if m.load_in_4bit:
+        from stackwise.quant.layers import pin_nf4_layout
+
+        pin_nf4_layout(model)  # bitsandbytes' AVX512-BF16 eval repacking drifts the weights
+    model.config.use_cache = False  # the KV cache only serves generation
+    if m.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()  # so LoRA under checkpointing still gets gradients
+    return model
+
+
+def load_tokenizer(path: str, trust_remote_code: bool) -> Any:
+    """The model's tokenizer; without a pad token, EOS pads (safe: padding is masked by
+    position, never by id)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise StackWiseError(
+            f"Cannot load a tokenizer from '{path}' ({str(err)[:200]}). The model folder needs "
+            "its tokenizer files (tokenizer.json or tokenizer.model with tokenizer_config.json)."
+        ) from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok

@@ -1,0 +1,51 @@
+"""The causal LM loss over instruction targets, summed: the Trainer divides by the number of
+targets in the whole accumulated batch on every rank, so every target weighs the same whatever
+the batch size, accumulation, packing or world size."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+IGNORE = -100
+
+
+def forward_logits(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    kwargs = {k: batch[k] for k in ("attention_mask", "position_ids") if k in batch}
+    return model(input_ids=batch["input_ids"], use_cache=False, **kwargs).logits
+
+
+def target_sums(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed NLL, per-target correctness) of next-token targets (labels shifted by one)."""
+    targets = labels[:, 1:]
+    flat = logits[:, :-1].reshape(-1, logits.size(-1)).float()
+    nll = F.cross_entropy(flat, targets.reshape(-1), ignore_index=IGNORE, reduction="sum")
+    hit = (flat.argmax(-1) == targets.reshape(-1)) & (targets.reshape(-1) != IGNORE)
+    return nll, hit
+
+
+def target_count(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return (batch["labels"][:, 1:] != IGNORE).sum()
+
+
+@torch.no_grad()
+def evaluate_targets(model: nn.Module, loader: Any, acc: Any, max_batches: int) -> dict[str, float]:
+    """Mean NLL per target token, perplexity and next-token accuracy over evaluation rows."""
+    import math
+
+    sums = torch.zeros(3, dtype=torch.float64, device=acc.device)
+    model.eval()
+    for i, batch in enumerate(loader):
+        if i >= max_batches:
+            break
+        batch = {k: v.to(acc.device) for k, v in batch.items()}
+        with acc.autocast():
+            logits = forward_logits(model, batch)
+        nll, hit = target_sums(logits, batch["labels"])
+        sums += torch.stack([nll.double(), target_count(batch).double(), hit.sum().double()])
+    total, n, correct = acc.reduce(sums, reduction="sum").tolist()
+    loss = total / max(n, 1.0)
+    return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "accuracy": correct / max(n, 1.0)}

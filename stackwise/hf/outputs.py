@@ -1,0 +1,101 @@
+"""What a fine-tuned run leaves, in the formats the ecosystem reads: the PEFT adapter, the
+tokenizer with its chat template, generation_config.json whose EOS list holds the end-of-turn
+token, config.yaml, and with lora.save_merged the merged model in merged/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from stackwise.errors import StackWiseError
+
+MERGED = "merged"
+
+
+def generation_config(model: nn.Module, tokenizer: Any) -> Any:
+    from transformers import GenerationConfig
+
+    from stackwise.chat.template import end_of_turn_ids
+
+    base = getattr(model, "generation_config", None)
+    gen = GenerationConfig.from_dict(base.to_dict()) if base is not None else GenerationConfig()
+    gen.eos_token_id = end_of_turn_ids(tokenizer)
+    gen.pad_token_id = tokenizer.pad_token_id
+    gen.bos_token_id = tokenizer.bos_token_id
+    return gen
+
+
+def final_files(folder: Path, model: nn.Module, tokenizer: Any, config: Any) -> None:
+    tokenizer.save_pretrained(str(folder))  # beside the adapter, where PEFT users look
+    generation_config(model, tokenizer).save_pretrained(str(folder))
+    if config.lora.enabled and config.lora.save_merged:
+        merge_run(folder, folder / MERGED, model=model, tokenizer=tokenizer, config=config)
+
+
+def _plain_base(config: Any, device: torch.device) -> nn.Module:
+    """The base as trained under: a quantized one dequantized (so the merge adds the adapter
+    to the weights it was trained against, not to the original full-precision ones)."""
+    from stackwise.hf.load import load_base
+
+    base = load_base(config, device)
+    if config.model.load_in_4bit or config.model.load_in_8bit:
+        base = base.dequantize()
+    return base.float()
+
+
+def merge_run(
+    run: Path,
+    out: Path,
+    model: nn.Module | None = None,
+    tokenizer: Any = None,
+    config: Any = None,
+    probes: int = 4,
+) -> dict[str, float]:
+    """Write base + adapter merged into `out` (a plain HF model folder); returns the largest
+    logit difference between the merged model and base + adapter on `probes` inputs."""
+    from peft import PeftModel
+
+    if config is None:
+        config, model, tokenizer = load_finetuned(run)
+    device = next(model.parameters()).device
+    merged = PeftModel.from_pretrained(_plain_base(config, device), str(run)).merge_and_unload()
+    gen = torch.Generator().manual_seed(0)
+    vocab = merged.get_output_embeddings().weight.shape[0]
+    ids = torch.randint(0, vocab, (probes, 32), generator=gen).to(device)
+    model.eval()
+    with torch.no_grad():
+        want = model(input_ids=ids).logits.float()
+        got = merged(input_ids=ids).logits.float()
+    drift = float((want - got).abs().max())
+    out.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(str(out), safe_serialization=True)
+    tokenizer.save_pretrained(str(out))
+    generation_config(merged, tokenizer).save_pretrained(str(out))
+    return {"max_logit_drift": drift, "logit_scale": float(want.abs().max())}
+
+
+def load_finetuned(folder: Path) -> tuple[Any, nn.Module, Any]:
+    """(config, base + adapter or the whole fine-tuned model, tokenizer) of a finished run."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stackwise.config import load_config
+    from stackwise.hf.load import ADAPTER_WEIGHTS, device_now, load_base
+
+    config = load_config(folder / "config.yaml")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    if (folder / ADAPTER_WEIGHTS).is_file():
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(load_base(config, device_now()), str(folder))
+    elif (folder / "config.json").is_file():
+        model = AutoModelForCausalLM.from_pretrained(str(folder))
+    else:
+        raise StackWiseError(
+            f"'{folder}' holds neither a LoRA adapter nor a model. Pass the folder a finished "
+            "fine-tuning run wrote."
+        )
+    model.eval()
+    return config, model, tokenizer

@@ -1,0 +1,221 @@
+"""Fine-tuning Hugging Face causal LMs with LoRA/QLoRA through the Trainer, on chat data."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hf_fixtures import chat_file, hf_config, tiny_hf
+
+from stackwise.config import derive
+from stackwise.errors import StackWiseError
+from stackwise.pipeline import train_from_config
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    return {
+        "llama": tiny_hf(root / "llama"),
+        "qwen2": tiny_hf(root / "qwen2", kind="qwen2"),
+        "untied": tiny_hf(root / "untied", tied=False),
+        "chat": chat_file(root / "chat.jsonl", n=40),
+        "root": root,
+    }
+
+
+def lora_state(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
+
+
+def test_lora_run_writes_a_peft_adapter_that_peft_loads(hf, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    out = tmp_path / "run"
+    res = train_from_config(hf_config(hf["llama"], hf["chat"], out))
+    assert res.state.step == 4 and res.state.history[-1]["loss"] > 0
+    for name in ("adapter_config.json", "adapter_model.safetensors", "config.yaml"):
+        assert (out / name).is_file(), name
+    tok = AutoTokenizer.from_pretrained(str(out))
+    assert "generation" in tok.chat_template  # our default template, saved with the run
+    gen = GenerationConfig.from_pretrained(str(out))
+    assert tok.eos_token_id in (
+        gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]
+    )
+    base = AutoModelForCausalLM.from_pretrained(str(hf["llama"]))
+    loaded = PeftModel.from_pretrained(base, str(out)).eval()
+    ids = torch.randint(4, 200, (2, 12))
+    res.rack.eval()
+    with torch.no_grad():
+        assert torch.allclose(
+            loaded(input_ids=ids).logits, res.rack(input_ids=ids).logits, atol=1e-5
+        )
+    trained = [n for n, p in res.rack.named_parameters() if p.requires_grad]
+    assert trained and all("lora_" in n for n in trained)
+
+
+def chat_data(cfg):
+    from stackwise.chat.build import build_chat_data
+    from stackwise.hf.load import load_tokenizer
+
+    return build_chat_data(cfg, load_tokenizer(cfg.model.model_name_or_path, False))
+
+
+def test_loss_is_normalized_over_the_whole_accumulated_batch(hf, tmp_path):
+    """batch 1 x accumulation 4 gives the gradient of batch 4 (examples of unequal length)."""
+    from stackwise.hf.adapter import HFAdapter
+    from stackwise.objectives import build_objective
+    from stackwise.train.trainer import Trainer
+
+    grads = []
+    for batch, accum in ((4, 1), (1, 4)):
+        train = {"batch_size": batch, "grad_accum_steps": accum, "max_steps": 1}
+        cfg = hf_config(hf["llama"], hf["chat"], tmp_path / f"b{batch}", train=train)
+        data = chat_data(cfg)
+        adapter = HFAdapter()
+        torch.manual_seed(0)  # the same LoRA A in both runs
+        model = adapter.build(cfg, 0)
+        for n, p in model.named_parameters():  # B = 0 at init would zero A's gradient
+            if "lora_B" in n:
+                torch.nn.init.normal_(p, std=0.1, generator=torch.Generator().manual_seed(1))
+        objective = build_objective(cfg, data.specials)
+        trainer = Trainer(cfg, model, objective, data.train, data.val, adapter=adapter)
+        trainer.optimizer.step = lambda *a, **k: None  # keep the gradients to compare
+        trainer.optimizer.zero_grad = lambda *a, **k: None
+        trainer.train_step(trainer._batches())
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
+    assert grads[0]
+    for name, g in grads[0].items():
+        assert torch.allclose(g, grads[1][name], rtol=1e-4, atol=1e-7), name
+
+
+def test_packed_loss_equals_unpacked(hf):
+    """Attention never crosses examples in a packed row (SDPA on CPU): same summed loss."""
+    from stackwise.hf import loss as hf_loss
+    from stackwise.hf.load import load_base
+
+    sums = []
+    for packing in (False, True):
+        cfg = hf_config(
+            hf["llama"],
+            hf["chat"],
+            hf["root"] / "unused",
+            data={"packing": packing, "seq_len": 128},
+        )
+        data = chat_data(cfg)
+        model = load_base(cfg, torch.device("cpu")).eval()
+        rows = data.train
+        batch = rows.collate([rows[i] for i in range(len(rows))])
+        with torch.no_grad():
+            nll, _ = hf_loss.target_sums(hf_loss.forward_logits(model, batch), batch["labels"])
+        sums.append((float(nll), int(hf_loss.target_count(batch)), len(rows)))
+    (a, n_a, rows_a), (b, n_b, rows_b) = sums
+    assert n_a == n_b and rows_b < rows_a
+    assert abs(a / n_a - b / n_b) < 1e-5
+
+
+def test_resume_restores_adapter_optimizer_and_data_position(hf, tmp_path):
+    """Resuming from step 3 of a 6-step run ends exactly where the uninterrupted run ends."""
+    cfg = hf_config(
+        hf["llama"], hf["chat"], tmp_path / "a", train={"max_steps": 6, "save_steps": 3}
+    )
+    straight = train_from_config(cfg)
+    checkpoint = tmp_path / "a" / "checkpoint-3"
+    assert (checkpoint / "adapter_model.safetensors").is_file()
+    resumed = train_from_config(
+        derive(
+            cfg,
+            {
+                "train.output_dir": str(tmp_path / "b"),
+                "train.resume_from_checkpoint": str(checkpoint),
+            },
+            "test",
+        )
+    )
+    want, got = lora_state(straight.rack), lora_state(resumed.rack)
+    assert want.keys() == got.keys()
+    for k in want:
+        assert torch.equal(want[k], got[k]), k
+    assert resumed.state.history[-1]["loss"] == straight.state.history[-1]["loss"]
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "untied"])
+def test_other_architectures_train(hf, tmp_path, kind):
+    res = train_from_config(
+        hf_config(hf[kind], hf["chat"], tmp_path / kind, train={"max_steps": 2})
+    )
+    assert res.state.step == 2 and (tmp_path / kind / "adapter_model.safetensors").is_file()
+
+
+def test_qlora_quantizes_the_base_and_keeps_its_dtypes(hf, tmp_path):
+    """NF4 Linear4bit layers under the adapters; norms stay bf16 (no blanket fp32 upcast)."""
+    import bitsandbytes as bnb
+
+    cfg = hf_config(
+        hf["llama"],
+        hf["chat"],
+        tmp_path / "q",
+        model={"load_in_4bit": True, "dtype": "bf16"},
+        train={"max_steps": 2, "mixed_precision": "bf16"},
+    )
+    res = train_from_config(cfg)
+    model = res.rack
+    four_bit = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    assert len(four_bit) == 2 * 7  # q k v o gate up down in each of 2 layers
+    assert four_bit[0].weight.quant_state.quant_type == "nf4"
+    norms = [p for n, p in model.named_parameters() if "norm" in n]
+    assert norms and all(p.dtype == torch.bfloat16 for p in norms)
+    lora = [p for n, p in model.named_parameters() if p.requires_grad]
+    assert lora and all(p.dtype == torch.float32 for p in lora)
+    before = json.loads((tmp_path / "q" / "history.json").read_text())["history"]
+    assert before[-1]["loss"] == pytest.approx(res.state.history[-1]["loss"])
+
+
+def test_lora_options_reach_peft_and_the_optimizer(hf, tmp_path):
+    cfg = hf_config(
+        hf["llama"],
+        hf["chat"],
+        tmp_path / "o",
+        lora={
+            "enabled": True,
+            "use_rslora": True,
+            "use_dora": True,
+            "target_modules": ["q_proj", "v_proj"],
+            "loraplus_lr_ratio": 16.0,
+            "modules_to_save": ["lm_head"],
+        },
+        model={"gradient_checkpointing": True},
+        train={"max_steps": 1, "group_lr": {"lora": 1e-3, "base": 1e-4}},
+    )
+    res = train_from_config(cfg)
+    peft_cfg = res.rack.peft_config["default"]
+    assert (
+        peft_cfg.use_rslora
+        and peft_cfg.use_dora
+        and set(peft_cfg.target_modules) == {"q_proj", "v_proj"}
+    )
+    lrs = {g["name"]: g["initial_lr"] for g in res.trainer.optimizer.optimizer.param_groups}
+    assert lrs["lora"] == 1e-3 and lrs["lora_B"] == pytest.approx(16e-3) and lrs["base"] == 1e-4
+    grads = [p.grad for n, p in res.rack.named_parameters() if "lora_A" in n]
+    assert res.state.step == 1 and grads
+
+
+def test_hf_keys_on_a_rack_and_bad_combinations_are_refused(hf, tmp_path):
+    from stackwise.config import from_dict
+
+    with pytest.raises(StackWiseError, match=r"model\.load_in_4bit only applies to Hugging Face"):
+        from_dict({"model": {"load_in_4bit": True}})
+    with pytest.raises(StackWiseError, match="only LoRA can train"):
+        hf_config(
+            hf["llama"],
+            hf["chat"],
+            tmp_path,
+            model={"load_in_4bit": True},
+            lora={"enabled": False, "rank": 8, "alpha": 16.0},
+        )
+    with pytest.raises(StackWiseError, match=r"model\.d_model shapes a StackWise rack"):
+        hf_config(hf["llama"], hf["chat"], tmp_path, model={"d_model": 64})
+    with pytest.raises(StackWiseError, match="not a local model folder"):
+        train_from_config(hf_config(tmp_path / "nowhere", hf["chat"], tmp_path / "r"))
