@@ -7,12 +7,12 @@ import math
 from accelerate.utils import set_seed
 
 from stackwise.config import Config
-from stackwise.data.pack import build_data
+from stackwise.data.pack import PreparedData, build_data
 from stackwise.errors import StackWiseError
 from stackwise.io.lock import release_run_folder
 from stackwise.objectives import build_objective
 from stackwise.strategies import RunResult, get_training_strategy, strategy_for
-from stackwise.train.adapters import RackAdapter, get_model_adapter
+from stackwise.train.adapters import get_model_adapter
 from stackwise.train.run_dir import precheck_run_dir
 from stackwise.train.trainer import Trainer
 
@@ -76,15 +76,33 @@ def with_epochs(config: Config, n_rows: int) -> Config:
     return derive(config, changes, "train.num_train_epochs")
 
 
-def build_trainer(config: Config) -> Trainer:
-    """The end-to-end Trainer of a config (its whole rack), e.g. for the LR finder."""
+def prepared(config: Config) -> tuple[Config, PreparedData]:
+    """The config as the run will use it (an HF source made absolute, an imported shape, the
+    vocabulary, epochs as steps), and its data; the run folder is checked before the data."""
+    if config.model.source == "hf":
+        config = with_hf_source(config)
     config = with_hf_shape(config)
+    precheck_run_dir(config)  # before the data: a refused run is refused at once
     set_seed(config.train.seed)
-    data = build_data(config.data)
-    config = resolve_vocab(config, len(data.tokenizer))
-    rack = RackAdapter().build(config, config.model.vocab_size or len(data.tokenizer))
+    if config.data.mode == "instruction":
+        from stackwise.chat.build import build_chat_data
+        from stackwise.hf.load import load_tokenizer
+
+        m = config.model
+        data = build_chat_data(config, load_tokenizer(m.model_name_or_path, m.trust_remote_code))
+    else:
+        data = build_data(config.data)
+        config = resolve_vocab(config, len(data.tokenizer))
+    return with_epochs(config, len(data.train)), data
+
+
+def build_trainer(config: Config) -> Trainer:
+    """The end-to-end Trainer of a config (its whole model), e.g. for the LR finder."""
+    adapter = get_model_adapter(adapter_for(config))
+    config, data = prepared(config)
+    model = adapter.build(config, config.model.vocab_size or len(data.tokenizer))
     objective = build_objective(config, data.specials)
-    return Trainer(config, rack, objective, data.train, data.val)
+    return Trainer(config, model, objective, data.train, data.val, adapter=adapter)
 
 
 def train_from_config(
@@ -98,23 +116,8 @@ def train_from_config(
             "Use the Python API (stackwise.Trainer) with a dataset that yields 'labels'."
         )
     chosen = get_training_strategy(strategy or strategy_for(config))  # unknown: fail first
-    if config.model.source == "hf":
-        adapter = adapter_for(config)
-        config = with_hf_source(config)
-    model_adapter = get_model_adapter(adapter)
-    config = with_hf_shape(config)
-    precheck_run_dir(config)  # before the data: a refused run is refused at once
-    set_seed(config.train.seed)
-    if config.data.mode == "instruction":
-        from stackwise.chat.build import build_chat_data
-        from stackwise.hf.load import load_tokenizer
-
-        m = config.model
-        data = build_chat_data(config, load_tokenizer(m.model_name_or_path, m.trust_remote_code))
-    else:
-        data = build_data(config.data)
-        config = resolve_vocab(config, len(data.tokenizer))
-    config = with_epochs(config, len(data.train))
+    model_adapter = get_model_adapter(adapter_for(config) if adapter == "rack" else adapter)
+    config, data = prepared(config)
     result = chosen.run(config, data, model_adapter, quiet)
     release_run_folder(result.output_dir)  # finished: the next run may take the folder quietly
     return result

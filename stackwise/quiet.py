@@ -1,8 +1,9 @@
 """Library messages on stderr that a user can do nothing about, filtered by their exact text.
 
-Only these two: bitsandbytes' note that the optional `kernels` package is missing (it falls back
-to its own CPU kernel), and torch's note that our optimizer state was pickled with protocol 4
-(it is read with weights_only=True either way). Every other warning, from these libraries too,
+Only these three: bitsandbytes' note that the optional `kernels` package is missing (it falls
+back to its own CPU kernel), torch's note that our optimizer state was pickled with protocol 4
+(it is read with weights_only=True either way), and transformers' deprecation of an attribute
+that PEFT (not we) reads. Every other warning, from these libraries too,
 still reaches the user.
 """
 
@@ -14,6 +15,7 @@ import warnings
 BNB_LOGGER = "bitsandbytes.backends.cpu.ops"
 BNB_KERNELS = "Failed to load CPU gemm_4bit_forward from kernels-community"
 TORCH_PICKLE = r"Detected pickle protocol \d+ in the checkpoint"
+PEFT_DEPRECATION = r"`is_gradient_checkpointing` is deprecated"
 
 
 class _DropKernelsNote(logging.Filter):
@@ -27,3 +29,4 @@ def filter_library_noise() -> None:
     if not any(isinstance(f, _DropKernelsNote) for f in logger.filters):
         logger.addFilter(_DropKernelsNote())
     warnings.filterwarnings("ignore", message=TORCH_PICKLE, category=UserWarning)
+    warnings.filterwarnings("ignore", message=PEFT_DEPRECATION, category=FutureWarning)

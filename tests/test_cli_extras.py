@@ -55,7 +55,7 @@ def test_refusals_come_before_the_data_is_prepared(tiny, tmp_path, monkeypatch):
 
 
 def test_the_summary_names_time_metrics_and_next_commands(tiny, tmp_path):
-    from stackwise.cli.commands import run_summary
+    from stackwise.cli.common import run_summary
 
     res = train_from_config(tiny(train={"max_steps": 2}), quiet=True)
     text = run_summary(res, 125.4)

@@ -5,16 +5,14 @@ User mistakes (StackWiseError) print one paragraph and exit 2; there is no trace
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import textwrap
 
-from stackwise.cli.commands import (
-    DEFAULT_PRESET,
-    PRESETS,
-    generate_help_defaults,
-    resolve_config_path,
-)
+from stackwise.cli.commands import generate_help_defaults
+from stackwise.cli.common import DEFAULT_PRESET, PRESETS, resolve_config_path
+from stackwise.cli.hf_commands import cmd_finetune
 from stackwise.cli.parsers import build_parser
 from stackwise.errors import StackWiseError
 from stackwise.quiet import filter_library_noise
@@ -27,7 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     filter_library_noise()
     args = sys.argv[1:] if argv is None else [str(a) for a in argv]
     parser = build_parser(generate_help_defaults(args))
-    ns, extra = parser.parse_known_args(args)
+    if args[:1] == ["finetune"] and not {"-h", "--help"} & set(args):
+        # its flags are config keys, parsed (with did-you-mean) by stackwise.cli.finetune
+        ns = argparse.Namespace(command="finetune", args=args[1:], func=cmd_finetune)
+        extra: list[str] = []
+    else:
+        ns, extra = parser.parse_known_args(args)
     if extra:  # dotted overrides may follow the flags: `lr-find cfg --steps 50 train.lr=1`
         if not hasattr(ns, "args") or any(a.startswith("-") or "=" not in a for a in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -41,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"stackwise: stopped by {err.signal_name} at step {err.step}; the checkpoint "
                 f"{err.checkpoint} holds the work. To resume:\n  "
-                f"{err.resume_command(ns.args)}",
+                f"{err.resume_command(ns.args, ns.command)}",
                 file=sys.stderr,
             )
             return 130

@@ -10,37 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stackwise.cli.common import (
+    DEFAULT_PRESET,
+    PRESETS,
+    load_args,
+    run_summary,
+)
 from stackwise.errors import StackWiseError
-
-PRESETS = Path(__file__).parents[1] / "presets"
-DEFAULT_PRESET = "tiny-diffusion-progressive"
-
-
-def resolve_config_path(name: str | None) -> Path:
-    """A file path, or the name of a bundled preset (`tiny-clm`)."""
-    if name is None:
-        name = DEFAULT_PRESET
-    path = Path(name)
-    if path.is_file():
-        return path
-    preset = PRESETS / (name if name.endswith(".yaml") else f"{name}.yaml")
-    if preset.is_file():
-        return preset
-    known = ", ".join(sorted(p.stem for p in PRESETS.glob("*.yaml")))
-    raise StackWiseError(f"Config '{name}' is neither a file nor a preset. Presets: {known}.")
-
-
-def _split(args: list[str]) -> tuple[str | None, list[str]]:
-    if args and "=" not in args[0]:
-        return args[0], args[1:]
-    return None, args
-
-
-def _load(args: list[str]):
-    from stackwise.config import load_config
-
-    name, overrides = _split(args)
-    return load_config(resolve_config_path(name), overrides)
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
@@ -50,13 +26,15 @@ def cmd_train(ns: argparse.Namespace) -> int:
     from stackwise.pipeline import train_from_config
 
     start = time.monotonic()
-    config = _load(ns.args)
+    config = load_args(ns.args)
     result = train_from_config(config)
     if not result.trainer.accelerator.is_main_process:  # under torchrun, rank 0 reports
         return 0
     n, hf = config.sample.num_samples, config.model.source == "hf"
     print(f"Saved the {'fine-tuned model' if hf else 'trained rack'} to {result.output_dir}")
     if hf:
+        from stackwise.cli.hf_commands import show_replies
+
         show_replies(result, n)
     elif n:
         for i, text in enumerate(
@@ -65,40 +43,6 @@ def cmd_train(ns: argparse.Namespace) -> int:
             print(f"--- sample {i + 1} ---\n{text.strip()}")
     print(run_summary(result, time.monotonic() - start))
     return 0
-
-
-def show_replies(result: Any, n: int) -> None:
-    """A fine-tuned model's replies to the first evaluation conversations (or sample.prompt)."""
-    from stackwise.hf.chat import questions, reply
-
-    sample = result.config.sample
-    for i, convo in enumerate(questions(result.data, n, sample.prompt)):
-        answer = reply(result.rack, result.data.tokenizer, convo, sample, seed=i)
-        print(f"--- sample {i + 1} ---\n{convo[-1]['role']}: {convo[-1]['content']}")
-        print(f"assistant: {answer.strip()}")
-
-
-def run_summary(result: Any, seconds: float) -> str:
-    """The last lines of a run: how long it took, where it ended, and what to run next."""
-    from stackwise.strategies.builtin import final_eval_line
-
-    final = result.progressive.final_eval if result.progressive is not None else None
-    if final is None and result.state is not None and result.state.history:
-        final = result.state.history[-1]
-    minutes, secs = divmod(round(seconds), 60)
-    out = shlex.quote(str(result.output_dir))
-    lines = [f"--- done in {minutes}m {secs:02d}s ---"]
-    if final:
-        at = f" (step {final['step']})" if "step" in final else ""
-        lines.append(f"final{at}: " + final_eval_line(final).split(": ", 1)[1])
-    lines += [
-        "next:",
-        f"  stackwise generate --checkpoint {out} --prompt 'To be'",
-        f"  stackwise eval --checkpoint {out}",
-    ]
-    if result.config.logging.tensorboard:
-        lines.append(f"  tensorboard --logdir {out}")
-    return "\n".join(lines)
 
 
 # the generate flags that override one sample.* setting each (None: the run's own)
@@ -116,11 +60,19 @@ SAMPLE_OVERRIDES = (
 
 
 def cmd_generate(ns: argparse.Namespace) -> int:
+    from stackwise.cli.hf_commands import generate_chat, is_finetuned
     from stackwise.generate import generate
     from stackwise.io.trained import load_trained
 
-    config, rack, tok = load_trained(ns.checkpoint)
     overrides = {name: getattr(ns, name) for name in SAMPLE_OVERRIDES}
+    if is_finetuned(ns.checkpoint):
+        return generate_chat(ns, overrides)
+    if ns.chat is not None:
+        raise StackWiseError(
+            "--chat renders a question with a chat template, which only fine-tuned Hugging "
+            "Face models have; sample this rack with --prompt."
+        )
+    config, rack, tok = load_trained(ns.checkpoint)
     stream = None
     if ns.num_samples == 1:  # one sample is shown as it is made
 
@@ -148,12 +100,16 @@ def cmd_generate(ns: argparse.Namespace) -> int:
 
 
 def cmd_merge_lora(ns: argparse.Namespace) -> int:
-    """Merge every adapter of CHECKPOINT (an output dir of `stackwise train`) into its
-    dequantized base and save full-precision safetensors to OUT."""
+    """Merge every adapter of CHECKPOINT (an output dir of `stackwise train` or `finetune`)
+    into its dequantized base and save full-precision safetensors to OUT, with the logit
+    difference against the adapted model."""
     import warnings
 
+    from stackwise.cli.hf_commands import is_finetuned, merge_finetuned
     from stackwise.io.merge import merge_checkpoint
 
+    if is_finetuned(ns.checkpoint):
+        return merge_finetuned(ns)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = merge_checkpoint(ns.checkpoint, ns.out, requantize=ns.requantize)
@@ -199,7 +155,7 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
             f"lr-find needs 0 < --min-lr < --max-lr and --steps >= 2 (got {ns.min_lr}, "
             f"{ns.max_lr}, {ns.steps})."
         )
-    config = _load(ns.args)
+    config = load_args(ns.args)
     if config.train.output_dir is None:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         from stackwise.config import derive
@@ -244,8 +200,15 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     two runs are comparable), sample from it, and write eval.json there."""
     import json
 
+    from stackwise.cli.hf_commands import is_finetuned
     from stackwise.evaluate import EvalSettings, render, run_eval
 
+    if is_finetuned(ns.checkpoint):
+        raise StackWiseError(
+            f"'{ns.checkpoint}' is a fine-tuned Hugging Face model; `eval` scores racks on "
+            "pretraining text. Its eval loss per target token is in history.json; to score "
+            "other rows, fine-tune with data.eval_files and train.eval_every."
+        )
     for name in ("t_points", "mc_num", "samples", "max_blocks"):
         if getattr(ns, name) < 1:
             raise StackWiseError(f"--{name.replace('_', '-')} must be at least 1.")
@@ -282,7 +245,7 @@ def cmd_config(ns: argparse.Namespace) -> int:
         for alias, meaning in alias_table():
             print(f"  {alias:<{width}}  ->  {meaning}")
         return 0
-    config = _load(ns.args)
+    config = load_args(ns.args)
     if ns.action == "show":
         print(config.to_yaml(), end="")
     else:

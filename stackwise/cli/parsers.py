@@ -7,7 +7,6 @@ import inspect
 from typing import Any
 
 from stackwise.cli.commands import (
-    DEFAULT_PRESET,
     cmd_config,
     cmd_env,
     cmd_eval,
@@ -17,6 +16,8 @@ from stackwise.cli.commands import (
     cmd_merge_lora,
     cmd_train,
 )
+from stackwise.cli.common import DEFAULT_PRESET
+from stackwise.cli.hf_commands import cmd_data, cmd_finetune
 
 ARGS_HELP = "a YAML/JSON file or preset name first (optional), then dotted overrides"
 
@@ -36,6 +37,7 @@ def build_parser(generate_defaults: dict[str, Any] | None = None) -> argparse.Ar
     p.add_argument("--version", action="version", version=f"stackwise {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     _train_parser(sub)
+    _finetune_parser(sub)
     _generate_parser(sub, generate_defaults)
     _merge_lora_parser(sub)
     _export_hf_parser(sub)
@@ -43,6 +45,7 @@ def build_parser(generate_defaults: dict[str, Any] | None = None) -> argparse.Ar
     _eval_parser(sub)
     _env_parser(sub)
     _config_parser(sub)
+    _data_parser(sub)
     return p
 
 
@@ -50,6 +53,31 @@ def _train_parser(sub: Any) -> None:
     t = sub.add_parser("train", help="train a rack", description=_about(cmd_train))
     t.add_argument("args", nargs="*", metavar="CONFIG|key=value", help=ARGS_HELP)
     t.set_defaults(func=cmd_train)
+
+
+def _finetune_parser(sub: Any) -> None:
+    from stackwise.cli.finetune import FLAGS, PRECISION_FLAGS
+
+    names = ", ".join(f"--{n}" for n in [*FLAGS, *PRECISION_FLAGS, "config"])
+    f = sub.add_parser(
+        "finetune",
+        help="fine-tune a Hugging Face causal LM with LoRA/QLoRA on chat data",
+        description=_about(cmd_finetune) + f" Flags: {names}.",
+    )
+    f.add_argument("args", nargs="*", metavar="--flag value | key=value")
+    f.set_defaults(func=cmd_finetune)
+
+
+def _data_parser(sub: Any) -> None:
+    d = sub.add_parser(
+        "data",
+        help="preview instruction data with its targets marked",
+        description=_about(cmd_data),
+    )
+    d.add_argument("action", choices=["preview"])
+    d.add_argument("args", nargs="*", metavar="CONFIG|key=value", help=ARGS_HELP)
+    d.add_argument("--index", type=int, default=0, help="which training row (default: 0)")
+    d.set_defaults(func=cmd_data)
 
 
 SAMPLERS = """\
@@ -92,6 +120,11 @@ def _generate_parser(sub: Any, defaults: dict[str, Any] | None) -> None:
         "--checkpoint", required=True, help="a run folder of `stackwise train`, or a checkpoint-N"
     )
     g.add_argument("--prompt", default=None, help=_shown(defaults, "prompt", where))
+    g.add_argument(
+        "--chat",
+        default=None,
+        help="fine-tuned chat models: a question, rendered with the template",
+    )
     g.add_argument("--num-samples", type=int, default=1, help="samples to draw (default: 1)")
     for name, (kind, text) in SAMPLE_FLAGS.items():
         flag = "--" + name.replace("_", "-")

@@ -31,7 +31,7 @@ def reply(
     )["input_ids"]
     device = next(model.parameters()).device
     gen = generation_config(model, tokenizer)
-    gen.max_new_tokens = settings["max_new_tokens"]
+    gen.max_new_tokens, gen.use_cache = settings["max_new_tokens"], True
     temperature = settings["temperature"]
     gen.do_sample = temperature > 0
     if gen.do_sample:
@@ -47,7 +47,6 @@ def reply(
             input_ids=ids.to(device),
             attention_mask=torch.ones_like(ids).to(device),
             generation_config=gen,
-            use_cache=True,
         )
     model.train(was_training)
     return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)

@@ -79,6 +79,9 @@ def _missing(path: str) -> StackWiseError:
 
 def load_base(config: Any, device: torch.device) -> nn.Module:
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a per-load "Loading weights" bar: noise in our logs
 
     m = config.model
     path = m.model_name_or_path

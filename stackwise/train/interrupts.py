@@ -38,14 +38,15 @@ class TrainingInterrupted(StackWiseError):
         """The same stop, naming the run folder (a stage's Trainer knows only its own)."""
         return TrainingInterrupted(self.signal_name, self.step, self.checkpoint, run_dir)
 
-    def resume_command(self, args: list[str]) -> str:
-        """The `stackwise train` line that continues this run, from the user's own arguments."""
+    def resume_command(self, args: list[str], command: str = "train") -> str:
+        """The `stackwise <command>` line that continues this run, from the user's own
+        arguments."""
         import shlex
 
         dropped = ("train.output_dir=", "train.resume_from_checkpoint=")
         kept = [a for a in args if not a.startswith(dropped)]
         tail = [f"train.output_dir={self.run_dir}", "train.resume_from_checkpoint=latest"]
-        return shlex.join(["stackwise", "train", *kept, *tail])
+        return shlex.join(["stackwise", command, *kept, *tail])
 
 
 class StopSignals:

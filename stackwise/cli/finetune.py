@@ -1,0 +1,185 @@
+"""`stackwise finetune`: the seed's command line for fine-tuning a Hugging Face causal LM.
+
+Every flag is a config key under another name (FLAGS). A --config file may use the same flat
+names (JSON or YAML) or our nested sections; flags override the file, and dotted key=value
+overrides come last. The result is an ordinary config, checked by every rule, and trained by the
+same path as `stackwise train`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stackwise.errors import StackWiseError
+
+# flag / flat config key -> our config key
+FLAGS: dict[str, str] = {
+    "model_name_or_path": "model.model_name_or_path",
+    "train_file": "data.files",
+    "eval_file": "data.eval_files",
+    "dataset_dir": "data.dataset_dir",
+    "dataset_name": "data.dataset_name",
+    "dataset_subset": "data.dataset_subset",
+    "dataset_split": "data.dataset_split",
+    "use_lora": "lora.enabled",
+    "load_in_4bit": "model.load_in_4bit",
+    "load_in_8bit": "model.load_in_8bit",
+    "gradient_checkpointing": "model.gradient_checkpointing",
+    "attn_implementation": "model.attn_implementation",
+    "trust_remote_code": "model.trust_remote_code",
+    "num_train_epochs": "train.num_train_epochs",
+    "max_steps": "train.max_steps",
+    "learning_rate": "train.lr",
+    "train_batch_size": "train.batch_size",
+    "per_device_train_batch_size": "train.batch_size",
+    "gradient_accumulation_steps": "train.grad_accum_steps",
+    "output_dir": "train.output_dir",
+    "lora_r": "lora.rank",
+    "lora_alpha": "lora.alpha",
+    "lora_dropout": "lora.dropout",
+    "lora_target_modules": "lora.target_modules",
+    "lora_lr": "train.group_lr.lora",
+    "loraplus_lr_ratio": "lora.loraplus_lr_ratio",
+    "use_dora": "lora.use_dora",
+    "use_rslora": "lora.use_rslora",
+    "save_merged": "lora.save_merged",
+    "max_seq_length": "data.seq_len",
+    "packing": "data.packing",
+    "chat_template": "data.chat_template",
+    "train_on": "data.train_on",
+    "warmup_ratio": "train.warmup_ratio",
+    "warmup_steps": "train.warmup_steps",
+    "weight_decay": "train.weight_decay",
+    "max_grad_norm": "train.max_grad_norm",
+    "lr_scheduler_type": "train.scheduler",
+    "early_stopping_patience": "train.early_stopping_patience",
+    "eval_steps": "train.eval_every",
+    "save_steps": "train.save_steps",
+    "save_total_limit": "train.save_total_limit",
+    "logging_steps": "logging.log_every",
+    "seed": "train.seed",
+    "resume_from_checkpoint": "train.resume_from_checkpoint",
+    "use_wandb": "logging.log_to_wandb",
+    "wandb_project": "logging.wandb_project",
+    "run_name": "logging.run_name",
+}
+PRECISION_FLAGS = ("bf16", "fp16")  # -> train.mixed_precision
+LISTS = {"data.files", "data.eval_files"}
+TRUE, FALSE = {"true", "1", "yes", "y", "on"}, {"false", "0", "no", "n", "off"}
+DEFAULTS = {"model": {"source": "hf"}, "data": {"mode": "instruction"}, "lora": {"enabled": True}}
+
+
+def _value(flag: str, raw: str) -> Any:
+    """A flag's text as YAML would read it (numbers, booleans in any case, lists)."""
+    low = raw.strip().lower()
+    if low in TRUE:
+        return True
+    if low in FALSE:
+        return False
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def _suggest(flag: str) -> str:
+    names = [*FLAGS, *PRECISION_FLAGS, "config"]
+    close = difflib.get_close_matches(flag, names, n=1, cutoff=0.6)
+    hint = f" Did you mean --{close[0]}?" if close else ""
+    return f"Unknown flag --{flag}.{hint} `stackwise finetune --help` lists them all."
+
+
+def parse_flags(argv: list[str]) -> tuple[dict[str, Any], str | None, list[str]]:
+    """({flag: value}, the --config file, dotted overrides). A flag without a value is true."""
+    flags: dict[str, Any] = {}
+    config_file, overrides = None, []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            if "=" not in arg:
+                raise StackWiseError(
+                    f"'{arg}' is neither a --flag nor a key=value override. Put flag values "
+                    "right after their flag, e.g. --learning_rate 2e-4."
+                )
+            overrides.append(arg)
+            i += 1
+            continue
+        name, _, inline = arg[2:].partition("=")
+        name = name.replace("-", "_")
+        has_value = inline != "" or (i + 1 < len(argv) and not argv[i + 1].startswith("--"))
+        raw = inline if inline else (argv[i + 1] if has_value else "true")
+        i += 1 if inline or not has_value else 2
+        if name == "config":
+            config_file = raw
+        elif name in FLAGS or name in PRECISION_FLAGS:
+            flags[name] = _value(name, raw)
+        else:
+            raise StackWiseError(_suggest(name))
+    return flags, config_file, overrides
+
+
+def _put(data: dict[str, Any], key: str, value: Any) -> None:
+    *sections, leaf = key.split(".")
+    node = data
+    for s in sections:
+        node = node.setdefault(s, {})
+    node[leaf] = [value] if key in LISTS and isinstance(value, str) else value
+
+
+def _apply_flat(data: dict[str, Any], flat: dict[str, Any], origin: str) -> None:
+    """Flat seed keys (from flags or a file) into `data`'s sections; fp16/bf16 pick the
+    precision, and asking for both is refused."""
+    want = {p for p in PRECISION_FLAGS if flat.get(p) is True}
+    if len(want) > 1:
+        raise StackWiseError(f"{origin} asks for both fp16 and bf16; keep one.")
+    if want:
+        _put(data, "train.mixed_precision", want.pop())
+    elif any(flat.get(p) is False for p in PRECISION_FLAGS) and all(
+        flat.get(p) is not True for p in PRECISION_FLAGS
+    ):
+        _put(data, "train.mixed_precision", "no")
+    for key, value in flat.items():
+        if key in FLAGS:
+            _put(data, FLAGS[key], value)
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise StackWiseError(f"--config '{path}' does not exist. Give a JSON or YAML file.")
+    text = file.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise StackWiseError(f"--config '{path}' is not valid JSON/YAML: {err}.") from None
+    if not isinstance(data, dict):
+        raise StackWiseError(f"--config '{path}' must hold a mapping of keys to values.")
+    return data
+
+
+def finetune_config(argv: list[str]) -> Any:
+    """The config of a `stackwise finetune` command line."""
+    from stackwise.config import from_dict
+    from stackwise.config.loading import apply_overrides
+
+    flags, config_file, overrides = parse_flags(argv)
+    data: dict[str, Any] = json.loads(json.dumps(DEFAULTS))
+    if config_file:
+        given = _read_file(config_file)
+        flat = {k: v for k, v in given.items() if k in FLAGS or k in PRECISION_FLAGS}
+        nested = {k: v for k, v in given.items() if k not in flat}
+        for section, values in nested.items():
+            if isinstance(values, dict) and isinstance(data.get(section), dict):
+                data[section] = {**data[section], **values}
+            else:
+                data[section] = values
+        _apply_flat(data, flat, f"--config {config_file}")
+    _apply_flat(data, flags, "The command line")
+    data = apply_overrides(data, overrides)
+    return from_dict(data)

@@ -1,0 +1,120 @@
+"""The subcommands and branches of Hugging Face fine-tuning: `finetune`, `data preview`,
+`generate --chat`, and `merge-lora` on a fine-tuned run."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from stackwise.errors import StackWiseError
+
+
+def cmd_finetune(ns: argparse.Namespace) -> int:
+    """Fine-tune a Hugging Face causal LM with LoRA (default) or QLoRA on chat/instruction data:
+    the seed's flags (--model_name_or_path DIR --train_file F.jsonl [--eval_file E.jsonl]
+    --use_lora True --load_in_4bit True --num_train_epochs 3 --learning_rate 2e-4
+    --train_batch_size 1 --gradient_accumulation_steps 4 --output_dir OUT [--config F]),
+    then dotted key=value overrides. Flags override the --config file (JSON or YAML, with the
+    same flat names or our sections)."""
+    from stackwise.cli.common import run_summary
+    from stackwise.cli.finetune import finetune_config
+    from stackwise.pipeline import train_from_config
+
+    start = time.monotonic()
+    config = finetune_config(ns.args)
+    result = train_from_config(config)
+    if not result.trainer.accelerator.is_main_process:
+        return 0
+    print(f"Saved the fine-tuned model to {result.output_dir}")
+    show_replies(result, config.sample.num_samples)
+    print(run_summary(result, time.monotonic() - start))
+    return 0
+
+
+def show_replies(result: Any, n: int) -> None:
+    """A fine-tuned model's replies to the first evaluation conversations (or sample.prompt)."""
+    from stackwise.hf.chat import questions, reply
+
+    sample = result.config.sample
+    for i, convo in enumerate(questions(result.data, n, sample.prompt)):
+        answer = reply(result.rack, result.data.tokenizer, convo, sample, seed=i)
+        print(f"--- sample {i + 1} ---\n{convo[-1]['role']}: {convo[-1]['content']}")
+        print(f"assistant: {answer.strip()}")
+
+
+def is_finetuned(folder: str | Path) -> bool:
+    """Whether a run folder (or one of its checkpoints) holds a Hugging Face fine-tune."""
+    import yaml
+
+    path = Path(folder)
+    for cfg in (path / "config.yaml", path.parent / "config.yaml"):
+        if cfg.is_file():
+            data = yaml.safe_load(cfg.read_text(encoding="utf-8")) or {}
+            return (data.get("model") or {}).get("source") == "hf"
+    return False
+
+
+def generate_chat(ns: argparse.Namespace, overrides: dict[str, Any]) -> int:
+    """`generate` on a fine-tuned run: a reply to --chat, rendered with the run's template."""
+    from stackwise.hf.chat import reply
+    from stackwise.hf.outputs import load_finetuned
+
+    if ns.chat is None:
+        raise StackWiseError(
+            f"'{ns.checkpoint}' is a fine-tuned chat model: ask it with --chat \"question\" "
+            "(the question is rendered with its chat template)."
+        )
+    masked = [k for k in ("steps", "sampler", "remasking", "block_length") if overrides.get(k)]
+    if masked:
+        flag = "--" + masked[0].replace("_", "-")
+        raise StackWiseError(f"{flag} applies to masked racks; a causal LM replies left to right.")
+    config, model, tok = load_finetuned(Path(ns.checkpoint))
+    for i in range(ns.num_samples):
+        text = reply(model, tok, ns.chat, config.sample, seed=ns.seed + i, overrides=overrides)
+        if ns.num_samples > 1:
+            print(f"--- sample {i + 1} ---")
+        print(text.strip() or "(an empty reply: the model ended its turn at once)")
+    return 0
+
+
+def merge_finetuned(ns: argparse.Namespace) -> int:
+    from stackwise.hf.outputs import merge_run
+
+    if ns.requantize:
+        raise StackWiseError(
+            "--requantize applies to rack stacks; a merged HF model is saved plain."
+        )
+    report = merge_run(Path(ns.checkpoint), Path(ns.out))
+    print(
+        f"Merged the LoRA adapter of {ns.checkpoint} into its base (dequantized where it was "
+        f"quantized) and saved {ns.out}.\nLogits vs base + adapter: max |diff| "
+        f"{report['max_logit_drift']:.3g} (largest logit {report['logit_scale']:.3g})."
+    )
+    return 0
+
+
+def cmd_data(ns: argparse.Namespace) -> int:
+    """preview CONFIG [key=value ...]: render the first instruction example (or --index N) with
+    its training targets marked [[like this]], and count what the data holds."""
+    from stackwise.chat.build import build_chat_data
+    from stackwise.chat.preview import marked
+    from stackwise.cli.common import load_args
+    from stackwise.hf.load import load_tokenizer
+
+    config = load_args(ns.args)
+    if config.data.mode != "instruction":
+        raise StackWiseError(
+            "data preview shows the targets of instruction data; this config has "
+            "data.mode: pretraining, where every token is a target."
+        )
+    m = config.model
+    data = build_chat_data(config, load_tokenizer(m.model_name_or_path, m.trust_remote_code))
+    rows = data.train
+    if not 0 <= ns.index < len(rows):
+        raise StackWiseError(f"--index {ns.index} is out of range: there are {len(rows)} rows.")
+    row = rows[ns.index]
+    print(marked(data.tokenizer, row["input_ids"].tolist(), row["labels"].tolist()))
+    print(f"--- {data.describe}")
+    return 0

@@ -1,0 +1,152 @@
+"""`stackwise finetune`, `generate --chat`, `merge-lora` and `data preview` on fine-tuned runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from hf_fixtures import chat_file, tiny_hf
+
+from stackwise.cli import main
+from stackwise.cli.finetune import finetune_config
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ftcli")
+    return {
+        "model": tiny_hf(root / "m"),
+        "chat": chat_file(root / "c.jsonl", n=24),
+        "eval": chat_file(root / "e.jsonl", n=4, seed=5),
+        "root": root,
+    }
+
+
+def seed_flags(files, out) -> list[str]:
+    return [
+        "--model_name_or_path", str(files["model"]), "--train_file", str(files["chat"]),
+        "--eval_file", str(files["eval"]), "--use_lora", "True", "--num_train_epochs", "1",
+        "--learning_rate", "2e-3", "--train_batch_size", "4", "--gradient_accumulation_steps",
+        "2", "--output_dir", str(out), "--max_seq_length", "128",
+    ]  # fmt: skip
+
+
+def test_seed_flags_and_file_keys_become_the_config(files, tmp_path):
+    cfg_file = tmp_path / "ft.json"
+    cfg_file.write_text(
+        json.dumps(
+            {
+                "lora_r": 4,
+                "lora_alpha": 8,
+                "warmup_ratio": 0.1,
+                "lr_scheduler_type": "linear",
+                "early_stopping_patience": 2,
+                "use_wandb": False,
+                "bf16": True,
+                "learning_rate": 1e-5,  # the flag below wins
+                "logging": {"log_every": 3},
+            }
+        )
+    )
+    cfg = finetune_config([*seed_flags(files, tmp_path / "o"), "--config", str(cfg_file)])
+    assert cfg.model.source == "hf" and cfg.data.mode == "instruction" and cfg.lora.enabled
+    assert cfg.data.files == [str(files["chat"])] and cfg.data.eval_files == [str(files["eval"])]
+    assert (cfg.lora.rank, cfg.lora.alpha, cfg.train.lr) == (4, 8.0, 2e-3)
+    assert cfg.train.warmup_ratio == 0.1 and cfg.train.scheduler == "linear"
+    assert cfg.train.early_stopping_patience == 2 and cfg.train.mixed_precision == "bf16"
+    assert cfg.train.num_train_epochs == 1.0 and cfg.train.grad_accum_steps == 2
+    assert cfg.logging.log_every == 3 and cfg.data.seq_len == 128
+    yaml_file = tmp_path / "ft.yaml"
+    yaml_file.write_text(yaml.safe_dump({"fp16": True}))
+    assert (
+        finetune_config(
+            [*seed_flags(files, tmp_path), "--config", str(yaml_file)]
+        ).train.mixed_precision
+        == "fp16"
+    )
+
+
+def test_a_bad_flag_gets_the_nearest_one(files, capsys):
+    assert (
+        main(["finetune", "--model_name_or_path", str(files["model"]), "--lerning_rate", "1"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert (
+        "Unknown flag --lerning_rate" in err and "--learning_rate" in err and "Traceback" not in err
+    )
+
+
+def test_finetune_then_chat_merge_and_preview(files, tmp_path, capsys):
+    out = tmp_path / "run"
+    flags = [*seed_flags(files, out), "--bf16", "False"]  # an fp32 base: the merge is exact
+    assert main(["finetune", *flags, "sample.num_samples=1", "sample.max_new_tokens=4"]) == 0
+    printed = capsys.readouterr().out
+    assert "--- sample 1 ---\nuser: Repeat:" in printed and "--chat" in printed
+    assert (out / "adapter_model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    assert (
+        main(
+            [
+                "generate",
+                "--checkpoint",
+                str(out),
+                "--chat",
+                "Repeat: sun",
+                "--temperature",
+                "0",
+                "--max-new-tokens",
+                "5",
+            ]
+        )
+        == 0
+    )
+    reply = capsys.readouterr().out.strip()
+    assert reply and (len(reply) <= 5 * 8 or reply.startswith("(an empty reply"))
+    assert main(["generate", "--checkpoint", str(out), "--prompt", "x"]) == 2
+    assert "--chat" in capsys.readouterr().err
+    merged = tmp_path / "merged"
+    assert main(["merge-lora", str(out), str(merged)]) == 0
+    text = capsys.readouterr().out
+    drift = float(text.split("max |diff| ")[1].split(" ")[0])
+    assert drift < 1e-4  # fp32 base: merging is exact up to rounding
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.randint(4, 200, (1, 10))
+    plain = AutoModelForCausalLM.from_pretrained(str(merged)).eval()
+    adapted = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(str(files["model"])), str(out)
+    ).eval()
+    with torch.no_grad():
+        assert torch.allclose(plain(input_ids=ids).logits, adapted(input_ids=ids).logits, atol=1e-4)
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"source": "hf", "model_name_or_path": str(files["model"])},
+                "data": {"mode": "instruction", "files": [str(files["chat"])], "seq_len": 128},
+                "lora": {"enabled": True},
+            }
+        )
+    )
+    assert main(["data", "preview", str(cfg), "--index", "1"]) == 0
+    shown = capsys.readouterr().out
+    assert "[[" in shown and "<eos>]]" in shown and "target tokens" in shown
+
+
+def test_qlora_merges_into_the_dequantized_base(files, tmp_path, capsys):
+    out = tmp_path / "q"
+    flags = [*seed_flags(files, out), "--load_in_4bit", "True", "--max_steps", "2"]
+    i = flags.index("--num_train_epochs")
+    del flags[i : i + 2]
+    assert main(["finetune", *flags, "lora.save_merged=true", "sample.num_samples=0"]) == 0
+    assert (out / "merged" / "model.safetensors").is_file()
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(str(out / "merged"))
+    assert not any("4bit" in type(m).__name__ for m in merged.modules())
+    capsys.readouterr()
+    assert main(["merge-lora", str(out), str(tmp_path / "m2")]) == 0
+    drift = float(capsys.readouterr().out.split("max |diff| ")[1].split(" ")[0])
+    assert drift < 0.05  # the 4-bit path computes in bf16; the merged model in fp32
