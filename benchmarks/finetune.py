@@ -40,7 +40,7 @@ def build_inputs(root: Path, n_train: int, n_eval: int) -> tuple[Path, Path, Pat
     cfg = LlamaConfig(
         vocab_size=len(tok),
         hidden_size=256,
-        intermediate_size=688,
+        intermediate_size=704,
         num_hidden_layers=4,
         num_attention_heads=8,
         num_key_value_heads=4,

@@ -41,6 +41,8 @@ def main() -> None:
         n_prompt = len(tok(prompt, add_special_tokens=False)["input_ids"])
         labels = [-100] * n_prompt + ids[n_prompt:]
         labels[0] = -100
+        if ids[-1] != tok.eos_token_id and ids[-2] == tok.eos_token_id:  # the template's "\n"
+            labels[-1] = -100
         return {"input_ids": ids, "labels": labels[: len(ids)]}
 
     rows = [json.loads(x) for x in Path(train_file).read_text().splitlines()]

@@ -66,11 +66,10 @@ def with_epochs(config: Config, n_rows: int) -> Config:
     tc = config.train
     if tc.num_train_epochs is None:
         return config
-    from accelerate import PartialState
-
     from stackwise.config import derive
+    from stackwise.train.hardware import process_state
 
-    per_step = tc.batch_size * tc.grad_accum_steps * PartialState().num_processes
+    per_step = tc.batch_size * tc.grad_accum_steps * process_state().num_processes
     steps = max(1, math.ceil(tc.num_train_epochs * n_rows / per_step))
     changes = {"train.max_steps": steps, "train.num_train_epochs": None}
     return derive(config, changes, "train.num_train_epochs")

@@ -134,3 +134,34 @@ def test_progressive_qlora_trunk_under_torchrun(tmp_path):
     check_progressive(proc, out)
     meta = json.loads((out / "stacks" / "stack_0.json").read_text())
     assert meta["storage"] == "nf4" and "trunk" in meta["adapters"], meta
+
+
+def test_finetune_under_torchrun_normalizes_over_both_ranks(tmp_path):
+    """Two ranks of batch 2 score the step's 4 examples as one process of batch 4 does: the
+    loss is the mean over all targets of both ranks, not a mean of per-rank means."""
+    from hf_fixtures import chat_file, tiny_hf
+
+    model, chat = tiny_hf(tmp_path / "m"), chat_file(tmp_path / "c.jsonl", n=24)
+    losses = []
+    for world, batch in ((WORLD, 2), (1, 4)):
+        out = tmp_path / f"w{world}"
+        flags = [
+            "finetune", "--model_name_or_path", str(model), "--train_file", str(chat),
+            "--max_steps", "1", "--train_batch_size", str(batch), "--output_dir", str(out),
+            "--bf16", "False", "logging.log_every=1", "sample.num_samples=0",
+        ]  # fmt: skip
+        launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world)]
+        cmd = [sys.executable, *launcher, "-m", "stackwise.cli", *flags]
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")},
+            "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env=env, timeout=180, check=False
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        losses.append(next(r["train/loss"] for r in rows if "train/loss" in r))
+        assert (out / "adapter_model.safetensors").is_file()
+    assert abs(losses[0] - losses[1]) < 1e-5, losses

@@ -219,3 +219,58 @@ def test_hf_keys_on_a_rack_and_bad_combinations_are_refused(hf, tmp_path):
         hf_config(hf["llama"], hf["chat"], tmp_path, model={"d_model": 64})
     with pytest.raises(StackWiseError, match="not a local model folder"):
         train_from_config(hf_config(tmp_path / "nowhere", hf["chat"], tmp_path / "r"))
+
+
+def test_trained_embeddings_stay_tied(hf, tmp_path):
+    """modules_to_save: [lm_head] on a tied model trains one matrix that both ends use."""
+    cfg = hf_config(hf["llama"], hf["chat"], tmp_path / "t", lora={"modules_to_save": ["lm_head"]})
+    res = train_from_config(cfg)
+    full = [n for n, p in res.rack.named_parameters() if p.requires_grad and "lora_" not in n]
+    assert len(full) == 1 and "embed_tokens" in full[0]
+    emb, head = res.rack.get_input_embeddings(), res.rack.get_output_embeddings()
+    assert (
+        emb.modules_to_save["default"].weight.data_ptr()
+        == head.modules_to_save["default"].weight.data_ptr()
+    )
+
+
+def test_gradient_checkpointing_recomputes_and_lora_still_learns(hf, tmp_path):
+    from stackwise.hf.adapter import HFAdapter
+
+    for flag, calls_wanted in ((False, 1), (True, 2)):
+        cfg = hf_config(
+            hf["llama"], hf["chat"], tmp_path / str(flag), model={"gradient_checkpointing": flag}
+        )
+        model = HFAdapter().build(cfg, 0).train()
+        calls: list[int] = []
+        mlp = model.get_base_model().model.layers[0].mlp  # inside the checkpointed forward
+        mlp.register_forward_pre_hook(lambda *_, c=calls: c.append(1))
+        ids = torch.randint(4, 200, (2, 16))
+        model(input_ids=ids, labels=ids).loss.backward()
+        assert len(calls) == calls_wanted
+        grads = [p.grad for n, p in model.named_parameters() if "lora_B" in n]
+        assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+@pytest.mark.parametrize("init", ["pissa", "olora", "gaussian"])
+def test_lora_initializations_train(hf, tmp_path, init):
+    cfg = hf_config(
+        hf["llama"],
+        hf["chat"],
+        tmp_path / init,
+        lora={"init_lora_weights": init},
+        train={"max_steps": 1},
+    )
+    res = train_from_config(cfg)
+    want = {"pissa": "pissa", "olora": "olora", "gaussian": "gaussian"}[init]
+    assert res.rack.peft_config["default"].init_lora_weights == want and res.state.step == 1
+
+
+def test_parquet_rows_train(hf, tmp_path):
+    import datasets
+
+    rows = [json.loads(x) for x in hf["chat"].read_text().splitlines()]
+    path = tmp_path / "chat.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(path))
+    res = train_from_config(hf_config(hf["llama"], path, tmp_path / "pq", train={"max_steps": 1}))
+    assert res.data.chat.examples == len(rows) - 2  # 5% held out, at least one... rounded

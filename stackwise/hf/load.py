@@ -22,9 +22,9 @@ FULL_WEIGHTS = "model.safetensors"
 
 def device_now() -> torch.device:
     """The device Accelerate gives this process (the Trainer's)."""
-    from accelerate import PartialState
+    from stackwise.train.hardware import process_state
 
-    return PartialState().device
+    return process_state().device
 
 
 def source_path(name: str) -> str:
@@ -115,7 +115,11 @@ def load_base(config: Any, device: torch.device) -> nn.Module:
         pin_nf4_layout(model)  # bitsandbytes' AVX512-BF16 eval repacking drifts the weights
     model.config.use_cache = False  # the KV cache only serves generation
     if m.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        recompute = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=recompute)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=recompute)
         model.enable_input_require_grads()  # so LoRA under checkpointing still gets gradients
     return model
 

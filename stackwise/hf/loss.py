@@ -18,13 +18,16 @@ def forward_logits(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Te
     return model(input_ids=batch["input_ids"], use_cache=False, **kwargs).logits
 
 
-def target_sums(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed NLL, per-target correctness) of next-token targets (labels shifted by one)."""
-    targets = labels[:, 1:]
+def target_sums(
+    logits: torch.Tensor, labels: torch.Tensor, hits: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(summed NLL, with `hits` the per-target correctness) of next-token targets."""
+    targets = labels[:, 1:].reshape(-1)
     flat = logits[:, :-1].reshape(-1, logits.size(-1)).float()
-    nll = F.cross_entropy(flat, targets.reshape(-1), ignore_index=IGNORE, reduction="sum")
-    hit = (flat.argmax(-1) == targets.reshape(-1)) & (targets.reshape(-1) != IGNORE)
-    return nll, hit
+    nll = F.cross_entropy(flat, targets, ignore_index=IGNORE, reduction="sum")
+    if not hits:
+        return nll, None
+    return nll, (flat.argmax(-1) == targets) & (targets != IGNORE)
 
 
 def target_count(batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -44,7 +47,8 @@ def evaluate_targets(model: nn.Module, loader: Any, acc: Any, max_batches: int) 
         batch = {k: v.to(acc.device) for k, v in batch.items()}
         with acc.autocast():
             logits = forward_logits(model, batch)
-        nll, hit = target_sums(logits, batch["labels"])
+        nll, hit = target_sums(logits, batch["labels"], hits=True)
+        assert hit is not None
         sums += torch.stack([nll.double(), target_count(batch).double(), hit.sum().double()])
     total, n, correct = acc.reduce(sums, reduction="sum").tolist()
     loss = total / max(n, 1.0)

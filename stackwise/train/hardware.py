@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -95,6 +96,15 @@ def describe_precision(setting: str, device: torch.device | None = None) -> str:
         else verdict.summary()
     )
     return f"{name} ({'auto: ' if setting == 'auto' else ''}{measured})"
+
+
+def process_state() -> Any:
+    """Accelerate's process state (rank, world, device) before any Accelerator exists. It is a
+    singleton, so it must be made as make_accelerator makes it: told it may run on the CPU,
+    or DDP under torchrun would never start."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
 
 
 def make_accelerator(mixed_precision: str) -> Accelerator:

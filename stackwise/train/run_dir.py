@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from datetime import datetime
@@ -142,6 +143,8 @@ def precheck_run_dir(config: Config) -> None:
     """Before data preparation and the model build: a run that would be refused for its
     output folder or its resume path is refused now, in seconds. Reads only; the real claim
     (lock, clearing) is made by claim_output_dir."""
+    if os.environ.get("RANK", "0") != "0":
+        return  # rank 0 checks; the others would race with its claim of the folder
     tc = config.train
     given = run_dir_of(config, None)
     if given is None and tc.output_dir is None and config.logging.run_name is None:
