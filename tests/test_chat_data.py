@@ -224,3 +224,35 @@ def test_packed_rows_restart_positions(tok):
         sum(x != IGNORE for x in lab) for _, lab in ex
     )
     assert torch.equal(batch["input_ids"][0, : len(packed[0]["input_ids"])], packed[0]["input_ids"])
+
+
+def test_missing_replies_and_ignored_text_fields_are_refused(tok):
+    with pytest.raises(StackWiseError, match="'response' is missing or null"):
+        to_messages({"prompt": "q", "response": None}, "prompt_response", 4, [])
+    with pytest.raises(StackWiseError, match="turn 1 is missing or null"):
+        to_messages(
+            {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": None},
+                ]
+            },
+            "messages",
+            0,
+            [],
+        )
+    rows = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}]
+    cfg = DataConfig(mode="instruction", files=["x.jsonl"], text_field="body")
+    with pytest.raises(StackWiseError, match=r"data\.text_field names the fields"):
+        examples_of(rows, tok, cfg, ChatStats())
+
+
+def test_errors_name_the_file_and_row(tmp_path, tok):
+    from stackwise.chat.sources import load_rows
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "a", "response": "b"}\n{"prompt": "c", "completion": "d"}\n')
+    cfg = DataConfig(mode="instruction", files=[str(path)])
+    rows, _ = load_rows(cfg)
+    with pytest.raises(StackWiseError, match=r"Example 1 \(row 2 of bad.jsonl\)"):
+        examples_of(rows, tok, cfg, ChatStats())

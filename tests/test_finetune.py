@@ -169,8 +169,8 @@ def test_qlora_quantizes_the_base_and_keeps_its_dtypes(hf, tmp_path):
     assert norms and all(p.dtype == torch.bfloat16 for p in norms)
     lora = [p for n, p in model.named_parameters() if p.requires_grad]
     assert lora and all(p.dtype == torch.float32 for p in lora)
-    before = json.loads((tmp_path / "q" / "history.json").read_text())["history"]
-    assert before[-1]["loss"] == pytest.approx(res.state.history[-1]["loss"])
+    # B starts at zero: it moved, so gradients flowed through the 4-bit base
+    assert all(p.abs().sum() > 0 for n, p in model.named_parameters() if "lora_B" in n)
 
 
 def test_lora_options_reach_peft_and_the_optimizer(hf, tmp_path):
@@ -198,8 +198,8 @@ def test_lora_options_reach_peft_and_the_optimizer(hf, tmp_path):
     )
     lrs = {g["name"]: g["initial_lr"] for g in res.trainer.optimizer.optimizer.param_groups}
     assert lrs["lora"] == 1e-3 and lrs["lora_B"] == pytest.approx(16e-3) and lrs["base"] == 1e-4
-    grads = [p.grad for n, p in res.rack.named_parameters() if "lora_A" in n]
-    assert res.state.step == 1 and grads
+    moved = [p.abs().sum() > 0 for n, p in res.rack.named_parameters() if "lora_B" in n]
+    assert res.state.step == 1 and moved and all(moved)  # B starts at zero
 
 
 def test_hf_keys_on_a_rack_and_bad_combinations_are_refused(hf, tmp_path):
@@ -254,6 +254,10 @@ def test_gradient_checkpointing_recomputes_and_lora_still_learns(hf, tmp_path):
 
 @pytest.mark.parametrize("init", ["pissa", "olora", "gaussian"])
 def test_lora_initializations_train(hf, tmp_path, init):
+    """PiSSA and OLoRA move the base's principal part into the adapter (the base changes);
+    gaussian leaves the base and draws A from a normal."""
+    from safetensors.torch import load_file
+
     cfg = hf_config(
         hf["llama"],
         hf["chat"],
@@ -262,8 +266,12 @@ def test_lora_initializations_train(hf, tmp_path, init):
         train={"max_steps": 1},
     )
     res = train_from_config(cfg)
-    want = {"pissa": "pissa", "olora": "olora", "gaussian": "gaussian"}[init]
-    assert res.rack.peft_config["default"].init_lora_weights == want and res.state.step == 1
+    assert res.rack.peft_config["default"].init_lora_weights == init and res.state.step == 1
+    original = load_file(str(hf["llama"] / "model.safetensors"))[
+        "model.layers.0.self_attn.q_proj.weight"
+    ]
+    q = res.rack.get_base_model().model.layers[0].self_attn.q_proj
+    assert torch.equal(q.base_layer.weight.float(), original.float()) == (init == "gaussian")
 
 
 def test_parquet_rows_train(hf, tmp_path):

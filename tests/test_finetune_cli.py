@@ -150,3 +150,60 @@ def test_qlora_merges_into_the_dequantized_base(files, tmp_path, capsys):
     assert main(["merge-lora", str(out), str(tmp_path / "m2")]) == 0
     drift = float(capsys.readouterr().out.split("max |diff| ")[1].split(" ")[0])
     assert drift < 0.05  # the 4-bit path computes in bf16; the merged model in fp32
+
+
+def test_checkpoints_full_tuning_and_remote_code(files, tmp_path, capsys):
+    """A checkpoint folder chats with the run's tokenizer; a full fine-tune has nothing to
+    merge; a run that trusted remote code is loaded only with --trust-remote-code."""
+    out = tmp_path / "full"
+    flags = [
+        *seed_flags(files, out),
+        "--use_lora",
+        "False",
+        "--max_steps",
+        "2",
+        "--save_steps",
+        "1",
+    ]
+    i = flags.index("--num_train_epochs")
+    del flags[i : i + 2]
+    assert main(["finetune", *flags, "sample.num_samples=0"]) == 0
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "generate",
+                "--checkpoint",
+                str(out / "checkpoint-1"),
+                "--chat",
+                "hi",
+                "--max-new-tokens",
+                "2",
+            ]
+        )
+        == 0
+    )
+    assert capsys.readouterr().out.strip()
+    assert main(["merge-lora", str(out), str(tmp_path / "m")]) == 2
+    assert "no adapter to merge" in capsys.readouterr().err
+    config = out / "config.yaml"
+    config.write_text(
+        config.read_text().replace("trust_remote_code: false", "trust_remote_code: true")
+    )
+    assert main(["generate", "--checkpoint", str(out), "--chat", "hi"]) == 2
+    assert "--trust-remote-code" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "generate",
+                "--checkpoint",
+                str(out),
+                "--chat",
+                "hi",
+                "--max-new-tokens",
+                "2",
+                "--trust-remote-code",
+            ]
+        )
+        == 0
+    )

@@ -46,6 +46,16 @@ HF_FIELDS: dict[str, tuple[Any, dict]] = {
     "model.model_name_or_path": ("SECOND_MODEL", {}),
     "data.mode": ("pretraining", {}),
 }
+# the fields whose value above is refused, and the words of their refusal; every other field
+# must train (a load failure does not count as a change)
+REFUSED = {
+    "data.chat_format": "has no field 'text'",
+    "data.dataset_name": "exactly one of",
+    "data.dataset_subset": "only apply with data.dataset_name",
+    "data.dataset_split": "only apply with data.dataset_name",
+    "model.source": "only applies to Hugging Face",
+    "data.mode": "only applies to source: files",
+}
 # tested one by one below
 HF_CUSTOM = {
     "model.attn_implementation",
@@ -137,6 +147,12 @@ def test_hf_field_changes_the_run_or_is_refused(field, world):
     before = fingerprint(world, base)
     after = fingerprint(world, set_path(base, field, fill(value, world)))
     assert after != before, f"{field}={value!r} changed nothing"
+    if field == "data.drop_unsupervised":  # the base run is the one refused here
+        assert before[0] == "refused" and isinstance(after, dict)
+    elif field in REFUSED:
+        assert after[0] == "refused" and REFUSED[field] in after[1], after
+    else:
+        assert isinstance(after, dict), after
 
 
 def test_table_covers_every_new_field():

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 
 from stackwise.chat.formats import detect_format, to_messages
 from stackwise.chat.labels import tokenize_conversation
+from stackwise.chat.sources import ORIGIN
 from stackwise.errors import StackWiseError
 
 IGNORE = -100
@@ -86,28 +87,36 @@ def examples_of(
     fields = [cfg.text_field] if isinstance(cfg.text_field, str) else list(cfg.text_field)
     fmt = cfg.chat_format
     if fmt == "auto":
-        fmt = detect_format(sorted(rows[0]) if rows else [], fields)
+        fmt = detect_format(sorted(k for k in rows[0] if k != ORIGIN) if rows else [], fields)
     stats.format = fmt
+    if fmt not in ("text",) and cfg.changed("text_field"):
+        raise StackWiseError(
+            f"data.text_field names the fields of plain-text rows, but these rows are "
+            f"'{fmt}' conversations, so it would do nothing. Remove it, or set "
+            "data.chat_format: text to train on those fields."
+        )
     out = []
-    for index, row in enumerate(rows):
-        messages = to_messages(row, fmt, index, fields)
+    for index, raw in enumerate(rows):
+        origin = raw.get(ORIGIN)
+        row = {k: v for k, v in raw.items() if k != ORIGIN}
+        where: int | str = f"{index} ({origin})" if origin else index
+        messages = to_messages(row, fmt, where, fields)
         last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=0)
         if len(stats.prompts) < 8 and last > 0:
             stats.prompts.append(messages[:last])
         tok = tokenize_conversation(
-            tokenizer, messages, index, cfg.train_on, cfg.train_on_eos, cfg.seq_len
+            tokenizer, messages, where, cfg.train_on, cfg.train_on_eos, cfg.seq_len
         )
         labels = [
             t if s and k > 0 else IGNORE
             for k, (t, s) in enumerate(zip(tok.ids, tok.supervised, strict=True))
         ]
-        stats.truncated += tok.truncated
         n_targets = sum(x != IGNORE for x in labels)
         if n_targets == 0:
             if not cfg.drop_unsupervised:
                 cut = " after data.seq_len cut it" if tok.truncated else ""
                 raise StackWiseError(
-                    f"Example {index} has no target token{cut} under data.train_on: "
+                    f"Example {where} has no target token{cut} under data.train_on: "
                     f"{cfg.train_on}, so training on it would learn nothing. Fix the example, "
                     "raise data.seq_len, or set data.drop_unsupervised: true to drop such "
                     "examples (they are counted in the run header)."
@@ -116,6 +125,7 @@ def examples_of(
             stats.dropped_examples.append(index)
             continue
         stats.examples += 1
+        stats.truncated += tok.truncated
         stats.tokens += len(tok.ids)
         stats.supervised += n_targets
         out.append((tok.ids, labels))

@@ -52,11 +52,11 @@ def detect_format(columns: list[str], text_fields: list[str]) -> str:
     )
 
 
-def _fail(index: int, problem: str) -> StackWiseError:
+def _fail(index: int | str, problem: str) -> StackWiseError:
     return StackWiseError(f"Example {index}: {problem}")
 
 
-def _text(value: Any, index: int, what: str) -> str:
+def _text(value: Any, index: int | str, what: str) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
@@ -64,7 +64,15 @@ def _text(value: Any, index: int, what: str) -> str:
     return value
 
 
-def _turns(turns: Any, index: int, role_key: str, content_key: str) -> list[Message]:
+def _reply(value: Any, index: int | str, what: str) -> str:
+    """A reply must be there: a missing one (None, as datasets fills absent columns) would
+    train the model to answer with nothing."""
+    if value is None:
+        raise _fail(index, f"{what} is missing or null. Give every example its reply.")
+    return _text(value, index, what)
+
+
+def _turns(turns: Any, index: int | str, role_key: str, content_key: str) -> list[Message]:
     if not isinstance(turns, list) or not turns:
         raise _fail(index, "the conversation is empty. Remove the example or give it turns.")
     out = []
@@ -79,19 +87,20 @@ def _turns(turns: Any, index: int, role_key: str, content_key: str) -> list[Mess
                 f"turn {j} has the unknown role {turn[role_key]!r}. Known roles: "
                 f"{', '.join(sorted(SPEAKERS))}.",
             )
-        out.append({"role": role, "content": _text(turn.get(content_key), index, f"turn {j}")})
+        read = _reply if role == "assistant" else _text
+        out.append({"role": role, "content": read(turn.get(content_key), index, f"turn {j}")})
     return out
 
 
-def _messages(row: dict, index: int, fields: list[str]) -> list[Message]:
+def _messages(row: dict, index: int | str, fields: list[str]) -> list[Message]:
     return _turns(row.get("messages"), index, "role", "content")
 
 
-def _sharegpt(row: dict, index: int, fields: list[str]) -> list[Message]:
+def _sharegpt(row: dict, index: int | str, fields: list[str]) -> list[Message]:
     return _turns(row.get("conversations"), index, "from", "value")
 
 
-def _prompt_response(row: dict, index: int, fields: list[str]) -> list[Message]:
+def _prompt_response(row: dict, index: int | str, fields: list[str]) -> list[Message]:
     answer_key = "response" if "response" in row else "completion"
     if answer_key not in row:
         raise _fail(index, "has 'prompt' but neither 'response' nor 'completion'.")
@@ -99,11 +108,11 @@ def _prompt_response(row: dict, index: int, fields: list[str]) -> list[Message]:
     if row.get("system"):
         out.append({"role": "system", "content": _text(row["system"], index, "'system'")})
     out.append({"role": "user", "content": _text(row.get("prompt"), index, "'prompt'")})
-    out.append({"role": "assistant", "content": _text(row[answer_key], index, answer_key)})
+    out.append({"role": "assistant", "content": _reply(row[answer_key], index, f"'{answer_key}'")})
     return out
 
 
-def _alpaca(row: dict, index: int, fields: list[str]) -> list[Message]:
+def _alpaca(row: dict, index: int | str, fields: list[str]) -> list[Message]:
     instruction = _text(row.get("instruction"), index, "'instruction'")
     extra = _text(row.get("input"), index, "'input'")
     prompt = f"{instruction}\n\n{extra}" if extra.strip() else instruction
@@ -111,12 +120,19 @@ def _alpaca(row: dict, index: int, fields: list[str]) -> list[Message]:
     if row.get("system"):
         out.append({"role": "system", "content": _text(row["system"], index, "'system'")})
     out.append({"role": "user", "content": prompt})
-    out.append({"role": "assistant", "content": _text(row.get("output"), index, "'output'")})
+    out.append({"role": "assistant", "content": _reply(row.get("output"), index, "'output'")})
     return out
 
 
-def _plain(row: dict, index: int, fields: list[str]) -> list[Message]:
+def _plain(row: dict, index: int | str, fields: list[str]) -> list[Message]:
     """Text fields joined: one assistant message, so every token is a training target."""
+    missing = [f for f in fields if f not in row]
+    if missing:
+        raise _fail(
+            index,
+            f"has no field {missing[0]!r} (its fields: {sorted(row)}). Set data.text_field to "
+            "its text fields, or data.chat_format to the format of its rows.",
+        )
     parts = [_text(row.get(f), index, f"'{f}'") for f in fields]
     return [{"role": "assistant", "content": "\n\n".join(p for p in parts if p)}]
 
@@ -130,7 +146,7 @@ CONVERTERS: dict[str, Callable[[dict, int, list[str]], list[Message]]] = {
 }
 
 
-def to_messages(row: dict, fmt: str, index: int, text_fields: list[str]) -> list[Message]:
+def to_messages(row: dict, fmt: str, index: int | str, text_fields: list[str]) -> list[Message]:
     """One row as messages; `index` (0-based) names it in errors."""
     messages = CONVERTERS[fmt](row, index, text_fields)
     if not any(m["content"].strip() for m in messages):

@@ -42,7 +42,7 @@ def _split(full: str, role: str, text: str, start: int, end: int) -> Turn:
     return Turn(role, (start, stop), (stop, end))
 
 
-def prefix_turns(tokenizer: Any, messages: list[dict], index: int) -> list[Turn]:
+def prefix_turns(tokenizer: Any, messages: list[dict], index: int | str) -> list[Turn]:
     """Every message's span by rendering prefixes; refuses a template that rewrites history."""
     full = render(tokenizer, messages)
     turns, before = [], render(tokenizer, [])
@@ -64,7 +64,7 @@ def prefix_turns(tokenizer: Any, messages: list[dict], index: int) -> list[Turn]
 
 
 def marked_turns(
-    tokenizer: Any, messages: list[dict], offsets: list[Span], index: int
+    tokenizer: Any, messages: list[dict], offsets: list[Span], index: int | str
 ) -> list[Turn]:
     """Assistant spans from `{% generation %}` markers, matched to the replies in order."""
     out = tokenizer.apply_chat_template(
@@ -93,7 +93,7 @@ def marked_turns(
 
 
 def _turns(
-    tokenizer: Any, messages: list[dict], offsets: list[Span], index: int, every_turn: bool
+    tokenizer: Any, messages: list[dict], offsets: list[Span], index: int | str, every_turn: bool
 ) -> list[Turn]:
     """Replies from the template's markers when it has them; the other turns (needed when every
     turn is trained, or every turn's end) by prefix rendering."""
@@ -139,7 +139,7 @@ def _minus(whole: Span, holes: list[Span]) -> list[Span]:
 def tokenize_conversation(
     tokenizer: Any,
     messages: list[dict],
-    index: int,
+    index: int | str,
     train_on: str,
     train_on_eos: str,
     max_length: int,
@@ -167,3 +167,17 @@ def adds_bos(tokenizer: Any) -> bool:
         cached = bool(probe) and probe[0] == tokenizer.bos_token_id
         tokenizer._stackwise_adds_bos = cached
     return cached
+
+
+def prompt_ids(tokenizer: Any, messages: list[dict]) -> list[int]:
+    """The ids a reply is generated after: the conversation with the assistant header,
+    tokenized exactly as training tokenized it (one pass, BOS as in training)."""
+    ids = list(
+        tokenizer(render(tokenizer, messages, generation_prompt=True), add_special_tokens=False)[
+            "input_ids"
+        ]
+    )
+    bos = tokenizer.bos_token_id
+    if bos is not None and adds_bos(tokenizer) and (not ids or ids[0] != bos):
+        ids = [bos, *ids]
+    return ids

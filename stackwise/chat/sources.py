@@ -8,6 +8,7 @@ from typing import Any
 
 from stackwise.errors import StackWiseError
 
+ORIGIN = "__origin__"  # a row's file and position, carried for error messages
 SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
@@ -38,7 +39,14 @@ def _rows_of_file(path: Path) -> list[dict]:
             f"Could not read '{path}' as {kind}: {first[:200]}. Check that it is valid {kind} "
             "(one JSON object per line for .jsonl)."
         ) from None
-    return ds.to_list()
+    return _named(ds.to_list(), path.name)
+
+
+def _named(rows: list[dict], source: str) -> list[dict]:
+    """Each row remembers where it came from, so an error can point at it."""
+    for i, row in enumerate(rows):
+        row[ORIGIN] = f"row {i + 1} of {source}"
+    return rows
 
 
 def _rows_of_dir(path: Path) -> list[dict]:
@@ -53,7 +61,7 @@ def _rows_of_dir(path: Path) -> list[dict]:
     if isinstance(ds, datasets.DatasetDict):
         split = "train" if "train" in ds else next(iter(ds))
         ds = ds[split]
-    return ds.to_list()
+    return _named(ds.to_list(), path.name)
 
 
 def _rows_of_hub(name: str, subset: str | None, split: str) -> list[dict]:
@@ -66,7 +74,7 @@ def _rows_of_hub(name: str, subset: str | None, split: str) -> list[dict]:
             f"{str(err)[:200]}. Offline, only datasets already in the local cache load; "
             "otherwise give local files with data.files."
         ) from None
-    return ds.to_list()
+    return _named(ds.to_list(), name)
 
 
 def load_rows(cfg: Any) -> tuple[list[dict], list[dict] | None]:

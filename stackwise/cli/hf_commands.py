@@ -70,7 +70,7 @@ def generate_chat(ns: argparse.Namespace, overrides: dict[str, Any]) -> int:
     if masked:
         flag = "--" + masked[0].replace("_", "-")
         raise StackWiseError(f"{flag} applies to masked racks; a causal LM replies left to right.")
-    config, model, tok = load_finetuned(Path(ns.checkpoint))
+    config, model, tok = load_finetuned(Path(ns.checkpoint), ns.trust_remote_code)
     for i in range(ns.num_samples):
         text = reply(model, tok, ns.chat, config.sample, seed=ns.seed + i, overrides=overrides)
         if ns.num_samples > 1:
@@ -86,7 +86,7 @@ def merge_finetuned(ns: argparse.Namespace) -> int:
         raise StackWiseError(
             "--requantize applies to rack stacks; a merged HF model is saved plain."
         )
-    report = merge_run(Path(ns.checkpoint), Path(ns.out))
+    report = merge_run(Path(ns.checkpoint), Path(ns.out), trust_remote_code=ns.trust_remote_code)
     print(
         f"Merged the LoRA adapter of {ns.checkpoint} into its base (dequantized where it was "
         f"quantized) and saved {ns.out}.\nLogits vs base + adapter: max |diff| "

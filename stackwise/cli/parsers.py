@@ -148,6 +148,7 @@ def _generate_parser(sub: Any, defaults: dict[str, Any] | None) -> None:
         help="turn off the config's sample.no_repeat_words",
     )
     g.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    _remote_code_flag(g)
     g.set_defaults(func=cmd_generate)
 
 
@@ -188,7 +189,16 @@ def _merge_lora_parser(sub: Any) -> None:
         action="store_true",
         help="store stacks whose base was quantized in that format again (smaller, lossy)",
     )
+    _remote_code_flag(m)
     m.set_defaults(func=cmd_merge_lora)
+
+
+def _remote_code_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="fine-tuned runs whose model needs its own Python code: allow running it",
+    )
 
 
 LR_FIND_FLAGS = {

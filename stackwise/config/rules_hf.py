@@ -36,7 +36,7 @@ CHAT_ONLY = [
     "dataset_subset",
     "dataset_split",
 ]
-PRETRAIN_ONLY = ("source", "format", "tokenizer", "bpe_vocab_size")
+PRETRAIN_ONLY = ("source", "format", "tokenizer", "bpe_vocab_size", "cache_dir")
 LORA_HF = [
     "target_modules",
     "use_dora",
@@ -102,7 +102,8 @@ def data_mode(s: DataConfig) -> Iterator[str]:
 
 @cross_rule
 def hf_runs(cfg: Config) -> Iterator[str]:
-    hf, m, lora = cfg.model.source == "hf", cfg.model, cfg.lora
+    """What a Hugging Face run reads, and the rack keys it would ignore."""
+    hf, lora = cfg.model.source == "hf", cfg.lora
     if hf != (cfg.data.mode == "instruction"):
         yield (
             "data.mode: instruction trains Hugging Face models (model.source: hf), and those "
@@ -117,23 +118,36 @@ def hf_runs(cfg: Config) -> Iterator[str]:
         if cfg.train.group_lr.base is not None:
             yield "train.group_lr.base only applies to Hugging Face models (model.source: hf)"
         return
-    gl = cfg.train.group_lr
-    if gl.lora is not None and not lora.enabled:
-        yield "train.group_lr.lora (the lora_lr) needs lora.enabled: true"
-    if gl.base is not None and lora.enabled and not lora.modules_to_save:
-        yield (
-            "train.group_lr.base sets the LR of base weights that train, and with LoRA none do "
-            "unless lora.modules_to_save names some; remove it or add modules_to_save"
-        )
     if cfg.objective.name != "clm":
         yield (
             f"objective {cfg.objective.name} is not available for Hugging Face models yet; "
             "fine-tune them with objective clm"
         )
-    if cfg.progressive.strategy != "end_to_end" or cfg.progressive.end_to_end_scope != "rackwise":
+    p = cfg.progressive
+    if p.strategy != "end_to_end" or p.end_to_end_scope != "rackwise":
         yield "progressive growth and local losses build racks; a Hugging Face model trains whole"
+    for name in ("save_rack", "save_stacks"):
+        if p.changed(name):
+            yield (
+                f"progressive.{name} chooses what a rack run saves; a fine-tuned model always "
+                "saves its adapter (or weights). Remove it"
+            )
+    for name in ("attention", "weighting", "random_length_ratio"):
+        if cfg.objective.changed(name):
+            yield (
+                f"objective.{name} applies to racks; a Hugging Face causal LM attends causally "
+                "and scores every target of its instruction rows. Remove it"
+            )
     if cfg.quant.enabled:
         yield "quant.* quantizes rack stacks; quantize a Hugging Face base with model.load_in_4bit"
+
+
+@cross_rule
+def hf_lora(cfg: Config) -> Iterator[str]:
+    """LoRA and LR groups of a Hugging Face run."""
+    if cfg.model.source != "hf":
+        return
+    m, lora = cfg.model, cfg.lora
     if (m.load_in_4bit or m.load_in_8bit) and not lora.enabled:
         yield (
             "a quantized base (model.load_in_4bit/8bit) is frozen, so only LoRA can train: set "
@@ -151,6 +165,14 @@ def hf_runs(cfg: Config) -> Iterator[str]:
                 yield f"lora.{name} needs lora.enabled: true"
     if lora.init_lora_weights == "loftq" and not m.load_in_4bit:
         yield "lora.init_lora_weights: loftq initializes from a 4-bit base; set model.load_in_4bit"
+    gl = cfg.train.group_lr
+    if gl.lora is not None and not lora.enabled:
+        yield "train.group_lr.lora (the lora_lr) needs lora.enabled: true"
+    if gl.base is not None and lora.enabled and not lora.modules_to_save:
+        yield (
+            "train.group_lr.base sets the LR of base weights that train, and with LoRA none do "
+            "unless lora.modules_to_save names some; remove it or add modules_to_save"
+        )
     for group in ("embeddings", "blocks", "head", "time", "trunk"):
         if getattr(cfg.train.group_lr, group) is not None:
             yield (

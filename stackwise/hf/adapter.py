@@ -16,6 +16,22 @@ from stackwise.hf.load import ADAPTER_WEIGHTS, FULL_WEIGHTS, device_now
 from stackwise.objectives.base import Objective
 from stackwise.train.adapters import ModelAdapter, register_model_adapter
 
+SHARD_INDEX = "model.safetensors.index.json"
+
+
+def _tied_keys(model: nn.Module) -> set[str]:
+    """State-dict entries that share storage with another (tied copies, which save_pretrained
+    leaves out of the file)."""
+    first: dict[int, str] = {}
+    tied = set()
+    for key, value in model.state_dict(keep_vars=True).items():
+        ptr = value.data_ptr()
+        if ptr in first:
+            tied |= {key, first[ptr]}
+        else:
+            first[ptr] = key
+    return tied
+
 
 @register_model_adapter("hf")
 class HFAdapter(ModelAdapter):
@@ -53,17 +69,15 @@ class HFAdapter(ModelAdapter):
     def evaluate(self, model: nn.Module, val_data: Any, acc: Any, tc: Any) -> dict[str, float]:
         from torch.utils.data import DataLoader
 
-        from stackwise.train.sampler import EpochSampler
-
         if val_data is None or len(val_data) == 0:
             return {}
+        # every row, strided over the ranks (none dropped: one eval row is still scored);
+        # the unwrapped model runs no DDP collective, so uneven shares cannot hang
+        mine = list(range(acc.process_index, len(val_data), acc.num_processes))
         loader = DataLoader(
-            val_data,
-            batch_size=tc.batch_size,
-            sampler=EpochSampler(len(val_data), 0, acc.process_index, acc.num_processes, False),
-            collate_fn=val_data.collate,
+            val_data, batch_size=tc.batch_size, sampler=mine, collate_fn=val_data.collate
         )
-        return hf_loss.evaluate_targets(model, loader, acc, tc.eval_batches)
+        return hf_loss.evaluate_targets(acc.unwrap_model(model), loader, acc, tc.eval_batches)
 
     def named_groups(self, model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
         from stackwise.hf.lora import named_groups
@@ -96,7 +110,7 @@ class HFAdapter(ModelAdapter):
     def load_weights(self, model: nn.Module, folder: Path) -> None:
         try:
             self._load_weights(model, folder)
-        except RuntimeError as err:  # tensor shapes differ: another rank or model
+        except (RuntimeError, OSError, ValueError) as err:  # other shapes, or a damaged file
             raise StackWiseError(
                 f"'{folder}' does not match this model ({str(err)[:160]}). It was made with "
                 "another base or LoRA settings; resume with its own config."
@@ -110,9 +124,21 @@ class HFAdapter(ModelAdapter):
 
             result = set_peft_model_state_dict(model, load_file(str(folder / ADAPTER_WEIGHTS)))
             unexpected = getattr(result, "unexpected_keys", [])
-        elif (folder / FULL_WEIGHTS).is_file():
-            result = model.load_state_dict(load_file(str(folder / FULL_WEIGHTS)), strict=False)
+        elif (folder / FULL_WEIGHTS).is_file() or (folder / SHARD_INDEX).is_file():
+            from transformers.modeling_utils import load_sharded_checkpoint
+
+            if (folder / SHARD_INDEX).is_file():  # a big model, saved in shards
+                result = load_sharded_checkpoint(model, str(folder), strict=False)
+            else:
+                result = model.load_state_dict(load_file(str(folder / FULL_WEIGHTS)), strict=False)
             unexpected = result.unexpected_keys
+            tied = _tied_keys(model)
+            missing = [k for k in result.missing_keys if k not in tied]
+            if missing:
+                raise StackWiseError(
+                    f"'{folder}' lacks weights of this model, such as {missing[0]}. Resume with "
+                    "the config that wrote it."
+                )
         else:
             raise StackWiseError(
                 f"'{folder}' holds no adapter or model weights ({ADAPTER_WEIGHTS} or "

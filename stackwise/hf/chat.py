@@ -19,6 +19,7 @@ def reply(
 ) -> str:
     """One assistant reply to `question` (text, or a conversation so far); sampling settings
     from `sample` (sample.* of the run) with `overrides` (the generate flags) on top."""
+    from stackwise.chat.labels import prompt_ids
     from stackwise.hf.outputs import generation_config
 
     settings = {
@@ -26,9 +27,7 @@ def reply(
         **{k: v for k, v in (overrides or {}).items() if v is not None},
     }
     messages = [{"role": "user", "content": question}] if isinstance(question, str) else question
-    ids = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-    )["input_ids"]
+    ids = torch.tensor([prompt_ids(tokenizer, messages)])
     device = next(model.parameters()).device
     gen = generation_config(model, tokenizer)
     gen.max_new_tokens, gen.use_cache = settings["max_new_tokens"], True

@@ -51,5 +51,7 @@ def evaluate_targets(model: nn.Module, loader: Any, acc: Any, max_batches: int) 
         assert hit is not None
         sums += torch.stack([nll.double(), target_count(batch).double(), hit.sum().double()])
     total, n, correct = acc.reduce(sums, reduction="sum").tolist()
-    loss = total / max(n, 1.0)
+    if n == 0:
+        return {}  # no target scored: no number, rather than a perfect 0.0
+    loss = total / n
     return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "accuracy": correct / max(n, 1.0)}

@@ -35,15 +35,16 @@ def final_files(folder: Path, model: nn.Module, tokenizer: Any, config: Any) -> 
         merge_run(folder, folder / MERGED, model=model, tokenizer=tokenizer, config=config)
 
 
-def _plain_base(config: Any, device: torch.device) -> nn.Module:
-    """The base as trained under: a quantized one dequantized (so the merge adds the adapter
-    to the weights it was trained against, not to the original full-precision ones)."""
+def _plain_base(config: Any) -> nn.Module:
+    """The base as trained under, on the CPU (the trained model may still fill the GPU): a
+    quantized one dequantized, so the merge adds the adapter to the weights it was trained
+    against rather than to the original ones; kept in the base's dtype."""
     from stackwise.hf.load import load_base
 
-    base = load_base(config, device)
+    base = load_base(config, torch.device("cpu"))
     if config.model.load_in_4bit or config.model.load_in_8bit:
         base = base.dequantize()
-    return base.float()
+    return base
 
 
 def merge_run(
@@ -53,21 +54,27 @@ def merge_run(
     tokenizer: Any = None,
     config: Any = None,
     probes: int = 4,
+    trust_remote_code: bool = False,
 ) -> dict[str, float]:
     """Write base + adapter merged into `out` (a plain HF model folder); returns the largest
     logit difference between the merged model and base + adapter on `probes` inputs."""
     from peft import PeftModel
 
     if config is None:
-        config, model, tokenizer = load_finetuned(run)
+        config, model, tokenizer = load_finetuned(run, trust_remote_code)
+    if not config.lora.enabled:
+        raise StackWiseError(
+            f"'{run}' fine-tuned the whole model (lora.enabled: false): there is no adapter "
+            "to merge, and the run folder already holds the full model."
+        )
     device = next(model.parameters()).device
-    merged = PeftModel.from_pretrained(_plain_base(config, device), str(run)).merge_and_unload()
+    merged = PeftModel.from_pretrained(_plain_base(config), str(run)).merge_and_unload()
     gen = torch.Generator().manual_seed(0)
     vocab = merged.get_output_embeddings().weight.shape[0]
-    ids = torch.randint(0, vocab, (probes, 32), generator=gen).to(device)
+    ids = torch.randint(0, vocab, (probes, 32), generator=gen)
     model.eval()
     with torch.no_grad():
-        want = model(input_ids=ids).logits.float()
+        want = model(input_ids=ids.to(device)).logits.float().cpu()
         got = merged(input_ids=ids).logits.float()
     drift = float((want - got).abs().max())
     out.mkdir(parents=True, exist_ok=True)
@@ -77,25 +84,45 @@ def merge_run(
     return {"max_logit_drift": drift, "logit_scale": float(want.abs().max())}
 
 
-def load_finetuned(folder: Path) -> tuple[Any, nn.Module, Any]:
-    """(config, base + adapter or the whole fine-tuned model, tokenizer) of a finished run."""
+def load_finetuned(folder: Path, trust_remote_code: bool = False) -> tuple[Any, nn.Module, Any]:
+    """(config, base + adapter or the whole fine-tuned model, tokenizer) of a finished run or
+    one of its checkpoints. A run whose config trusts remote code is only loaded when the
+    caller says so too (--trust-remote-code): a downloaded run folder must not run code."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from stackwise.config import load_config
     from stackwise.hf.load import ADAPTER_WEIGHTS, device_now, load_base
+    from stackwise.io.checkpoints import STATE
 
+    run = folder.parent if (folder / STATE).is_file() else folder  # a checkpoint's run
     config = load_config(folder / "config.yaml")
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    if config.model.trust_remote_code and not trust_remote_code:
+        raise StackWiseError(
+            f"'{folder}' was trained with model.trust_remote_code: true, so loading it runs "
+            "Python code from its model folder. Pass --trust-remote-code if you trust it."
+        )
+    tok_dir = next(
+        (d for d in (folder, run, run / "tokenizer") if (d / "tokenizer_config.json").is_file()),
+        None,
+    )
+    if tok_dir is None:
+        raise StackWiseError(
+            f"'{folder}' has no tokenizer files (nor has its run folder). Pass a run folder "
+            "that `stackwise finetune` wrote, or one of its checkpoint-N folders."
+        )
+    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), trust_remote_code=trust_remote_code)
     if (folder / ADAPTER_WEIGHTS).is_file():
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(load_base(config, device_now()), str(folder))
     elif (folder / "config.json").is_file():
-        model = AutoModelForCausalLM.from_pretrained(str(folder))
+        model = AutoModelForCausalLM.from_pretrained(
+            str(folder), trust_remote_code=trust_remote_code
+        )
     else:
         raise StackWiseError(
             f"'{folder}' holds neither a LoRA adapter nor a model. Pass the folder a finished "
-            "fine-tuning run wrote."
+            "fine-tuning run wrote, or one of its checkpoint-N folders."
         )
     model.eval()
     return config, model, tokenizer
