@@ -222,6 +222,23 @@ class TextStream:
         self.written = text
 
 
+def chat_reply(
+    config: Config,
+    rack: Rack,
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict],
+    seed: int = 0,
+    **overrides: object,
+) -> str:
+    """A rack trained on instruction rows answers `messages`: the conversation rendered with
+    its chat template up to the assistant header is the prompt; the reply ends at EOS."""
+    from stackwise.chat.template import render
+
+    prompt = render(tokenizer, messages, generation_prompt=True)
+    out = generate(config, rack, tokenizer, prompt, 1, seed, **overrides)
+    return tokenizer.decode(out.ids[0, out.prompt_len :].tolist(), skip_special_tokens=True)
+
+
 def sample_texts(*args: Any, **kwargs: Any) -> list[str]:
     """The decoded texts of `generate` (same arguments)."""
     return generate(*args, **kwargs).texts

@@ -8,6 +8,7 @@ from accelerate.utils import set_seed
 
 from stackwise.config import Config
 from stackwise.data.pack import PreparedData, build_data
+from stackwise.data.tokenizer import make_tokenizer
 from stackwise.errors import StackWiseError
 from stackwise.io.lock import release_run_folder
 from stackwise.objectives import build_objective
@@ -88,7 +89,14 @@ def prepared(config: Config) -> tuple[Config, PreparedData]:
         from stackwise.hf.load import load_tokenizer
 
         m = config.model
-        data = build_chat_data(config, load_tokenizer(m.model_name_or_path, m.trust_remote_code))
+        if m.source == "hf":
+            tok = load_tokenizer(m.model_name_or_path or "", m.trust_remote_code)
+        else:
+            d = config.data
+            tok = make_tokenizer(d.tokenizer, [], d.bpe_vocab_size, d.cache_dir)
+        data = build_chat_data(config, tok)
+        if m.source == "rack":
+            config = resolve_vocab(config, len(tok))
     else:
         data = build_data(config.data)
         config = resolve_vocab(config, len(data.tokenizer))

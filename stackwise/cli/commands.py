@@ -32,7 +32,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
         return 0
     n, hf = config.sample.num_samples, config.model.source == "hf"
     print(f"Saved the {'fine-tuned model' if hf else 'trained rack'} to {result.output_dir}")
-    if hf:
+    if config.data.mode == "instruction":
         from stackwise.cli.hf_commands import show_replies
 
         show_replies(result, n)
@@ -67,12 +67,11 @@ def cmd_generate(ns: argparse.Namespace) -> int:
     overrides = {name: getattr(ns, name) for name in SAMPLE_OVERRIDES}
     if is_finetuned(ns.checkpoint):
         return generate_chat(ns, overrides)
-    if ns.chat is not None:
-        raise StackWiseError(
-            "--chat renders a question with a chat template, which only fine-tuned Hugging "
-            "Face models have; sample this rack with --prompt."
-        )
     config, rack, tok = load_trained(ns.checkpoint)
+    if ns.chat is not None:
+        from stackwise.cli.hf_commands import rack_chat
+
+        return rack_chat(ns, config, rack, tok, overrides)
     stream = None
     if ns.num_samples == 1:  # one sample is shown as it is made
 

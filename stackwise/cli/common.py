@@ -54,11 +54,14 @@ def run_summary(result: Any, seconds: float) -> str:
         at = f" (step {final['step']})" if "step" in final else ""
         lines.append(f"final{at}: " + final_eval_line(final).split(": ", 1)[1])
     lines.append("next:")
-    if result.config.model.source == "hf":
+    if result.config.data.mode == "instruction":
         lines += [
             f"  stackwise generate --checkpoint {out} --chat 'Hello!'",
-            f"  stackwise merge-lora {out} {shlex.quote(str(result.output_dir) + '-merged')}",
         ]
+        if result.config.model.source == "hf" and result.config.lora.enabled:
+            lines.append(
+                f"  stackwise merge-lora {out} {shlex.quote(str(result.output_dir) + '-merged')}"
+            )
     else:
         lines += [
             f"  stackwise generate --checkpoint {out} --prompt 'To be'",

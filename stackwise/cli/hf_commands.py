@@ -35,11 +35,15 @@ def cmd_finetune(ns: argparse.Namespace) -> int:
 
 def show_replies(result: Any, n: int) -> None:
     """A fine-tuned model's replies to the first evaluation conversations (or sample.prompt)."""
+    from stackwise.generate import chat_reply
     from stackwise.hf.chat import questions, reply
 
-    sample = result.config.sample
+    config, sample = result.config, result.config.sample
     for i, convo in enumerate(questions(result.data, n, sample.prompt)):
-        answer = reply(result.rack, result.data.tokenizer, convo, sample, seed=i)
+        if config.model.source == "hf":
+            answer = reply(result.rack, result.data.tokenizer, convo, sample, seed=i)
+        else:
+            answer = chat_reply(config, result.rack.eval(), result.data.tokenizer, convo, seed=i)
         print(f"--- sample {i + 1} ---\n{convo[-1]['role']}: {convo[-1]['content']}")
         print(f"assistant: {answer.strip()}")
 
@@ -76,6 +80,26 @@ def generate_chat(ns: argparse.Namespace, overrides: dict[str, Any]) -> int:
         if ns.num_samples > 1:
             print(f"--- sample {i + 1} ---")
         print(text.strip() or "(an empty reply: the model ended its turn at once)")
+    return 0
+
+
+def rack_chat(
+    ns: argparse.Namespace, config: Any, rack: Any, tok: Any, overrides: dict[str, Any]
+) -> int:
+    """`generate --chat` on a rack trained on instruction rows."""
+    from stackwise.generate import chat_reply
+
+    if config.data.mode != "instruction" or not getattr(tok, "chat_template", None):
+        raise StackWiseError(
+            "--chat renders a question with the chat template of a model trained on "
+            "instruction data; this rack was trained on plain text: sample it with --prompt."
+        )
+    messages = [{"role": "user", "content": ns.chat}]
+    for i in range(ns.num_samples):
+        if ns.num_samples > 1:
+            print(f"--- sample {i + 1} ---")
+        text = chat_reply(config, rack, tok, messages, ns.seed + i, **overrides).strip()
+        print(text or "(an empty reply: the model ended its turn at once)")
     return 0
 
 

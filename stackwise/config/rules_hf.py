@@ -36,7 +36,7 @@ CHAT_ONLY = [
     "dataset_subset",
     "dataset_split",
 ]
-PRETRAIN_ONLY = ("source", "format", "tokenizer", "bpe_vocab_size", "cache_dir")
+PRETRAIN_ONLY = ("source", "format", "bpe_vocab_size", "cache_dir")
 LORA_HF = [
     "target_modules",
     "use_dora",
@@ -85,8 +85,7 @@ def data_mode(s: DataConfig) -> Iterator[str]:
         if s.changed(name):
             yield (
                 f"data.{name} only applies to pretraining text; instruction data is read from "
-                "data.files, data.dataset_dir or data.dataset_name with the model's tokenizer. "
-                "Remove it"
+                "data.files, data.dataset_dir or data.dataset_name. Remove it"
             )
     given = [n for n in ("files", "dataset_dir", "dataset_name") if s.changed(n)]
     if len(given) != 1:
@@ -104,11 +103,11 @@ def data_mode(s: DataConfig) -> Iterator[str]:
 def hf_runs(cfg: Config) -> Iterator[str]:
     """What a Hugging Face run reads, and the rack keys it would ignore."""
     hf, lora = cfg.model.source == "hf", cfg.lora
-    if hf != (cfg.data.mode == "instruction"):
-        yield (
-            "data.mode: instruction trains Hugging Face models (model.source: hf), and those "
-            "train on instruction data; set both or neither"
-        )
+    chat = cfg.data.mode == "instruction"
+    if hf and not chat:
+        yield "a Hugging Face model (model.source: hf) trains on data.mode: instruction"
+    if hf and chat and cfg.data.tokenizer is not None:
+        yield "data.tokenizer: a Hugging Face model brings its own tokenizer; remove it"
     if not hf:
         for name in LORA_HF:
             if lora.changed(name):
@@ -189,3 +188,24 @@ def epochs(cfg: Config) -> Iterator[str]:
         yield "train.num_train_epochs sets max_steps from the data; remove one of them"
     if cfg.progressive.strategy == "progressive":
         yield "a progressive run budgets each stack: use progressive.epochs_per_stack instead"
+
+
+@cross_rule
+def rack_chat(cfg: Config) -> Iterator[str]:
+    """A rack on instruction data: causal LM or masked diffusion, end to end, unpacked."""
+    d = cfg.data
+    if cfg.model.source != "rack" or d.mode != "instruction":
+        return
+    if d.tokenizer is None or d.tokenizer == "char":
+        yield (
+            "a rack on instruction data needs data.tokenizer: a local tokenizer dir (its chat "
+            "template is used, or ours) or byte; a tokenizer trained on the rows is not built"
+        )
+    if cfg.objective.name not in ("clm", "diffusion"):
+        yield f"objective {cfg.objective.name} on instruction data: use clm or diffusion"
+    if cfg.progressive.strategy != "end_to_end" or cfg.progressive.end_to_end_scope != "rackwise":
+        yield "instruction data trains a rack end to end; progressive growth reads pretraining text"
+    if d.packing:
+        yield "data.packing needs a Hugging Face model; a rack attends across packed examples"
+    if cfg.objective.random_length_ratio:
+        yield "objective.random_length_ratio cuts pretraining rows; remove it for instruction data"

@@ -17,6 +17,8 @@ class CLM(Objective):
         real = real_tokens(batch, self.specials.pad_id)
         targets = torch.full_like(ids, IGNORE)
         nxt_ok = real[:, 1:] & real[:, :-1]
-        targets[:, :-1] = torch.where(nxt_ok, ids[:, 1:], IGNORE)
+        # instruction rows mark their targets (the replies); pretraining rows are all targets
+        nxt = batch["labels"][:, 1:] if "labels" in batch else ids[:, 1:]
+        targets[:, :-1] = torch.where(nxt_ok, nxt, IGNORE)
         weights = (targets != IGNORE).float()
         return Prepared.for_batch(batch, ids, targets, weights, weights.sum())

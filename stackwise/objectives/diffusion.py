@@ -1,7 +1,8 @@
 """Masked diffusion (MDLM/LLaDA): mask each token with probability 1 - alpha(t).
 
 Loss = sum_i w(t_i) * sum_{masked j} CE_ij / (number of real tokens), the NELBO per token, whose
-exponential bounds the perplexity.
+exponential bounds the perplexity. On instruction rows only reply tokens are masked and counted
+(LLaDA's SFT recipe: the prompt is always seen, the loss is per reply token).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import math
 
 import torch
 
-from stackwise.objectives.base import Objective, Prepared, Specials
+from stackwise.objectives.base import IGNORE, Objective, Prepared, Specials
 from stackwise.objectives.positions import masked_targets, real_tokens, uniforms
 from stackwise.objectives.schedules import Schedule
 
@@ -83,6 +84,8 @@ class Diffusion(Objective):
     ) -> Prepared:
         ids = batch["input_ids"]
         real = real_tokens(batch, self.specials.pad_id)
+        if "labels" in batch:  # instruction rows: only replies are masked, never the prompt
+            real = real & (batch["labels"] != IGNORE)
         frac = self.schedule.mask_fraction(t)
         masked = (uniforms(batch, gen, ids.shape[1], stream=1) < frac[:, None]) & real
         inputs = torch.where(masked, self.specials.mask_id, ids)

@@ -128,6 +128,15 @@ class RackAdapter(ModelAdapter):
             load_llama_weights(rack, config.model.init_from_hf)
         return rack
 
+    def micro_scales(self, micros: list[dict[str, torch.Tensor]], acc: Any) -> list[float]:
+        """Instruction rows: each micro-batch's mean over its targets, weighted by its share
+        of the step's targets on every rank (so every target weighs the same)."""
+        if "labels" not in micros[0]:
+            return super().micro_scales(micros, acc)
+        counts = [(b["labels"] != -100).sum() for b in micros]
+        total = float(acc.reduce(torch.stack(counts).sum(), "sum"))
+        return [float(c) * acc.num_processes / max(total, 1.0) for c in counts]
+
     def load(self, folder: Path) -> tuple[Config, nn.Module, Any]:
         from stackwise.io.trained import load_trained
 

@@ -43,6 +43,7 @@ def evaluate_model(
         val_data,
         batch_size=tc.batch_size,
         sampler=EpochSampler(len(val_data), 0, acc.process_index, acc.num_processes, False),
+        collate_fn=getattr(val_data, "collate", None),  # rows of their own lengths
     )
     keys = ("loss_sum", "norm", "nll_sum", "scored", "correct", "nelbo_sum", "bytes", "bytes_all")
     table = getattr(val_data, "bytes_per_token", None)  # text length of each token id
