@@ -117,7 +117,7 @@ def test_an_imported_causal_trunk_adapts_to_diffusion(tiny, imported, tmp_path):
     [
         ({"model": {"d_model": 64}}, r"model.d_model=64 \(the checkpoint has 32\)"),
         ({"model": {"blocks_per_stack": 3}}, "does not divide"),
-        ({"progressive": {"strategy": "progressive"}}, "not available yet"),
+        ({"progressive": {"strategy": "progressive"}}, "grows stacks on the imported"),
     ],
 )
 def test_init_from_hf_refuses_what_it_cannot_honour(tiny, imported, tmp_path, sections, match):
@@ -126,6 +126,33 @@ def test_init_from_hf_refuses_what_it_cannot_honour(tiny, imported, tmp_path, se
     export_hf(first.output_dir, llama)
     with pytest.raises(StackWiseError, match=match):
         train_from_config(imported(llama, **sections), quiet=True)
+
+
+def test_progressive_growth_on_an_imported_frozen_trunk(tiny, imported, tmp_path):
+    """A 2-layer Llama becomes the frozen first two stacks; one more stack grows on top."""
+    first = train_from_config(
+        tiny(model={"n_stacks": 2, "blocks_per_stack": 1}, train={"max_steps": 4}), quiet=True
+    )
+    llama = tmp_path / "llama"
+    export_hf(first.output_dir, llama)
+    cfg = imported(
+        llama,
+        model={"blocks_per_stack": 1, "n_stacks": 3},
+        progressive={"strategy": "progressive"},
+        train={"max_steps": 6},
+    )
+    res = train_from_config(cfg, quiet=True)
+    assert len(res.rack.stacks) == 3 and len(res.progressive.stacks) == 1  # one grown stage
+    before, after = first.rack.state_dict(), res.rack.state_dict()
+    for name, value in before.items():  # the imported trunk and anchor did not move
+        assert torch.equal(value, after[name]), name
+    grown = [k for k in after if k.startswith("stacks.2.")]
+    assert grown and all(k not in before for k in grown)
+    _, back, _ = load_trained(res.output_dir)
+    ids = torch.randint(4, 100, (1, 12))
+    with torch.no_grad():
+        assert torch.allclose(back.float()(ids), res.rack.float()(ids), atol=1e-5)
+    assert (res.output_dir / "stacks" / "stack_0.safetensors").is_file()
 
 
 def test_a_non_llama_checkpoint_is_refused(tmp_path):

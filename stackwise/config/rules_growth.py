@@ -39,10 +39,15 @@ def growth_budget(cfg: Config) -> Iterator[str]:
     p, lo, q = _growth(cfg)
     name = cfg.objective.name
     if cfg.model.init_from_hf and p.strategy == "progressive":
-        yield (
-            "model.init_from_hf imports a whole Llama as the rack; growing more stacks on an "
-            "imported trunk is not available yet. Use progressive.strategy: end_to_end"
-        )
+        for bad, why in (
+            (p.time_interpretation == "depth", "time_interpretation: depth"),
+            (p.building_mode == "prepend", "building_mode: prepend"),
+        ):
+            if bad:
+                yield (
+                    f"model.init_from_hf grows stacks on the imported (frozen) trunk, after it; "
+                    f"{why} does not fit that. Remove it"
+                )
     if p.time_interpretation == "depth" and name != "diffusion":
         yield (
             "time_interpretation 'depth' ties the diffusion time step to the stack; it "

@@ -138,6 +138,14 @@ def init_changes(config: Any) -> dict[str, Any]:
             f"blocks_per_stack={m.blocks_per_stack} does not divide. Pick a divisor of {layers}."
         )
     wanted["n_stacks"] = layers // m.blocks_per_stack
+    if config.progressive.strategy == "progressive":  # growth adds stacks after the import
+        if not m.changed("n_stacks") or m.n_stacks <= wanted["n_stacks"]:
+            raise StackWiseError(
+                f"model.init_from_hf with progressive growth grows stacks on the imported "
+                f"{wanted['n_stacks']} (frozen) stacks: set model.n_stacks above "
+                f"{wanted['n_stacks']} (got {m.n_stacks})."
+            )
+        wanted["n_stacks"] = m.n_stacks
     clashes = [
         f"model.{name}={getattr(m, name)} (the checkpoint has {value})"
         for name, value in wanted.items()

@@ -32,6 +32,7 @@ from stackwise.model.rack import count_parameters
 from stackwise.objectives import Objective, build_objective
 from stackwise.progressive.builder import QUANTIZED, AdapterSpec, ProgressiveRackBuilder
 from stackwise.progressive.cache import ActivationCache
+from stackwise.progressive.imported import import_trunk
 from stackwise.progressive.plan import GrowthPlan, stage_derive
 from stackwise.progressive.records import ProgressiveResult, StackRecord, summary_table
 from stackwise.progressive.resume import HISTORY, restore_progress, stage_resume, write_history
@@ -122,8 +123,6 @@ class ProgressiveTrainer:
         b.set_trainable(b.new_stack, True)
         anchor = {"train_first": index == 0, "always": True, "frozen": False}[p.head_policy]
         b.set_anchor_trainable(anchor)
-
-    # -- cache --------------------------------------------------------------------------------
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -353,7 +352,9 @@ class ProgressiveTrainer:
                 f"target_stacks={n} exceeds model.n_stacks={self.config.model.n_stacks}, which "
                 "sets the depth used to scale initialisation and the noise mapping."
             )
-        if self.config.train.resume_from_checkpoint and not self.builder.grown:
+        if self.config.model.init_from_hf and not self.builder.grown:
+            import_trunk(self)  # the checkpoint's layers: the first, frozen stacks
+        elif self.config.train.resume_from_checkpoint and not self.builder.grown:
             restore_progress(self, n)
         self.builder.rack.set_depth_routing(None)  # routing is for the finished rack only
         for index in range(len(self.builder.grown), n):
@@ -371,13 +372,12 @@ class ProgressiveTrainer:
             joint = self.joint_tuning() if self.p.mode == "fused" else None
         except TrainingInterrupted as err:
             raise err.of_run(self.output_dir) from None
-        final = self.final_eval()
-        self.joint = joint
-        self.final = final
+        self.joint, self.final = joint, self.final_eval()
         write_history(self)
         if self.cache is not None:
             self.cache.close()
-        return ProgressiveResult(self.builder.rack, self.output_dir, self.records, final, joint)
+        rack, records = self.builder.rack, self.records
+        return ProgressiveResult(rack, self.output_dir, records, self.final, joint)
 
     def save(self, tokenizer: Any = None) -> Path:
         """config.yaml, tokenizer/, the full rack (save_rack) and stacks/ (save_stacks)."""
