@@ -38,7 +38,7 @@ def tiny_hf(
     if template is not None:
         tok.chat_template = template
     shape: dict[str, Any] = {
-        "vocab_size": len(tok),
+        "vocab_size": len(tok) + 4,  # room: a Qwen2 tokenizer class adds a token on load
         "hidden_size": 32,
         "intermediate_size": 64,
         "num_hidden_layers": 2,

@@ -74,12 +74,12 @@ def test_a_masked_rack_exports_with_a_note_and_a_time_conditioned_one_is_refused
 def imported(corpus_file, cache_dir, tmp_path):
     """imported(llama_dir, **sections) -> a tiny config starting from that Llama."""
 
-    def build(llama, **sections):
+    def build(llama, build=True, **sections):
         model = {"init_from_hf": str(llama), **sections.pop("model", {})}
         train = {"output_dir": str(tmp_path / "imported"), **sections.pop("train", {})}
         data = tiny_dict(corpus_file, cache_dir, tmp_path, model=model, train=train, **sections)
         data["data"].pop("bpe_vocab_size")  # the checkpoint brings its tokenizer
-        return from_dict(data)
+        return from_dict(data) if build else data
 
     return build
 
@@ -158,8 +158,8 @@ def test_progressive_growth_on_an_imported_frozen_trunk(tiny, imported, tmp_path
 def test_a_non_llama_checkpoint_is_refused(tmp_path):
     from stackwise.io.hf_llama import read_llama_config
 
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
-    with pytest.raises(StackWiseError, match="'qwen2' model"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral"}))
+    with pytest.raises(StackWiseError, match="'mistral' model"):
         read_llama_config(tmp_path)
 
 
@@ -167,3 +167,39 @@ def test_export_into_a_file_is_refused(tiny, tmp_path):
     res = train_from_config(tiny(train={"max_steps": 2}), quiet=True)
     with pytest.raises(StackWiseError, match="is a file; OUT must be a new folder"):
         export_hf(res.output_dir, res.output_dir / "model.safetensors")
+
+
+def test_a_qwen2_checkpoint_imports_with_its_attention_biases(imported, tmp_path):
+    """Qwen2's q/k/v biases become the rack's (model.attention_bias); the rack gives the
+    checkpoint's logits, and exports back as a Qwen2."""
+    from hf_fixtures import tiny_hf
+
+    qwen = tiny_hf(tmp_path / "qwen", kind="qwen2")
+    hf = AutoModelForCausalLM.from_pretrained(qwen, local_files_only=True).eval()
+    with torch.no_grad():
+        for layer in hf.model.layers:  # non-zero biases, so a dropped one would show
+            layer.self_attn.q_proj.bias.normal_(std=0.5)
+            layer.self_attn.k_proj.bias.normal_(std=0.5)
+            layer.self_attn.v_proj.bias.normal_(std=0.5)
+    hf.save_pretrained(str(qwen))
+    base = imported(qwen, model={"blocks_per_stack": 1}, train={"max_steps": 1}, build=False)
+    base["model"] = {"init_from_hf": str(qwen), "blocks_per_stack": 1}  # its shape, not tiny's
+    base["data"]["seq_len"] = 32
+    cfg = from_dict(base)
+    res = train_from_config(cfg, quiet=True)
+    assert res.config.model.attention_bias and res.config.model.n_stacks == 2
+    from stackwise.pipeline import with_hf_shape
+    from stackwise.train.adapters import RackAdapter
+
+    shaped = with_hf_shape(cfg)
+    fresh = RackAdapter().build(shaped, shaped.model.vocab_size).eval()  # the import, untrained
+    ids = torch.randint(4, 200, (1, 16))
+    with torch.no_grad():
+        assert (fresh(ids) - hf(input_ids=ids).logits).abs().max().item() < 1e-4
+    out = tmp_path / "back"
+    export_hf(res.output_dir, out)
+    assert json.loads((out / "config.json").read_text())["model_type"] == "qwen2"
+    back = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
+    _, rack, _ = load_trained(res.output_dir)
+    with torch.no_grad():
+        assert (rack.float()(ids) - back(input_ids=ids).logits).abs().max().item() < 1e-4

@@ -59,6 +59,7 @@ GENERIC: dict[str, tuple[Any, dict]] = {
     "model.frozen_up_proj": (True, {}),
     "model.time_conditioning": ("sinusoidal", DIFF),
     "model.init_std": (0.05, {}),
+    "model.attention_bias": (True, {}),
     "data.source": ("shakespeare", {}),  # with files given: refused
     "data.files": ("SECOND_CORPUS", {}),
     "data.format": ("json", {}),

@@ -282,3 +282,16 @@ def test_parquet_rows_train(hf, tmp_path):
     datasets.Dataset.from_list(rows).to_parquet(str(path))
     res = train_from_config(hf_config(hf["llama"], path, tmp_path / "pq", train={"max_steps": 1}))
     assert res.data.chat.examples == len(rows) - 2  # 5% held out, at least one... rounded
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU refusal")
+def test_loftq_is_refused_where_it_cannot_run(hf, tmp_path):
+    cfg = hf_config(
+        hf["llama"],
+        hf["chat"],
+        tmp_path / "lq",
+        model={"load_in_4bit": True},
+        lora={"init_lora_weights": "loftq"},
+    )
+    with pytest.raises(StackWiseError, match="loftq needs a CUDA GPU"):
+        train_from_config(cfg)

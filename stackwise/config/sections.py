@@ -35,6 +35,7 @@ RACK_SHAPE_FIELDS = (
     "tie_embeddings",
     "frozen_up_proj",
     "time_conditioning",
+    "attention_bias",
 )
 
 
@@ -57,6 +58,9 @@ class ModelConfig(Section):
     time_conditioning: Literal["none", "sinusoidal", "learned"] = "none"
     init_std: PositiveFloat = 0.02
     gradient_checkpointing: bool = False
+    attention_bias: bool = Field(
+        False, description="Biases on q, k and v (Qwen2's attention); exported as Qwen2."
+    )
     init_from_hf: str | None = Field(
         None,
         description="A local Llama checkpoint dir to start from: its shape, weights and "

@@ -19,10 +19,16 @@ def tied(model: nn.Module) -> bool:
 
 def attach_lora(model: nn.Module, config: Any) -> nn.Module:
     """The PeftModel of `model` under config.lora; the base is frozen by PEFT."""
+    import torch
     from peft import LoraConfig, get_peft_model
 
     lo = config.lora
     init = "loftq" if lo.init_lora_weights == "loftq" else INIT[lo.init_lora_weights]
+    if init == "loftq" and not torch.cuda.is_available():
+        raise StackWiseError(
+            "lora.init_lora_weights: loftq needs a CUDA GPU (PEFT computes LoftQ there); on "
+            "this machine use default, gaussian, pissa or olora."
+        )
     embeds_trained = any(
         name in ("embed_tokens", "lm_head", "wte", "embed_in", "embed_out")
         for name in lo.modules_to_save

@@ -1,5 +1,5 @@
-"""Racks to and from Hugging Face Llama checkpoints: `stackwise export-hf RUN OUT`, and
-`model.init_from_hf: DIR` to start a run from a Llama's shape, weights and tokenizer.
+"""Racks to and from Hugging Face Llama (and Qwen2) checkpoints: `stackwise export-hf RUN OUT`,
+and `model.init_from_hf: DIR` to start a run from a checkpoint's shape, weights and tokenizer.
 
 A rack is a Llama in all but name: pre-norm blocks of RMSNorm, rotate-half RoPE attention (with
 grouped KV heads) and a SwiGLU MLP, a final RMSNorm and a head tied or not to the embeddings.
@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LlamaConfig
 
 from stackwise.errors import StackWiseError
 from stackwise.io.files import save_tensors, staged
 from stackwise.model.hf import llama_config, llama_state_dict, rack_parameters
 
 
-def export_config(config: Any, rack: Any, tokenizer: Any) -> LlamaConfig:
+def export_config(config: Any, rack: Any, tokenizer: Any) -> Any:
     """The Llama config of a rack, with its tokenizer's special ids, and for a masked rack a
     note that it was trained bidirectionally."""
     hf = llama_config(rack, bidirectional_ok=True)
@@ -105,14 +104,22 @@ def read_llama_config(folder: Path) -> dict[str, Any]:
             "saved with save_pretrained (a Llama checkpoint)."
         )
     data = json.loads(path.read_text(encoding="utf-8"))
-    if data.get("model_type") != "llama" or data.get("attention_bias") or data.get("mlp_bias"):
-        kind = data.get("model_type", "unknown")
+    kind = data.get("model_type", "unknown")
+    llama = kind == "llama" and not data.get("attention_bias") and not data.get("mlp_bias")
+    if not (llama or kind == "qwen2"):
         raise StackWiseError(
             f"model.init_from_hf: '{folder}' is a '{kind}' model; racks import Llama "
-            "checkpoints without biases (model_type llama). Other architectures are not "
-            "supported yet."
+            "checkpoints without biases (model_type llama) and Qwen2 ones (biases on q, k "
+            "and v). Other architectures are not supported yet."
         )
-    scaling = data.get("rope_scaling")
+    if kind == "qwen2" and data.get("use_sliding_window"):
+        raise StackWiseError(
+            f"model.init_from_hf: '{folder}' uses sliding-window attention, which racks do not "
+            "implement; its logits would differ."
+        )
+    rope = data.get("rope_parameters") or {}
+    data.setdefault("rope_theta", rope.get("rope_theta", 10000.0))  # transformers 5 nests it
+    scaling = data.get("rope_scaling") or rope
     if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
         raise StackWiseError(
             f"model.init_from_hf: '{folder}' uses RoPE scaling {scaling}, which racks do not "
@@ -129,6 +136,7 @@ def init_changes(config: Any) -> dict[str, Any]:
     hf = read_llama_config(folder)
     m = config.model
     wanted = {field: hf[key] for key, field in SHAPE_KEYS.items() if key in hf}
+    wanted["attention_bias"] = hf.get("model_type") == "qwen2"
     if wanted.get("n_kv_heads") == wanted.get("n_heads"):
         wanted["n_kv_heads"] = None
     layers = int(hf["num_hidden_layers"])

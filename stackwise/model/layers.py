@@ -99,9 +99,10 @@ class Attention(nn.Module):
         self.causal = causal
         self.dropout = cfg.dropout
         d, hd = cfg.d_model, self.head_dim
-        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=False)
-        self.k_proj = nn.Linear(d, self.n_kv * hd, bias=False)
-        self.v_proj = nn.Linear(d, self.n_kv * hd, bias=False)
+        bias = cfg.attention_bias  # Qwen2-style: q, k and v carry biases, o does not
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
+        self.v_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
 
     def forward(
