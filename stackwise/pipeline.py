@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from accelerate.utils import set_seed
 
@@ -76,6 +77,17 @@ def with_epochs(config: Config, n_rows: int) -> Config:
     return derive(config, changes, "train.num_train_epochs")
 
 
+def instruction_tokenizer(config: Config) -> Any:
+    """The tokenizer instruction rows are rendered with: the HF model's, or a rack's
+    data.tokenizer (a local dir, or byte)."""
+    m, d = config.model, config.data
+    if m.source == "hf":
+        from stackwise.hf.load import load_tokenizer
+
+        return load_tokenizer(m.model_name_or_path or "", m.trust_remote_code)
+    return make_tokenizer(d.tokenizer, [], d.bpe_vocab_size, d.cache_dir)
+
+
 def prepared(config: Config) -> tuple[Config, PreparedData]:
     """The config as the run will use it (an HF source made absolute, an imported shape, the
     vocabulary, epochs as steps), and its data; the run folder is checked before the data."""
@@ -86,16 +98,10 @@ def prepared(config: Config) -> tuple[Config, PreparedData]:
     set_seed(config.train.seed)
     if config.data.mode == "instruction":
         from stackwise.chat.build import build_chat_data
-        from stackwise.hf.load import load_tokenizer
 
-        m = config.model
-        if m.source == "hf":
-            tok = load_tokenizer(m.model_name_or_path or "", m.trust_remote_code)
-        else:
-            d = config.data
-            tok = make_tokenizer(d.tokenizer, [], d.bpe_vocab_size, d.cache_dir)
+        tok = instruction_tokenizer(config)
         data = build_chat_data(config, tok)
-        if m.source == "rack":
+        if config.model.source == "rack":
             config = resolve_vocab(config, len(tok))
     else:
         data = build_data(config.data)

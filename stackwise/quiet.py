@@ -1,9 +1,10 @@
 """Library messages on stderr that a user can do nothing about, filtered by their exact text.
 
-Only these three: bitsandbytes' note that the optional `kernels` package is missing (it falls
+Only these four: bitsandbytes' note that the optional `kernels` package is missing (it falls
 back to its own CPU kernel), torch's note that our optimizer state was pickled with protocol 4
-(it is read with weights_only=True either way), and transformers' deprecation of an attribute
-that PEFT (not we) reads. Every other warning, from these libraries too,
+(it is read with weights_only=True either way), transformers' deprecation of an attribute
+that PEFT (not we) reads, and bitsandbytes' int8 note that it casts inputs to fp16, printed at
+every matmul. Every other warning, from these libraries too,
 still reaches the user.
 """
 
@@ -16,6 +17,7 @@ BNB_LOGGER = "bitsandbytes.backends.cpu.ops"
 BNB_KERNELS = "Failed to load CPU gemm_4bit_forward from kernels-community"
 TORCH_PICKLE = r"Detected pickle protocol \d+ in the checkpoint"
 PEFT_DEPRECATION = r"`is_gradient_checkpointing` is deprecated"
+BNB_INT8_CAST = r"MatMul8bitLt: inputs will be cast from"  # once per matmul: thousands of lines
 
 
 class _DropKernelsNote(logging.Filter):
@@ -30,3 +32,4 @@ def filter_library_noise() -> None:
         logger.addFilter(_DropKernelsNote())
     warnings.filterwarnings("ignore", message=TORCH_PICKLE, category=UserWarning)
     warnings.filterwarnings("ignore", message=PEFT_DEPRECATION, category=FutureWarning)
+    warnings.filterwarnings("ignore", message=BNB_INT8_CAST)

@@ -256,3 +256,13 @@ def test_errors_name_the_file_and_row(tmp_path, tok):
     rows, _ = load_rows(cfg)
     with pytest.raises(StackWiseError, match=r"Example 1 \(row 2 of bad.jsonl\)"):
         examples_of(rows, tok, cfg, ChatStats())
+
+
+def test_mixed_formats_and_content_parts():
+    with pytest.raises(StackWiseError, match="is not a 'messages' row"):
+        to_messages({"conversations": [{"from": "human", "value": "q"}]}, "messages", 5, [])
+    parts = {"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": "c"},
+    ]}  # fmt: skip
+    assert to_messages(parts, "messages", 0, [])[0]["content"] == "ab"

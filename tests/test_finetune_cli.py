@@ -11,6 +11,7 @@ from hf_fixtures import chat_file, tiny_hf
 
 from stackwise.cli import main
 from stackwise.cli.finetune import finetune_config
+from stackwise.errors import StackWiseError
 
 
 @pytest.fixture(scope="module")
@@ -206,4 +207,50 @@ def test_checkpoints_full_tuning_and_remote_code(files, tmp_path, capsys):
             ]
         )
         == 0
+    )
+
+
+def test_what_a_new_user_got_wrong_gets_one_paragraph(files, tmp_path, capsys):
+    """The tester's cases: bad sampling flags, a flag without its value, a file that sets a
+    key twice, a non-UTF-8 or empty data file, merging into a full folder."""
+    cfg = finetune_config(
+        ["--model_name_or_path", str(files["model"]), "--train_file", str(files["chat"])]
+    )
+    assert cfg.train.lr == 2e-4 and cfg.train.num_train_epochs == 1.0  # finetune's defaults
+    with pytest.raises(StackWiseError, match="--learning_rate needs a value"):
+        finetune_config(["--learning_rate", "--max_steps", "2"])
+    twice = tmp_path / "twice.json"
+    twice.write_text(json.dumps({"lora_r": 4, "lora": {"rank": 8}}))
+    with pytest.raises(StackWiseError, match=r"sets lora\.rank twice"):
+        finetune_config([*seed_flags(files, tmp_path / "t"), "--config", str(twice)])
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"prompt": "caf\xe9", "response": "ok"}\n')
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    for bad, words in ((latin, "not UTF-8"), (empty, "is empty")):
+        flags = ["finetune", "--model_name_or_path", str(files["model"]), "--train_file", str(bad)]
+        assert main([*flags, "--output_dir", str(tmp_path / bad.stem)]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err
+    out = tmp_path / "run"
+    flags = [*seed_flags(files, out), "--max_steps", "1", "--lora_target_modules", "q_proj"]
+    i = flags.index("--num_train_epochs")
+    del flags[i : i + 2]
+    assert main(["finetune", *flags, "sample.num_samples=0"]) == 0
+    capsys.readouterr()
+    for bad_flags, words in (
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--top-k", "-1"], "--top-k"),
+        (["--prompt", "x"], "not both"),
+    ):
+        assert main(["generate", "--checkpoint", str(out), "--chat", "hi", *bad_flags]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("keep me")
+    assert main(["merge-lora", str(out), str(full)]) == 2
+    assert (
+        "never overwrites" in capsys.readouterr().err
+        and (full / "notes.txt").read_text() == "keep me"
     )

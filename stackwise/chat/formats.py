@@ -59,6 +59,13 @@ def _fail(index: int | str, problem: str) -> StackWiseError:
 def _text(value: Any, index: int | str, what: str) -> str:
     if value is None:
         return ""
+    if isinstance(value, list) and all(isinstance(p, dict) for p in value):  # OpenAI parts
+        kinds = {p.get("type") for p in value}
+        if kinds <= {"text"}:
+            return "".join(str(p.get("text", "")) for p in value)
+        raise _fail(
+            index, f"{what} has {sorted(map(str, kinds - {'text'}))} parts; only text is supported."
+        )
     if not isinstance(value, str):
         raise _fail(index, f"{what} is {type(value).__name__}, not text.")
     return value
@@ -148,6 +155,14 @@ CONVERTERS: dict[str, Callable[[dict, int, list[str]], list[Message]]] = {
 
 def to_messages(row: dict, fmt: str, index: int | str, text_fields: list[str]) -> list[Message]:
     """One row as messages; `index` (0-based) names it in errors."""
+    needed = MARKERS.get(fmt, ())
+    if any(row.get(c) is None for c in needed):
+        present = [k for k, v in row.items() if v is not None]
+        raise _fail(
+            index,
+            f"is not a '{fmt}' row (it has {sorted(present)}), though the data's format is "
+            f"'{fmt}'. One file holds one format: split the file, or fix the row.",
+        )
     messages = CONVERTERS[fmt](row, index, text_fields)
     if not any(m["content"].strip() for m in messages):
         raise _fail(index, "every message is empty. Remove the example or fill it in.")

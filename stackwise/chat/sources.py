@@ -20,15 +20,21 @@ def _quiet_datasets() -> Any:
     return datasets
 
 
-def _rows_of_file(path: Path) -> list[dict]:
+def _rows_of_file(path: Path, key: str = "data.files") -> list[dict]:
     kind = SUFFIXES.get(path.suffix.lower())
     if not path.is_file():
-        raise StackWiseError(f"Instruction data file '{path}' does not exist. Check data.files.")
+        raise StackWiseError(f"Instruction data file '{path}' does not exist. Check {key}.")
+    if path.stat().st_size == 0 or not path.read_bytes().strip():
+        raise StackWiseError(f"Instruction data file '{path}' is empty. Give it rows ({key}).")
     if kind is None:
         raise StackWiseError(
             f"Instruction data file '{path}' is not .json, .jsonl or .parquet; chat data needs "
             "structured rows. Convert it, or train on plain text with data.mode: pretraining."
         )
+    if kind == "json":
+        from stackwise.data.sources import check_utf8
+
+        check_utf8(path)
     datasets = _quiet_datasets()
     try:
         ds = datasets.load_dataset(kind, data_files=str(path), split="train")
@@ -87,7 +93,9 @@ def load_rows(cfg: Any) -> tuple[list[dict], list[dict] | None]:
         rows = [r for f in cfg.files for r in _rows_of_file(Path(f).expanduser())]
     if not rows:
         raise StackWiseError("The instruction data has no rows. Check data.files.")
-    evals = [r for f in cfg.eval_files for r in _rows_of_file(Path(f).expanduser())]
+    evals = [
+        r for f in cfg.eval_files for r in _rows_of_file(Path(f).expanduser(), "data.eval_files")
+    ]
     return rows, (evals or None)
 
 

@@ -199,12 +199,12 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     two runs are comparable), sample from it, and write eval.json there."""
     import json
 
-    from stackwise.cli.hf_commands import is_finetuned
+    from stackwise.cli.hf_commands import is_finetuned, trained_on_chat
     from stackwise.evaluate import EvalSettings, render, run_eval
 
-    if is_finetuned(ns.checkpoint):
+    if is_finetuned(ns.checkpoint) or trained_on_chat(ns.checkpoint):
         raise StackWiseError(
-            f"'{ns.checkpoint}' is a fine-tuned Hugging Face model; `eval` scores racks on "
+            f"'{ns.checkpoint}' was trained on instruction rows; `eval` scores racks on "
             "pretraining text. Its eval loss per target token is in history.json; to score "
             "other rows, fine-tune with data.eval_files and train.eval_every."
         )

@@ -3,7 +3,7 @@
 Every flag is a config key under another name (FLAGS). A --config file may use the same flat
 names (JSON or YAML) or our nested sections; flags override the file, and dotted key=value
 overrides come last. The result is an ordinary config, checked by every rule, and trained by the
-same path as `stackwise train`.
+same path as `stackwise train`. Unless told otherwise, finetune trains one epoch at lr 2e-4.
 """
 
 from __future__ import annotations
@@ -69,8 +69,14 @@ FLAGS: dict[str, str] = {
     "run_name": "logging.run_name",
 }
 PRECISION_FLAGS = ("bf16", "fp16")  # -> train.mixed_precision
-LISTS = {"data.files", "data.eval_files"}
+LISTS = {"data.files", "data.eval_files", "lora.target_modules"}
+# flags that mean "true" when given without a value
+SWITCHES = {
+    "use_lora", "load_in_4bit", "load_in_8bit", "gradient_checkpointing", "trust_remote_code",
+    "use_dora", "use_rslora", "save_merged", "packing", "use_wandb", "bf16", "fp16",
+}  # fmt: skip
 TRUE, FALSE = {"true", "1", "yes", "y", "on"}, {"false", "0", "no", "n", "off"}
+DEFAULT_LR = 2e-4  # finetune's own default (train's, 2e-3, suits training from scratch)
 DEFAULTS = {"model": {"source": "hf"}, "data": {"mode": "instruction"}, "lora": {"enabled": True}}
 
 
@@ -113,6 +119,8 @@ def parse_flags(argv: list[str]) -> tuple[dict[str, Any], str | None, list[str]]
         name, _, inline = arg[2:].partition("=")
         name = name.replace("-", "_")
         has_value = inline != "" or (i + 1 < len(argv) and not argv[i + 1].startswith("--"))
+        if not has_value and name not in SWITCHES and name in FLAGS:
+            raise StackWiseError(f"--{name} needs a value, e.g. --{name} VALUE.")
         raw = inline if inline else (argv[i + 1] if has_value else "true")
         i += 1 if inline or not has_value else 2
         if name == "config":
@@ -124,29 +132,37 @@ def parse_flags(argv: list[str]) -> tuple[dict[str, Any], str | None, list[str]]
     return flags, config_file, overrides
 
 
-def _put(data: dict[str, Any], key: str, value: Any) -> None:
+def _put(data: dict[str, Any], key: str, value: Any, clash: str | None = None) -> None:
+    """data[key] = value; with `clash` (where the value comes from), a value already set there
+    is refused rather than silently replaced."""
     *sections, leaf = key.split(".")
     node = data
     for s in sections:
         node = node.setdefault(s, {})
+    if clash is not None and leaf in node:
+        raise StackWiseError(
+            f"{clash} sets {key} twice (a flat name and its section key); keep one."
+        )
     node[leaf] = [value] if key in LISTS and isinstance(value, str) else value
 
 
-def _apply_flat(data: dict[str, Any], flat: dict[str, Any], origin: str) -> None:
+def _apply_flat(
+    data: dict[str, Any], flat: dict[str, Any], origin: str, strict: bool = False
+) -> None:
     """Flat seed keys (from flags or a file) into `data`'s sections; fp16/bf16 pick the
     precision, and asking for both is refused."""
     want = {p for p in PRECISION_FLAGS if flat.get(p) is True}
     if len(want) > 1:
         raise StackWiseError(f"{origin} asks for both fp16 and bf16; keep one.")
     if want:
-        _put(data, "train.mixed_precision", want.pop())
+        _put(data, "train.mixed_precision", want.pop(), origin if strict else None)
     elif any(flat.get(p) is False for p in PRECISION_FLAGS) and all(
         flat.get(p) is not True for p in PRECISION_FLAGS
     ):
         _put(data, "train.mixed_precision", "no")
     for key, value in flat.items():
         if key in FLAGS:
-            _put(data, FLAGS[key], value)
+            _put(data, FLAGS[key], value, origin if strict else None)
 
 
 def _read_file(path: str) -> dict[str, Any]:
@@ -173,13 +189,17 @@ def finetune_config(argv: list[str]) -> Any:
     if config_file:
         given = _read_file(config_file)
         flat = {k: v for k, v in given.items() if k in FLAGS or k in PRECISION_FLAGS}
-        nested = {k: v for k, v in given.items() if k not in flat}
+        nested = json.loads(json.dumps({k: v for k, v in given.items() if k not in flat}))
+        _apply_flat(nested, flat, f"--config {config_file}", strict=True)  # both: refused
         for section, values in nested.items():
             if isinstance(values, dict) and isinstance(data.get(section), dict):
                 data[section] = {**data[section], **values}
             else:
                 data[section] = values
-        _apply_flat(data, flat, f"--config {config_file}")
     _apply_flat(data, flags, "The command line")
     data = apply_overrides(data, overrides)
+    train = data.setdefault("train", {})
+    train.setdefault("lr", DEFAULT_LR)  # a fine-tuning LR, not the from-scratch one
+    if "max_steps" not in train and "num_train_epochs" not in train:
+        train["num_train_epochs"] = 1.0
     return from_dict(data)

@@ -48,16 +48,23 @@ def show_replies(result: Any, n: int) -> None:
         print(f"assistant: {answer.strip()}")
 
 
-def is_finetuned(folder: str | Path) -> bool:
-    """Whether a run folder (or one of its checkpoints) holds a Hugging Face fine-tune."""
+def _saved_config(folder: str | Path) -> dict:
     import yaml
 
     path = Path(folder)
     for cfg in (path / "config.yaml", path.parent / "config.yaml"):
         if cfg.is_file():
-            data = yaml.safe_load(cfg.read_text(encoding="utf-8")) or {}
-            return (data.get("model") or {}).get("source") == "hf"
-    return False
+            return yaml.safe_load(cfg.read_text(encoding="utf-8")) or {}
+    return {}
+
+
+def is_finetuned(folder: str | Path) -> bool:
+    """Whether a run folder (or one of its checkpoints) holds a Hugging Face fine-tune."""
+    return (_saved_config(folder).get("model") or {}).get("source") == "hf"
+
+
+def trained_on_chat(folder: str | Path) -> bool:
+    return (_saved_config(folder).get("data") or {}).get("mode") == "instruction"
 
 
 def generate_chat(ns: argparse.Namespace, overrides: dict[str, Any]) -> int:
@@ -74,9 +81,12 @@ def generate_chat(ns: argparse.Namespace, overrides: dict[str, Any]) -> int:
     if masked:
         flag = "--" + masked[0].replace("_", "-")
         raise StackWiseError(f"{flag} applies to masked racks; a causal LM replies left to right.")
+    if ns.prompt is not None:
+        raise StackWiseError("Give --chat or --prompt, not both: --chat asks a fine-tuned model.")
     config, model, tok = load_finetuned(Path(ns.checkpoint), ns.trust_remote_code)
+    config = checked_sampling(config, overrides)
     for i in range(ns.num_samples):
-        text = reply(model, tok, ns.chat, config.sample, seed=ns.seed + i, overrides=overrides)
+        text = reply(model, tok, ns.chat, config.sample, seed=ns.seed + i)
         if ns.num_samples > 1:
             print(f"--- sample {i + 1} ---")
         print(text.strip() or "(an empty reply: the model ended its turn at once)")
@@ -94,6 +104,8 @@ def rack_chat(
             "--chat renders a question with the chat template of a model trained on "
             "instruction data; this rack was trained on plain text: sample it with --prompt."
         )
+    if ns.prompt is not None:
+        raise StackWiseError("Give --chat or --prompt, not both: --chat asks the trained model.")
     messages = [{"role": "user", "content": ns.chat}]
     for i in range(ns.num_samples):
         if ns.num_samples > 1:
@@ -103,6 +115,21 @@ def rack_chat(
     return 0
 
 
+def checked_sampling(config: Any, overrides: dict[str, Any]) -> Any:
+    """The run's config with the sampling flags applied and validated like any config key,
+    each error naming the flag that was typed."""
+    from stackwise.config import derive
+
+    changes = {f"sample.{k}": v for k, v in overrides.items() if v is not None}
+    try:
+        return derive(config, changes, "the sampling flags")
+    except StackWiseError as err:
+        message = str(err)
+        for name in overrides:
+            message = message.replace(f"sample.{name}", f"--{name.replace('_', '-')}")
+        raise StackWiseError(message) from None
+
+
 def merge_finetuned(ns: argparse.Namespace) -> int:
     from stackwise.hf.outputs import merge_run
 
@@ -110,11 +137,18 @@ def merge_finetuned(ns: argparse.Namespace) -> int:
         raise StackWiseError(
             "--requantize applies to rack stacks; a merged HF model is saved plain."
         )
-    report = merge_run(Path(ns.checkpoint), Path(ns.out), trust_remote_code=ns.trust_remote_code)
+    out = Path(ns.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise StackWiseError(
+            f"'{out}' exists and is not an empty folder; merge-lora never overwrites. Pick a new "
+            "folder for OUT."
+        )
+    report = merge_run(Path(ns.checkpoint), out, trust_remote_code=ns.trust_remote_code)
     print(
         f"Merged the LoRA adapter of {ns.checkpoint} into its base (dequantized where it was "
-        f"quantized) and saved {ns.out}.\nLogits vs base + adapter: max |diff| "
-        f"{report['max_logit_drift']:.3g} (largest logit {report['logit_scale']:.3g})."
+        f"quantized) and saved {ns.out} in {report['dtype']}, the base's dtype.\nLogits vs "
+        f"base + adapter: max |diff| {report['max_logit_drift']:.3g} (largest logit "
+        f"{report['logit_scale']:.3g})."
     )
     return 0
 
@@ -125,7 +159,7 @@ def cmd_data(ns: argparse.Namespace) -> int:
     from stackwise.chat.build import build_chat_data
     from stackwise.chat.preview import marked
     from stackwise.cli.common import load_args
-    from stackwise.hf.load import load_tokenizer
+    from stackwise.pipeline import instruction_tokenizer
 
     config = load_args(ns.args)
     if config.data.mode != "instruction":
@@ -133,8 +167,7 @@ def cmd_data(ns: argparse.Namespace) -> int:
             "data preview shows the targets of instruction data; this config has "
             "data.mode: pretraining, where every token is a target."
         )
-    m = config.model
-    data = build_chat_data(config, load_tokenizer(m.model_name_or_path, m.trust_remote_code))
+    data = build_chat_data(config, instruction_tokenizer(config))
     rows = data.train
     if not 0 <= ns.index < len(rows):
         raise StackWiseError(f"--index {ns.index} is out of range: there are {len(rows)} rows.")

@@ -35,7 +35,7 @@ def _format_of(path: Path, declared: str) -> str:
     return fmt
 
 
-def _check_utf8(path: Path) -> None:
+def check_utf8(path: Path) -> None:
     """Decode incrementally so a large file is checked without loading it whole."""
     dec = codecs.getincrementaldecoder("utf-8")()
     line, offset = 1, 0
@@ -84,7 +84,7 @@ def _load_file(path: Path, fmt: str, fields: list[str]) -> list[str]:
     from datasets import load_dataset
 
     if fmt in ("text", "json"):
-        _check_utf8(path)
+        check_utf8(path)
     kwargs = {"sample_by": "document"} if fmt == "text" else {}
     bars = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()  # a one-off "Generating split" bar is noise in our logs

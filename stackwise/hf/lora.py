@@ -17,6 +17,12 @@ def tied(model: nn.Module) -> bool:
     return bool(getattr(text, "tie_word_embeddings", False))
 
 
+def _targets(value: str | list[str]) -> str | list[str]:
+    """all-linear stays PEFT's keyword; any other single name is a list of one (PEFT would
+    read a bare string as a regular expression over full module paths)."""
+    return value if isinstance(value, list) or value == "all-linear" else [value]
+
+
 def attach_lora(model: nn.Module, config: Any) -> nn.Module:
     """The PeftModel of `model` under config.lora; the base is frozen by PEFT."""
     import torch
@@ -38,7 +44,7 @@ def attach_lora(model: nn.Module, config: Any) -> nn.Module:
         r=lo.rank,
         lora_alpha=lo.alpha,
         lora_dropout=lo.dropout,
-        target_modules=lo.target_modules,
+        target_modules=_targets(lo.target_modules),
         use_dora=lo.use_dora,
         use_rslora=lo.use_rslora,
         init_lora_weights=True if init == "loftq" else init,
@@ -49,8 +55,8 @@ def attach_lora(model: nn.Module, config: Any) -> nn.Module:
         peft_model = get_peft_model(model, peft_config)
     except ValueError as err:
         raise StackWiseError(
-            f"PEFT refused the LoRA settings: {str(err)[:300]}. Check lora.target_modules "
-            "(module names of this model) and lora.modules_to_save."
+            f"PEFT refused the LoRA settings: {str(err)[:300].rstrip('.')}. Check "
+            "lora.target_modules (module names of this model) and lora.modules_to_save."
         ) from None
     if init == "loftq":
         from peft import replace_lora_weights_loftq

@@ -81,7 +81,8 @@ def merge_run(
     merged.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))
     generation_config(merged, tokenizer).save_pretrained(str(out))
-    return {"max_logit_drift": drift, "logit_scale": float(want.abs().max())}
+    dtype = str(next(merged.parameters()).dtype).replace("torch.", "")
+    return {"max_logit_drift": drift, "logit_scale": float(want.abs().max()), "dtype": dtype}
 
 
 def load_finetuned(folder: Path, trust_remote_code: bool = False) -> tuple[Any, nn.Module, Any]:

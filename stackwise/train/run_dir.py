@@ -31,7 +31,8 @@ def run_dir_of(config: Config, output_dir: str | Path | None) -> str | Path | No
 
 
 def default_run_name(config: Config) -> str:
-    return f"{config.objective.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    kind = "finetune" if config.model.source == "hf" else config.objective.name
+    return f"{kind}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
 def resolve_output_dir(config: Config) -> Path:
