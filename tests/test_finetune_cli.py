@@ -254,3 +254,14 @@ def test_what_a_new_user_got_wrong_gets_one_paragraph(files, tmp_path, capsys):
         "never overwrites" in capsys.readouterr().err
         and (full / "notes.txt").read_text() == "keep me"
     )
+
+
+def test_export_hf_on_a_fine_tuned_run_points_at_merge_lora(files, tmp_path, capsys):
+    out = tmp_path / "run"
+    flags = [*seed_flags(files, out), "--max_steps", "1"]
+    i = flags.index("--num_train_epochs")
+    del flags[i : i + 2]
+    assert main(["finetune", *flags, "sample.num_samples=0"]) == 0
+    capsys.readouterr()
+    assert main(["export-hf", str(out), str(tmp_path / "x")]) == 2
+    assert "merge-lora" in capsys.readouterr().err and not (tmp_path / "x").exists()

@@ -127,14 +127,24 @@ def cmd_merge_lora(ns: argparse.Namespace) -> int:
 
 def cmd_export_hf(ns: argparse.Namespace) -> int:
     """Write the rack of RUN (a run folder of `stackwise train`) to OUT as a Hugging Face Llama
-    checkpoint with its tokenizer, loadable with AutoModelForCausalLM.from_pretrained(OUT).
+    (Qwen2 with model.attention_bias) checkpoint with its tokenizer, loadable with
+    AutoModelForCausalLM.from_pretrained(OUT).
     Quantized or LoRA racks are merged first (`stackwise merge-lora`); time-conditioned and
     depth-routed racks cannot be exported."""
+    from stackwise.cli.hf_commands import is_finetuned
     from stackwise.io.hf_llama import export_hf
 
+    if is_finetuned(ns.run):
+        raise StackWiseError(
+            f"'{ns.run}' is a fine-tuned Hugging Face model: its folder already holds a PEFT "
+            f"adapter in the Hugging Face format. `stackwise merge-lora {ns.run} OUT` writes "
+            "base + adapter as one model."
+        )
     out = export_hf(ns.run, ns.out)
-    note = json.loads((out / "config.json").read_text(encoding="utf-8")).get("stackwise_note")
-    print(f"wrote a LlamaForCausalLM checkpoint to {out}")
+    config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    note = config.get("stackwise_note")
+    kind = {"qwen2": "Qwen2ForCausalLM"}.get(config.get("model_type"), "LlamaForCausalLM")
+    print(f"wrote a {kind} checkpoint to {out}")
     if note:
         print(f"stackwise: note: the rack was {note}", file=sys.stderr)
     return 0
