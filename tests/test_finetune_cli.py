@@ -265,3 +265,11 @@ def test_export_hf_on_a_fine_tuned_run_points_at_merge_lora(files, tmp_path, cap
     capsys.readouterr()
     assert main(["export-hf", str(out), str(tmp_path / "x")]) == 2
     assert "merge-lora" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_finetune_errors_name_the_flags_typed(files, tmp_path, capsys):
+    flags = ["--model_name_or_path", str(files["model"]), "--train_file", str(files["chat"])]
+    flags += ["--train_batch_size", "1000", "--max_steps", "3", "--output_dir", str(tmp_path / "o")]
+    assert main(["finetune", *flags]) == 2
+    err = " ".join(capsys.readouterr().err.split())  # the paragraph is wrapped at 100 columns
+    assert "--train_batch_size (train.batch_size)=1000" in err
