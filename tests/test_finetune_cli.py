@@ -25,10 +25,12 @@ def files(tmp_path_factory):
     }
 
 
-def seed_flags(files, out) -> list[str]:
+def seed_flags(files, out, max_steps: int | None = None) -> list[str]:
+    """The seed's command line; one epoch, or `max_steps` steps."""
+    budget = ["--max_steps", str(max_steps)] if max_steps else ["--num_train_epochs", "1"]
     return [
         "--model_name_or_path", str(files["model"]), "--train_file", str(files["chat"]),
-        "--eval_file", str(files["eval"]), "--use_lora", "True", "--num_train_epochs", "1",
+        "--eval_file", str(files["eval"]), "--use_lora", "True", *budget,
         "--learning_rate", "2e-3", "--train_batch_size", "4", "--gradient_accumulation_steps",
         "2", "--output_dir", str(out), "--max_seq_length", "128",
     ]  # fmt: skip
@@ -138,9 +140,7 @@ def test_finetune_then_chat_merge_and_preview(files, tmp_path, capsys):
 
 def test_qlora_merges_into_the_dequantized_base(files, tmp_path, capsys):
     out = tmp_path / "q"
-    flags = [*seed_flags(files, out), "--load_in_4bit", "True", "--max_steps", "2"]
-    i = flags.index("--num_train_epochs")
-    del flags[i : i + 2]
+    flags = [*seed_flags(files, out, max_steps=2), "--load_in_4bit", "True"]
     assert main(["finetune", *flags, "lora.save_merged=true", "sample.num_samples=0"]) == 0
     assert (out / "merged" / "model.safetensors").is_file()
     from transformers import AutoModelForCausalLM
@@ -157,17 +157,7 @@ def test_checkpoints_full_tuning_and_remote_code(files, tmp_path, capsys):
     """A checkpoint folder chats with the run's tokenizer; a full fine-tune has nothing to
     merge; a run that trusted remote code is loaded only with --trust-remote-code."""
     out = tmp_path / "full"
-    flags = [
-        *seed_flags(files, out),
-        "--use_lora",
-        "False",
-        "--max_steps",
-        "2",
-        "--save_steps",
-        "1",
-    ]
-    i = flags.index("--num_train_epochs")
-    del flags[i : i + 2]
+    flags = [*seed_flags(files, out, max_steps=2), "--use_lora", "False", "--save_steps", "1"]
     assert main(["finetune", *flags, "sample.num_samples=0"]) == 0
     capsys.readouterr()
     assert (
@@ -233,9 +223,7 @@ def test_what_a_new_user_got_wrong_gets_one_paragraph(files, tmp_path, capsys):
         err = capsys.readouterr().err
         assert words in err and "Traceback" not in err
     out = tmp_path / "run"
-    flags = [*seed_flags(files, out), "--max_steps", "1", "--lora_target_modules", "q_proj"]
-    i = flags.index("--num_train_epochs")
-    del flags[i : i + 2]
+    flags = [*seed_flags(files, out, max_steps=1), "--lora_target_modules", "q_proj"]
     assert main(["finetune", *flags, "sample.num_samples=0"]) == 0
     capsys.readouterr()
     for bad_flags, words in (
@@ -258,9 +246,7 @@ def test_what_a_new_user_got_wrong_gets_one_paragraph(files, tmp_path, capsys):
 
 def test_export_hf_on_a_fine_tuned_run_points_at_merge_lora(files, tmp_path, capsys):
     out = tmp_path / "run"
-    flags = [*seed_flags(files, out), "--max_steps", "1"]
-    i = flags.index("--num_train_epochs")
-    del flags[i : i + 2]
+    flags = seed_flags(files, out, max_steps=1)
     assert main(["finetune", *flags, "sample.num_samples=0"]) == 0
     capsys.readouterr()
     assert main(["export-hf", str(out), str(tmp_path / "x")]) == 2

@@ -33,7 +33,6 @@ class ChatStats:
     tokens: int = 0
     supervised: int = 0
     format: str = ""
-    dropped_examples: list[int] = field(default_factory=list)
     prompts: list[list[dict]] = field(default_factory=list)  # a few, to sample replies to
 
     def line(self) -> str:
@@ -122,7 +121,6 @@ def examples_of(
                     "examples (they are counted in the run header)."
                 )
             stats.dropped += 1
-            stats.dropped_examples.append(index)
             continue
         stats.examples += 1
         stats.truncated += tok.truncated

@@ -15,27 +15,21 @@ def reply(
     question: str | list[dict],
     sample: Any,
     seed: int = 0,
-    overrides: dict[str, Any] | None = None,
 ) -> str:
-    """One assistant reply to `question` (text, or a conversation so far); sampling settings
-    from `sample` (sample.* of the run) with `overrides` (the generate flags) on top."""
+    """One assistant reply to `question` (text, or a conversation so far) under the sampling
+    settings `sample` (the run's sample.*, with any generate flags already applied)."""
     from stackwise.chat.labels import prompt_ids
     from stackwise.hf.outputs import generation_config
 
-    settings = {
-        **sample.model_dump(),
-        **{k: v for k, v in (overrides or {}).items() if v is not None},
-    }
     messages = [{"role": "user", "content": question}] if isinstance(question, str) else question
     ids = torch.tensor([prompt_ids(tokenizer, messages)])
     device = next(model.parameters()).device
     gen = generation_config(model, tokenizer)
-    gen.max_new_tokens, gen.use_cache = settings["max_new_tokens"], True
-    temperature = settings["temperature"]
-    gen.do_sample = temperature > 0
+    gen.max_new_tokens, gen.use_cache = sample.max_new_tokens, True
+    gen.do_sample = sample.temperature > 0
     if gen.do_sample:
-        gen.temperature, gen.top_p = temperature, settings["top_p"]
-        gen.top_k = settings["top_k"] or None
+        gen.temperature, gen.top_p = sample.temperature, sample.top_p
+        gen.top_k = sample.top_k or None
     else:
         gen.temperature = gen.top_p = gen.top_k = None
     torch.manual_seed(seed)
