@@ -2,11 +2,15 @@
 transformers.Trainer + PEFT script (benchmarks/hf_trainer_baseline.py) with the same
 hyperparameters and assistant-only labels, and ours again with packing.
 
-Each run is its own process (peak RSS is that process's); the runs are interleaved, repeated,
-and reported as medians. Speed is supervised (target) tokens per second of the training loop
-(HF: train_runtime; ours: from the step-0 evaluation to the last training log line), and of the
-whole process beside it. The data: Shakespeare lines as prompts, each answered by the next 1 to
-8 lines, so the lengths vary as chat data does.
+Each run is its own process (peak RSS is that process's); the runs are interleaved, repeated
+with a new seed each repetition (the same seed on both sides, so the batch order is a fresh draw
+each time), and reported as medians. Speed is supervised (target) tokens per second of the
+training loop (HF: train_runtime; ours: from the step-0 evaluation to the last training log
+line), and of the whole process beside it. Ours runs padding-free by default (each batch's
+examples end to end in rows no longer than its longest: the same examples and loss); the
+"padded" row turns that off, so the two engines also meet on padded batches ("tokens run"
+counts the padding each side ran). The data: Shakespeare lines as prompts, each answered by the
+next 1 to 8 lines, so the lengths vary as chat data does.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from _common import benchmark_parser
@@ -88,16 +93,18 @@ def run_child(cmd: list[str]) -> tuple[str, float, float]:
         return out.read(), wall, usage.ru_maxrss / 1024
 
 
-def ours(model: Path, train: Path, evals: Path, out: Path, mode: str, packing: bool) -> dict:
+def ours(
+    model: Path, train: Path, evals: Path, out: Path, mode: str, layout: str, seed: int
+) -> dict:
     config = {
-        "data": {"packing": packing},
+        "data": {"packing": layout == "packed", "padding_free": layout != "padded"},
         "train": {
             "scheduler": "linear",
             "weight_decay": 0.0,
             "max_grad_norm": 1.0,
             "eval_every": 100000,
             "eval_batches": 1000,
-            "seed": 0,
+            "seed": seed,
         },
         "logging": {"tensorboard": False, "progress_bar": "never", "log_every": 5},
         "sample": {"num_samples": 0},
@@ -119,20 +126,19 @@ def ours(model: Path, train: Path, evals: Path, out: Path, mode: str, packing: b
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     start = next(r["time"] for r in rows if r["step"] == 0 and "val/loss" in r)
     end = [r["time"] for r in rows if "train/loss" in r][-1]
-    history = json.loads((out / "history.json").read_text())["history"]
-    return {"loop": end - start, "wall": wall, "rss": rss, "eval_loss": history[-1]["loss"]}
+    state = json.loads((out / "history.json").read_text())
+    return {
+        "loop": end - start,
+        "wall": wall,
+        "rss": rss,
+        "eval_loss": state["history"][-1]["loss"],
+        "padded": state["tokens_seen"],
+    }
 
 
-def theirs(model: Path, train: Path, evals: Path, out: Path, mode: str) -> dict:
-    cmd = [
-        sys.executable,
-        str(HERE / "hf_trainer_baseline.py"),
-        str(model),
-        str(train),
-        str(evals),
-        str(out),
-        mode,
-    ]
+def theirs(model: Path, train: Path, evals: Path, out: Path, mode: str, seed: int) -> dict:
+    script = str(HERE / "hf_trainer_baseline.py")
+    cmd = [sys.executable, script, str(model), str(train), str(evals), str(out), mode, str(seed)]
     stdout, wall, rss = run_child(cmd)
     result = json.loads(stdout.strip().splitlines()[-1])
     return {
@@ -140,6 +146,7 @@ def theirs(model: Path, train: Path, evals: Path, out: Path, mode: str) -> dict:
         "wall": wall,
         "rss": rss,
         "eval_loss": result["eval_loss"],
+        "padded": result["padded_tokens"],
         "supervised": result["supervised_tokens"],
     }
 
@@ -164,31 +171,44 @@ def supervised_tokens(model: Path, train: Path) -> int:
     return stats.supervised
 
 
+def plan(
+    root: Path, model: Path, train: Path, evals: Path, seed: int
+) -> list[tuple[str, Callable[[], dict]]]:
+    """One repetition's runs, in the order they run."""
+
+    def mine(mode: str, layout: str) -> Callable[[], dict]:
+        out = root / f"o-{mode}-{layout}"
+        return lambda: ours(model, train, evals, out, mode, layout, seed)
+
+    def hf(mode: str) -> Callable[[], dict]:
+        return lambda: theirs(model, train, evals, root / f"h-{mode}", mode, seed)
+
+    return [
+        ("ours lora", mine("lora", "free")),
+        ("HF Trainer lora", hf("lora")),
+        ("ours lora padded", mine("lora", "padded")),
+        ("ours lora packed", mine("lora", "packed")),
+        ("ours qlora", mine("qlora", "free")),
+        ("HF Trainer qlora", hf("qlora")),
+        ("ours qlora packed", mine("qlora", "packed")),
+    ]
+
+
 def main() -> None:
     parser = benchmark_parser(__doc__, "60 training rows, one repetition")
-    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
     n_train, reps = (60, 1) if args.quick else (480, args.reps)
     root = Path(tempfile.mkdtemp(prefix="sw-finetune-"))
     model, train, evals = build_inputs(root, n_train, 40)
     ours_tokens = supervised_tokens(model, train)
     runs: dict[str, list[dict]] = {}
-    plan = [
-        ("ours lora", lambda: ours(model, train, evals, root / "o-lora", "lora", False)),
-        ("HF Trainer lora", lambda: theirs(model, train, evals, root / "h-lora", "lora")),
-        ("ours lora packed", lambda: ours(model, train, evals, root / "o-lora-p", "lora", True)),
-        ("ours qlora", lambda: ours(model, train, evals, root / "o-qlora", "qlora", False)),
-        ("HF Trainer qlora", lambda: theirs(model, train, evals, root / "h-qlora", "qlora")),
-        ("ours qlora packed", lambda: ours(model, train, evals, root / "o-qlora-p", "qlora", True)),
-    ]
     for rep in range(reps):
-        for name, fn in plan:
+        for name, fn in plan(root, model, train, evals, rep):
             runs.setdefault(name, []).append(fn())
             print(f"rep {rep + 1}/{reps} {name}: {runs[name][-1]}", file=sys.stderr, flush=True)
-    med = {
-        name: {k: statistics.median(r[k] for r in rs) for k in ("loop", "wall", "rss", "eval_loss")}
-        for name, rs in runs.items()
-    }
+    keys = ("loop", "wall", "rss", "eval_loss", "padded")
+    med = {n: {k: statistics.median(r[k] for r in rs) for k in keys} for n, rs in runs.items()}
     their_tokens = runs["HF Trainer lora"][0]["supervised"]
     report(med, ours_tokens, their_tokens, n_train, reps)
 
@@ -197,15 +217,18 @@ def report(med: dict, ours_tokens: int, their_tokens: int, n_train: int, reps: i
     print(
         f"{n_train} chat rows, 1 epoch, batch {HYPER['batch']}, LoRA r{HYPER['rank']} "
         f"all-linear, bf16 autocast; target tokens: ours {ours_tokens:,}, HF script "
-        f"{their_tokens:,}; medians of {reps} interleaved reps"
+        f"{their_tokens:,}; medians of {reps} interleaved reps, seeds 0..{reps - 1}"
     )
-    print(f"{'run':<20} {'tok/s loop':>11} {'tok/s e2e':>10} {'peak RSS MB':>12} {'eval loss':>10}")
+    print(
+        f"{'run':<20} {'tok/s loop':>11} {'tok/s e2e':>10} {'tokens run':>11} "
+        f"{'peak RSS MB':>12} {'eval loss':>10}"
+    )
     speed = {}
     for name, m in med.items():
         tokens = their_tokens if name.startswith("HF") else ours_tokens
         speed[name] = tokens / m["loop"]
         print(
-            f"{name:<20} {speed[name]:>11,.0f} {tokens / m['wall']:>10,.0f} "
+            f"{name:<20} {speed[name]:>11,.0f} {tokens / m['wall']:>10,.0f} {m['padded']:>11,.0f} "
             f"{m['rss']:>12,.0f} {m['eval_loss']:>10.4f}"
         )
     for mode in ("lora", "qlora"):
@@ -215,6 +238,10 @@ def report(med: dict, ours_tokens: int, their_tokens: int, n_train: int, reps: i
             f"{med[ours]['rss'] / med[theirs]['rss']:.2f}x; packing speed-up "
             f"{speed[packed] / speed[ours]:.2f}x"
         )
+    print(
+        "lora, padded batches on both sides: ours / HF Trainer tokens/s "
+        f"{speed['ours lora padded'] / speed['HF Trainer lora']:.2f}x"
+    )
     print(
         "headline: ours LoRA / HF Trainer LoRA supervised tokens/s = "
         f"{speed['ours lora'] / speed['HF Trainer lora']:.2f}x, with packing "

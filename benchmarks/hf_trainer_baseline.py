@@ -1,8 +1,9 @@
 """The baseline of benchmarks/finetune.py: a hand-written transformers.Trainer + PEFT script, as a
 user would write it, with assistant-only labels and the same hyperparameters as our run.
 
-Usage: python benchmarks/hf_trainer_baseline.py MODEL_DIR TRAIN.jsonl EVAL.jsonl OUT {lora,qlora}
-Prints one JSON line: supervised tokens trained, train_runtime, eval loss per target token.
+Usage: python benchmarks/hf_trainer_baseline.py MODEL TRAIN.jsonl EVAL.jsonl OUT {lora,qlora} SEED
+Prints one JSON line: supervised tokens trained, tokens run (padding included), train_runtime,
+eval loss per target token.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def main() -> None:
         TrainingArguments,
     )
 
-    model_dir, train_file, eval_file, out, mode = sys.argv[1:6]
+    model_dir, train_file, eval_file, out, mode, seed = sys.argv[1:7]
     start = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(model_dir)
 
@@ -78,13 +79,21 @@ def main() -> None:
         save_strategy="no",
         eval_strategy="no",
         report_to=[],
-        seed=0,
+        seed=int(seed),
         remove_unused_columns=False,
         dataloader_num_workers=0,
         disable_tqdm=True,
     )
     collator = DataCollatorForSeq2Seq(tok, padding=True, label_pad_token_id=-100)
-    trainer = Trainer(model=model, args=args, train_dataset=train, data_collator=collator)
+    padded = [0]
+
+    def counting(rows: list[dict]) -> dict:
+        """The same collator, counting the tokens the model runs (padding included)."""
+        batch = collator(rows)
+        padded[0] += batch["input_ids"].numel()
+        return batch
+
+    trainer = Trainer(model=model, args=args, train_dataset=train, data_collator=counting)
     result = trainer.train()
     model.eval()
     total = count = 0.0
@@ -109,6 +118,7 @@ def main() -> None:
         json.dumps(
             {
                 "supervised_tokens": supervised,
+                "padded_tokens": padded[0],
                 "train_runtime": result.metrics["train_runtime"],
                 "eval_loss": total / count,
                 "wall": time.perf_counter() - start,

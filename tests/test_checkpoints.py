@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -437,6 +438,17 @@ class CrashInStage(Extension):
             raise KeyboardInterrupt
 
 
+def crash_then_resume(cfg: Any, stage: int, step: int | None) -> Any:
+    """Run cfg("crash") until CrashInStage(stage, step) stops it, then resume it to the end."""
+    REGISTRY["crash_in_stage"] = lambda: CrashInStage(stage, step)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train_from_config(cfg("crash", enabled_extensions=["crash_in_stage"]), quiet=True)
+    finally:
+        del REGISTRY["crash_in_stage"]
+    return train_from_config(cfg("crash", resume_from_checkpoint="latest"), quiet=True)
+
+
 @pytest.mark.parametrize(("stage", "step"), [(1, 2), (0, None)], ids=["mid-stack", "between"])
 def test_progressive_diffusion_resumes_bitwise(tiny, tmp_path, stage, step):
     from test_progressive import grown
@@ -451,13 +463,7 @@ def test_progressive_diffusion_resumes_bitwise(tiny, tmp_path, stage, step):
         )
 
     full = train_from_config(cfg("full"), quiet=True)
-    REGISTRY["crash_in_stage"] = lambda: CrashInStage(stage, step)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            train_from_config(cfg("crash", enabled_extensions=["crash_in_stage"]), quiet=True)
-    finally:
-        del REGISTRY["crash_in_stage"]
-    resumed = train_from_config(cfg("crash", resume_from_checkpoint="latest"), quiet=True)
+    resumed = crash_then_resume(cfg, stage, step)
     wa, wb = full.rack.state_dict(), resumed.rack.state_dict()
     assert [k for k in wa if not torch.equal(wa[k], wb[k])] == []
     assert [r.eval for r in full.progressive.stacks] == [r.eval for r in resumed.progressive.stacks]

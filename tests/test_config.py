@@ -230,7 +230,10 @@ def test_fuzz_raw_yaml_text(tmp_path_factory, text):
 
 
 def _literal_fields() -> list[tuple[str, tuple[str, ...]]]:
-    """(dotted path, string choices) of every Literal field in the schema."""
+    """(dotted path, string choices) of every Literal field in the schema that a YAML boolean
+    could collide with (a field that also takes a bool reads it as one)."""
+    import typing
+
     from pydantic import BaseModel
 
     from stackwise.config.base import _string_choices
@@ -242,6 +245,8 @@ def _literal_fields() -> list[tuple[str, tuple[str, ...]]]:
             ann = field.annotation
             if isinstance(ann, type) and issubclass(ann, BaseModel):
                 walk(ann, f"{prefix}{name}.")
+            elif bool in typing.get_args(ann):
+                continue
             elif choices := _string_choices(ann):
                 found.append((f"{prefix}{name}", choices))
 

@@ -155,6 +155,37 @@ def test_progressive_growth_on_an_imported_frozen_trunk(tiny, imported, tmp_path
     assert (res.output_dir / "stacks" / "stack_0.safetensors").is_file()
 
 
+def test_growth_on_an_imported_trunk_resumes_bitwise(tiny, imported, tmp_path):
+    """Killed mid-way through the second grown stack (after a finished one): the resumed run
+    re-imports the trunk, regrows the finished stack and ends bit for bit where an
+    uninterrupted run ends."""
+    from test_checkpoints import crash_then_resume
+
+    first = train_from_config(
+        tiny(model={"n_stacks": 2, "blocks_per_stack": 1}, train={"max_steps": 2}), quiet=True
+    )
+    llama = tmp_path / "llama"
+    export_hf(first.output_dir, llama)
+
+    def cfg(name, **train):
+        data = imported(
+            llama,
+            build=False,
+            model={"blocks_per_stack": 1, "n_stacks": 4, "dropout": 0.1},
+            progressive={"strategy": "progressive", "steps_per_stack": 4},
+            train={"save_steps": 2, "output_dir": str(tmp_path / name), **train},
+        )
+        data["train"].pop("max_steps", None)  # each stack's budget is steps_per_stack
+        return from_dict(data)
+
+    full = train_from_config(cfg("full"), quiet=True)
+    resumed = crash_then_resume(cfg, 3, 2)
+    wa, wb = full.rack.state_dict(), resumed.rack.state_dict()
+    assert [k for k in wa if not torch.equal(wa[k], wb[k])] == []
+    assert [r.eval for r in full.progressive.stacks] == [r.eval for r in resumed.progressive.stacks]
+    assert len(resumed.progressive.stacks) == 2
+
+
 def test_a_non_llama_checkpoint_is_refused(tmp_path):
     from stackwise.io.hf_llama import read_llama_config
 

@@ -217,6 +217,7 @@ CUSTOM = {
     "data.train_on_eos",
     "data.drop_unsupervised",
     "data.packing",
+    "data.padding_free",
     "data.eval_files",
     "data.dataset_dir",
     "data.dataset_name",

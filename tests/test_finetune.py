@@ -91,29 +91,48 @@ def test_loss_is_normalized_over_the_whole_accumulated_batch(hf, tmp_path):
         assert torch.allclose(g, grads[1][name], rtol=1e-4, atol=1e-7), name
 
 
-def test_packed_loss_equals_unpacked(hf):
-    """Attention never crosses examples in a packed row (SDPA on CPU): same summed loss."""
+def test_packed_and_padding_free_losses_equal_padded(hf):
+    """Attention never crosses examples laid in one row (SDPA on CPU): padded, padding-free
+    and packed batches of the same examples give the same summed loss and gradients."""
     from stackwise.hf import loss as hf_loss
     from stackwise.hf.load import load_base
 
-    sums = []
-    for packing in (False, True):
+    sums, grads = [], []
+    layouts = [{"padding_free": False}, {"padding_free": True}, {"packing": True}]
+    for layout in layouts:
         cfg = hf_config(
-            hf["llama"],
-            hf["chat"],
-            hf["root"] / "unused",
-            data={"packing": packing, "seq_len": 128},
+            hf["llama"], hf["chat"], hf["root"] / "unused", data={**layout, "seq_len": 128}
         )
         data = chat_data(cfg)
+        torch.manual_seed(0)
         model = load_base(cfg, torch.device("cpu")).eval()
         rows = data.train
         batch = rows.collate([rows[i] for i in range(len(rows))])
-        with torch.no_grad():
-            nll, _ = hf_loss.target_sums(hf_loss.forward_logits(model, batch), batch["labels"])
-        sums.append((float(nll), int(hf_loss.target_count(batch)), len(rows)))
-    (a, n_a, rows_a), (b, n_b, rows_b) = sums
-    assert n_a == n_b and rows_b < rows_a
-    assert abs(a / n_a - b / n_b) < 1e-5
+        nll, _ = hf_loss.target_sums(hf_loss.forward_logits(model, batch), batch["labels"])
+        nll.backward()
+        grads.append(model.model.layers[0].mlp.down_proj.weight.grad.clone())
+        sums.append((nll.item(), int(hf_loss.target_count(batch)), batch["input_ids"].numel()))
+    (a, n_a, cells_a), (b, n_b, cells_b), (c, n_c, cells_c) = sums
+    assert n_a == n_b == n_c
+    assert cells_c <= cells_b < cells_a  # padding shrinks
+    assert abs(a / n_a - b / n_b) < 1e-5 and abs(a / n_a - c / n_c) < 1e-5
+    for g in grads[1:]:
+        assert torch.allclose(g, grads[0], rtol=1e-4, atol=1e-6)
+
+
+def test_padding_free_batch_keeps_its_examples():
+    """A padding-free batch holds exactly the batch's tokens and targets, positions restarting
+    at each example, in rows no longer than its longest example."""
+    from stackwise.chat.data import to_rows
+
+    examples = [([1] * n, [-100] + [2] * (n - 1)) for n in (9, 2, 5, 4, 3)]
+    rows = to_rows(examples, pad_id=0, packing=False, capacity=64, padding_free=True)
+    batch = rows.collate([rows[i] for i in range(len(rows))])
+    assert batch["input_ids"].shape == (3, 9) and "attention_mask" not in batch
+    assert int((batch["input_ids"] == 1).sum()) == 23
+    assert int((batch["labels"] == 2).sum()) == 23 - 5
+    starts = int((batch["position_ids"] == 0).sum())
+    assert starts == 5 + 1  # one per example, and the padding tail of the one short row
 
 
 def test_resume_restores_adapter_optimizer_and_data_position(hf, tmp_path):

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+import torch
 from hf_fixtures import chat_file, tiny_hf
 from test_fields_read import merge, set_path
 
@@ -30,6 +31,7 @@ HF_FIELDS: dict[str, tuple[Any, dict]] = {
     "data.train_on_eos": ("none", {}),
     "data.drop_unsupervised": (True, {"data": {"files": ["WITH_UNSUPERVISED"]}}),
     "data.packing": (True, {}),
+    "data.padding_free": (False, {}),
     "data.eval_files": ("EVAL_FILE", {}),
     "data.dataset_name": ("nobody/nothing", {}),  # beside data.files: refused
     "data.dataset_subset": ("x", {}),
@@ -215,3 +217,16 @@ def test_epochs_set_the_step_budget(world):
     assert res.config.train.max_steps == res.state.step
     with pytest.raises(StackWiseError, match="remove one of them"):
         from_dict(set_path(base_dict(world), "train.num_train_epochs", 1.0))
+
+
+def test_flash_attention_without_its_package_is_a_clear_error(world):
+    """flash_attention_2 runs where flash-attn is installed (a CUDA machine); elsewhere the run
+    stops at load with what to install or pick instead."""
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") is not None and torch.cuda.is_available():
+        pytest.skip("flash-attn is installed here: the option runs")
+    data = merge(base_dict(world), {"model": {"attn_implementation": "flash_attention_2"}})
+    out = world["root"] / "flash"
+    with pytest.raises(StackWiseError, match="attn_implementation: sdpa"):
+        train_from_config(from_dict(set_path(data, "train.output_dir", str(out))), quiet=True)

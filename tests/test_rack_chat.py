@@ -133,6 +133,7 @@ def test_rack_chat_settings_that_cannot_work_are_refused(chat, tmp_path):
     for sections, words in (
         ({"data": {"tokenizer": None}}, "needs data.tokenizer"),
         ({"data": {"packing": True}}, "attends across packed"),
+        ({"data": {"padding_free": True}}, "attends across the examples"),
         ({"objective": {"name": "mlm"}}, "use clm or diffusion"),
     ):
         data = rack_dict(chat, tmp_path / "r", **sections)

@@ -23,8 +23,10 @@ def build_chat_data(config: Any, tok: Any) -> PreparedData:
     train = examples_of(rows, tok, cfg, stats)
     val = examples_of(eval_rows, tok, cfg, eval_stats)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    train_rows = to_rows(train, pad, cfg.packing, cfg.seq_len)
-    val_rows = to_rows(val, pad, False, cfg.seq_len)  # scored one example per row, as given
+    # racks attend across packed examples: padding-free batches are for HF models only
+    free = cfg.padding_free is True or (cfg.padding_free == "auto" and config.model.source == "hf")
+    train_rows = to_rows(train, pad, cfg.packing, cfg.seq_len, free)
+    val_rows = to_rows(val, pad, False, cfg.seq_len, free)  # each example scored on its own
     packed = f", packed into {len(train_rows):,} rows" if cfg.packing else ""
     note = f"train: {stats.line()}{packed}; eval: {eval_stats.line()}; {template}"
     return PreparedData(

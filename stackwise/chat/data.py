@@ -47,10 +47,19 @@ class ChatStats:
 
 class ChatRows(Dataset):
     """Rows of token ids with labels (IGNORE where not a target); packed rows also carry
-    position_ids. `collate` pads a batch to its longest row."""
+    position_ids. `collate` pads a batch to its longest row; with `padding_free` it first lays
+    the batch's rows end to end in as few rows as that longest one holds, so a step sees the
+    same examples and targets, and only the padding shrinks."""
 
-    def __init__(self, rows: list[dict[str, torch.Tensor]], pad_id: int, packed: bool) -> None:
+    def __init__(
+        self,
+        rows: list[dict[str, torch.Tensor]],
+        pad_id: int,
+        packed: bool,
+        padding_free: bool = False,
+    ) -> None:
         self.rows, self.pad_id, self.packed = rows, pad_id, packed
+        self.padding_free = padding_free
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -59,21 +68,28 @@ class ChatRows(Dataset):
         return self.rows[i]
 
     def collate(self, items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        if self.padding_free and len(items) > 1:
+            return self._padded([join_rows(items, m) for m in bins_of_batch(items)], True)
+        return self._padded(items, self.packed)
+
+    def _padded(
+        self, items: list[dict[str, torch.Tensor]], packed: bool
+    ) -> dict[str, torch.Tensor]:
         width = max(len(it["input_ids"]) for it in items)
         n = len(items)
         ids = torch.full((n, width), self.pad_id, dtype=torch.long)
         labels = torch.full((n, width), IGNORE, dtype=torch.long)
         lengths = torch.tensor([len(it["input_ids"]) for it in items])
         out: dict[str, torch.Tensor] = {"input_ids": ids, "labels": labels}
-        if self.packed:  # padding continues as one more "example" of its own
+        if packed:  # padding continues as one more "example" of its own
             out["position_ids"] = torch.zeros((n, width), dtype=torch.long)
         for r, it in enumerate(items):
             k = len(it["input_ids"])
             ids[r, :k], labels[r, :k] = it["input_ids"], it["labels"]
-            if self.packed:
+            if packed:
                 out["position_ids"][r, :k] = it["position_ids"]
                 out["position_ids"][r, k:] = torch.arange(width - k)
-        if not self.packed:
+        if not packed:
             out["attention_mask"] = (torch.arange(width)[None] < lengths[:, None]).long()
         return out
 
@@ -150,14 +166,35 @@ def best_fit_bins(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
+def bins_of_batch(items: list[dict[str, torch.Tensor]]) -> list[list[int]]:
+    """The batch's rows grouped into bins no longer than its longest row."""
+    lengths = [len(it["input_ids"]) for it in items]
+    return [sorted(b) for b in best_fit_bins(lengths, max(lengths))]
+
+
+def join_rows(items: list[dict[str, torch.Tensor]], members: list[int]) -> dict[str, torch.Tensor]:
+    """Rows end to end, positions restarting at each (a packed row's own positions kept)."""
+    parts = [items[m] for m in members]
+    pos = [it.get("position_ids", torch.arange(len(it["input_ids"]))) for it in parts]
+    return {
+        "input_ids": torch.cat([it["input_ids"] for it in parts]),
+        "labels": torch.cat([it["labels"] for it in parts]),
+        "position_ids": torch.cat(pos),
+    }
+
+
 def to_rows(
-    examples: list[tuple[list[int], list[int]]], pad_id: int, packing: bool, capacity: int
+    examples: list[tuple[list[int], list[int]]],
+    pad_id: int,
+    packing: bool,
+    capacity: int,
+    padding_free: bool = False,
 ) -> ChatRows:
     if not packing:
         rows = [
             {"input_ids": torch.tensor(ids), "labels": torch.tensor(lab)} for ids, lab in examples
         ]
-        return ChatRows(rows, pad_id, packed=False)
+        return ChatRows(rows, pad_id, packed=False, padding_free=padding_free)
     rows = []
     for members in best_fit_bins([len(ids) for ids, _ in examples], capacity):
         members.sort()  # the data order inside a bin: deterministic, and close to the file's
@@ -171,4 +208,4 @@ def to_rows(
                 "position_ids": torch.tensor(pos),
             }
         )
-    return ChatRows(rows, pad_id, packed=True)
+    return ChatRows(rows, pad_id, packed=True, padding_free=padding_free)

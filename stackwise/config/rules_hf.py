@@ -30,6 +30,7 @@ CHAT_ONLY = [
     "train_on_eos",
     "drop_unsupervised",
     "packing",
+    "padding_free",
     "eval_files",
     "dataset_dir",
     "dataset_name",
@@ -207,5 +208,10 @@ def rack_chat(cfg: Config) -> Iterator[str]:
         yield "instruction data trains a rack end to end; progressive growth reads pretraining text"
     if d.packing:
         yield "data.packing needs a Hugging Face model; a rack attends across packed examples"
+    if d.padding_free is True:
+        yield (
+            "data.padding_free needs a Hugging Face model; a rack attends across the examples "
+            "of a row. Remove it (rack batches are padded)"
+        )
     if cfg.objective.random_length_ratio:
         yield "objective.random_length_ratio cuts pretraining rows; remove it for instruction data"

@@ -123,6 +123,11 @@ class DataConfig(Section):
         False, description="Drop (and count) examples with no target token instead of failing."
     )
     packing: bool = Field(False, description="instruction: pack examples into rows of seq_len.")
+    padding_free: Literal["auto"] | bool = Field(
+        "auto",
+        description="instruction: lay each batch's examples end to end in rows no longer than "
+        "its longest (the same examples and loss, less padding); auto: on for hf models.",
+    )
     eval_files: list[str] = Field(
         default_factory=list, description="instruction: evaluation rows (else val_fraction)."
     )

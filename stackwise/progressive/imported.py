@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stackwise.errors import StackWiseError
 from stackwise.io.hf_llama import load_llama_weights, read_llama_config
 
 
@@ -24,12 +23,8 @@ def imported_stacks(config: Any) -> int:
 
 def import_trunk(pt: Any) -> int:
     """Grow the imported stacks into `pt`'s builder, load the checkpoint, freeze it all and
-    save its stack files (so the run folder describes the whole rack). Returns their count."""
-    if pt.config.train.resume_from_checkpoint:
-        raise StackWiseError(
-            "Resuming a progressive run grown on an imported trunk (model.init_from_hf) is not "
-            "available yet: start the run again without train.resume_from_checkpoint."
-        )
+    save its stack files (so the run folder describes the whole rack). Returns their count.
+    A resumed run imports the same way, then regrows its trained stacks after these."""
     b, folder = pt.builder, Path(pt.config.model.init_from_hf).expanduser()
     n = imported_stacks(pt.config)
     for _ in range(n):
@@ -41,6 +36,6 @@ def import_trunk(pt: Any) -> int:
     b.set_anchor_trainable(False)
     target = pt.config.model.n_stacks
     pt.log(f"imported {n} stack(s) from {folder} as the frozen trunk; growing to {target}")
-    if pt.p.save_stacks:
+    if pt.p.save_stacks and not pt.config.train.resume_from_checkpoint:
         pt.save_stacks(changed_only=False)
     return n

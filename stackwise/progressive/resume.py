@@ -47,29 +47,31 @@ def stage_resume(config: Config, stage_dir: Path) -> str | None:
     return None
 
 
-def restore_progress(pt: Any, n: int) -> None:
+def restore_progress(pt: Any, n: int, start: int = 0) -> None:
     """Regrow the stacks whose stages finished (as the history records them), load their saved
-    weights, and restore the RNG as it stood when the last of them ended."""
+    weights, and restore the RNG as it stood when the last of them ended. `start` stacks are
+    already in place (an imported trunk, loaded from its own checkpoint)."""
     from stackwise.quant.layers import load_quantized_state
 
     path = pt.output_dir / HISTORY
     if not path.is_file():
-        if (pt.output_dir / "stack_0" / LATEST).is_file():
+        if (pt.output_dir / f"stack_{start}" / LATEST).is_file():
             return  # interrupted during the first stage: it resumes on its own
         raise StackWiseError(
             f"train.resume_from_checkpoint is 'latest', but '{pt.output_dir}' holds neither "
-            f"{HISTORY} nor a stage checkpoint (stack_0/{LATEST}): nothing was saved there "
-            "yet. Check train.output_dir, set train.save_steps, or start without resuming."
+            f"{HISTORY} nor a stage checkpoint (stack_{start}/{LATEST}): nothing was saved "
+            "there yet. Check train.output_dir, set train.save_steps, or start without resuming."
         )
     saved = read_json(path, DAMAGED)
-    done = saved["stacks"][:n]
+    done = saved["stacks"][: n - start]
     b = pt.builder
-    for index in range(len(done)):
+    for index in range(start, start + len(done)):
         pt.finish_stack(pt.grow(index))
     root = pt.output_dir / STACKS_DIR
     try:
-        b.rack.load_state_dict(read_tensors(root / ANCHOR, DAMAGED), strict=False)
-        for stack in b.rack.stacks:
+        if start == 0:  # an imported anchor is frozen and already loaded
+            b.rack.load_state_dict(read_tensors(root / ANCHOR, DAMAGED), strict=False)
+        for stack in b.grown[start:]:
             g = b.growth_index(stack)
             state = read_tensors(root / f"stack_{g}.safetensors", DAMAGED)
             load_quantized_state(stack, state)

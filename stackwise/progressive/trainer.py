@@ -352,10 +352,11 @@ class ProgressiveTrainer:
                 f"target_stacks={n} exceeds model.n_stacks={self.config.model.n_stacks}, which "
                 "sets the depth used to scale initialisation and the noise mapping."
             )
-        if self.config.model.init_from_hf and not self.builder.grown:
-            import_trunk(self)  # the checkpoint's layers: the first, frozen stacks
-        elif self.config.train.resume_from_checkpoint and not self.builder.grown:
-            restore_progress(self, n)
+        if not self.builder.grown:
+            if self.config.model.init_from_hf:
+                import_trunk(self)  # the checkpoint's layers: the first, frozen stacks
+            if self.config.train.resume_from_checkpoint:
+                restore_progress(self, n, start=len(self.builder.grown))
         self.builder.rack.set_depth_routing(None)  # routing is for the finished rack only
         for index in range(len(self.builder.grown), n):
             try:
