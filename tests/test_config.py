@@ -54,6 +54,16 @@ def test_unknown_key_suggests_nearest():
         from_dict({"train": {"nonsense": 1}})
 
 
+def test_every_unknown_key_is_named_at_once():
+    """A file with three typos gets all three in one error, each with its own hint."""
+    with pytest.raises(StackWiseError) as err:
+        from_dict({"model": {"blocks_per_stak": 2, "d_modle": 8}, "train": {"nonsense": 1}})
+    text = str(err.value)
+    assert text.startswith("3 unknown config keys")
+    assert "'model.blocks_per_stak' — did you mean 'blocks_per_stack'" in text
+    assert "'model.d_modle' — did you mean 'd_model'" in text and "'train.nonsense'" in text
+
+
 @pytest.mark.parametrize(
     ("data", "needle"),
     [

@@ -259,3 +259,39 @@ def test_finetune_errors_name_the_flags_typed(files, tmp_path, capsys):
     assert main(["finetune", *flags]) == 2
     err = " ".join(capsys.readouterr().err.split())  # the paragraph is wrapped at 100 columns
     assert "--train_batch_size (train.batch_size)=1000" in err
+
+
+def test_a_finetune_file_previews_and_its_typos_are_all_named(files, tmp_path, capsys):
+    """`data preview` reads a `finetune --config` file (flat seed keys); --index counts
+    examples even when packing lays them into fewer rows; every unknown key of such a file is
+    named at once with its nearest flat name."""
+    flat = {
+        "model_name_or_path": str(files["model"]),
+        "train_file": str(files["chat"]),
+        "max_seq_length": 128,
+        "packing": True,
+    }
+    good = tmp_path / "ft.json"
+    good.write_text(json.dumps(flat))
+    last = 20  # of the ~22 training examples of chat_file(n=24); packed, they fill ~5 rows
+    assert main(["data", "preview", str(good), "--index", str(last)]) == 0
+    shown = capsys.readouterr().out
+    assert f"--- example {last};" in shown and "[[" in shown and "data.packing lays" in shown
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**flat, "lora_rr": 8, "learnin_rate": 1e-3}))
+    for argv in (["data", "preview", str(bad)], ["finetune", "--config", str(bad)]):
+        assert main(argv) == 2
+        err = " ".join(capsys.readouterr().err.split())  # the message is wrapped to the terminal
+        assert "2 unknown key(s)" in err and "Traceback" not in err
+        assert "'lora_rr' (did you mean 'lora_r'?)" in err and "'learning_rate'" in err
+
+
+def test_generate_help_on_a_fine_tuned_run_speaks_of_the_model(files, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["finetune", *seed_flags(files, out, max_steps=1)]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["generate", "--checkpoint", str(out), "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "this model is causal" in shown and "this rack" not in shown
+    assert "a fine-tuned model takes --chat QUESTION" in shown

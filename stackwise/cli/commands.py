@@ -317,9 +317,12 @@ def generate_help_defaults(argv: list[str]) -> dict[str, Any] | None:
     except StackWiseError:
         return None
     shown: dict[str, Any] = config.sample.model_dump()
+    what = "model" if config.model.source == "hf" else "rack"
     if config.objective.causal:
         for name in ("steps", "sampler", "remasking", "block_length", "no_repeat_words"):
-            shown[name] = "n/a: this rack is causal"
+            shown[name] = f"n/a: this {what} is causal"
+    if config.model.source == "hf":
+        shown["prompt"] = "none: a fine-tuned model takes --chat QUESTION"
     else:
         shown["sampler"] = config.sample.resolved_sampler(config.objective.name)
     return shown

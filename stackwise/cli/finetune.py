@@ -179,6 +179,37 @@ def _read_file(path: str) -> dict[str, Any]:
     return data
 
 
+def is_finetune_file(name: str) -> bool:
+    """A JSON/YAML file written for `finetune --config`: it uses at least one flat seed key."""
+    file = Path(name).expanduser()
+    if not file.is_file() or file.suffix not in (".json", ".yaml", ".yml"):
+        return False
+    try:
+        data = _read_file(name)
+    except StackWiseError:
+        return False  # the ordinary loader names what is wrong with it
+    return any(k in FLAGS or k in PRECISION_FLAGS for k in data)
+
+
+def _stray_keys(given: dict[str, Any], origin: str) -> None:
+    """Keys of a finetune file that are neither flat seed names nor config sections: all named
+    at once, each with the nearest valid name."""
+    from stackwise.config import Config
+
+    names = [*FLAGS, *PRECISION_FLAGS, *Config.model_fields]
+    stray = [k for k in given if k not in names]
+    if not stray:
+        return
+    parts = []
+    for key in stray:
+        close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
+        parts.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+    raise StackWiseError(
+        f"{origin} has {len(stray)} unknown key(s): {', '.join(parts)}. Use the flat names of "
+        "`stackwise finetune --help` or our sections (model, data, train, lora, ...)."
+    )
+
+
 def finetune_config(argv: list[str]) -> Any:
     """The config of a `stackwise finetune` command line."""
     from stackwise.config import from_dict
@@ -188,6 +219,7 @@ def finetune_config(argv: list[str]) -> Any:
     data: dict[str, Any] = json.loads(json.dumps(DEFAULTS))
     if config_file:
         given = _read_file(config_file)
+        _stray_keys(given, f"--config {config_file}")
         flat = {k: v for k, v in given.items() if k in FLAGS or k in PRECISION_FLAGS}
         nested = json.loads(json.dumps({k: v for k, v in given.items() if k not in flat}))
         _apply_flat(nested, flat, f"--config {config_file}", strict=True)  # both: refused

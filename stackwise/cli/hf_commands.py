@@ -175,19 +175,29 @@ def cmd_data(ns: argparse.Namespace) -> int:
     from stackwise.chat.build import build_chat_data
     from stackwise.chat.preview import marked
     from stackwise.cli.common import load_args
+    from stackwise.cli.finetune import finetune_config, is_finetune_file
+    from stackwise.config.derive import derive
     from stackwise.pipeline import instruction_tokenizer
 
-    config = load_args(ns.args)
+    if ns.args and is_finetune_file(ns.args[0]):  # the flat keys of a `finetune --config`
+        config = finetune_config(["--config", ns.args[0], *ns.args[1:]])
+    else:
+        config = load_args(ns.args)
     if config.data.mode != "instruction":
         raise StackWiseError(
             "data preview shows the targets of instruction data; this config has "
             "data.mode: pretraining, where every token is a target."
         )
-    data = build_chat_data(config, instruction_tokenizer(config))
+    packed = config.data.packing  # --index counts examples, one per row, packed or not
+    data = build_chat_data(derive(config, {"data.packing": False}), instruction_tokenizer(config))
     rows = data.train
     if not 0 <= ns.index < len(rows):
-        raise StackWiseError(f"--index {ns.index} is out of range: there are {len(rows)} rows.")
+        raise StackWiseError(
+            f"--index {ns.index} is out of range: there are {len(rows)} training examples "
+            f"(0 to {len(rows) - 1})."
+        )
     row = rows[ns.index]
     print(marked(data.tokenizer, row["input_ids"].tolist(), row["labels"].tolist()))
-    print(f"--- {data.describe}")
+    laid = "; data.packing lays the examples end to end in rows of data.seq_len" if packed else ""
+    print(f"--- example {ns.index}; {data.describe}{laid}")
     return 0

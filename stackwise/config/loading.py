@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
@@ -22,37 +23,58 @@ def _field_names(model: type[BaseModel]) -> list[str]:
     return list(model.model_fields)
 
 
-def _check_keys(data: Any, model: type[BaseModel], path: str = "") -> None:
-    """Reject unknown keys with a nearest-match hint before pydantic sees them."""
+def _check_keys(data: Any, model: type[BaseModel]) -> None:
+    """Reject unknown keys, every one of them at once, each with its nearest-match hint, before
+    pydantic sees them."""
+    found = list(_unknown_keys(data, model))
+    if len(found) == 1:
+        where, suggestion, valid = found[0]
+        raise StackWiseError(f"Unknown config key '{where}'{suggestion} Valid keys here: {valid}.")
+    if found:
+        listed = "; ".join(f"'{where}'{suggestion.rstrip('?')}" for where, suggestion, _ in found)
+        raise StackWiseError(
+            f"{len(found)} unknown config keys: {listed}. Fix or remove each; `stackwise config "
+            "show` prints every valid key."
+        )
+
+
+def _unknown_keys(
+    data: Any, model: type[BaseModel], path: str = ""
+) -> Iterator[tuple[str, str, str]]:
+    """(dotted key, ' — did you mean ...?' or '', the valid keys there) of each unknown key."""
     if not isinstance(data, dict):
         return
     names = _field_names(model)
     for key, value in data.items():
         where = f"{path}{key}"
         if not isinstance(key, str) or key not in names:
-            hint = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
-            # also search one level down, so `blocks_per_stack` at top level finds model.*
-            if not hint and not path:
-                for sec in names:
-                    sub = model.model_fields[sec].annotation
-                    if isinstance(sub, type) and issubclass(sub, BaseModel):
-                        close = difflib.get_close_matches(str(key), _field_names(sub), 1, 0.7)
-                        if close:
-                            hint = [f"{sec}.{close[0]}"]
-                            break
-            suggestion = f" — did you mean '{hint[0]}'?" if hint else ""
-            valid = ", ".join(names)
-            raise StackWiseError(
-                f"Unknown config key '{where}'{suggestion} Valid keys here: {valid}."
-            )
+            hint = _nearest(str(key), model, top=not path)
+            yield where, f" — did you mean '{hint}'?" if hint else "", ", ".join(names)
+            continue
         annotation = model.model_fields[key].annotation
         sub = _section_of(annotation)
         if sub is not None:
-            _check_keys(value, sub, f"{where}.")
+            yield from _unknown_keys(value, sub, f"{where}.")
         elif get_origin(annotation) is dict and isinstance(value, dict):
             item = _section_of(get_args(annotation)[1])  # progressive.stacks.<k>.*
             for k, v in value.items() if item is not None else ():
-                _check_keys(v, item, f"{where}.{k}.")
+                yield from _unknown_keys(v, item, f"{where}.{k}.")
+
+
+def _nearest(key: str, model: type[BaseModel], top: bool) -> str | None:
+    """The closest valid key; at the top level also one level down, so `blocks_per_stack`
+    finds model.*."""
+    names = _field_names(model)
+    hint = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
+    if hint:
+        return hint[0]
+    for sec in names if top else ():
+        sub = model.model_fields[sec].annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            close = difflib.get_close_matches(key, _field_names(sub), 1, 0.7)
+            if close:
+                return f"{sec}.{close[0]}"
+    return None
 
 
 def _section_of(annotation: Any) -> type[BaseModel] | None:
