@@ -29,8 +29,9 @@ WORDS = [
 def tiny_hf(
     folder: Path, kind: str = "llama", tied: bool = True, template: str | None = None
 ) -> Path:
-    """A 2-layer model of `kind` (llama or qwen2) with a byte-level tokenizer, saved to folder."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    """A 2-layer model of `kind` (a transformers model_type: llama, qwen2, mistral, ...) with a
+    byte-level tokenizer, saved to folder."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from stackwise.data.tokenizer import byte_tokenizer
 
@@ -50,13 +51,10 @@ def tiny_hf(
         "eos_token_id": tok.eos_token_id,
         "pad_token_id": tok.pad_token_id,
     }
-    cls, cfg = (
-        (Qwen2ForCausalLM, Qwen2Config(**shape))
-        if kind == "qwen2"
-        else (LlamaForCausalLM, LlamaConfig(**shape))
-    )
     torch.manual_seed(0)
-    cls(cfg).save_pretrained(str(folder))
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **shape)).save_pretrained(
+        str(folder)
+    )
     tok.save_pretrained(str(folder))
     return folder
 

@@ -155,10 +155,16 @@ def test_progressive_growth_on_an_imported_frozen_trunk(tiny, imported, tmp_path
     assert (res.output_dir / "stacks" / "stack_0.safetensors").is_file()
 
 
-def test_growth_on_an_imported_trunk_resumes_bitwise(tiny, imported, tmp_path):
+@pytest.mark.parametrize(
+    "growth",
+    [{}, {"trunk_strategy": "full", "head_policy": "always"}],
+    ids=["frozen-trunk", "trained-trunk-and-head"],
+)
+def test_growth_on_an_imported_trunk_resumes_bitwise(tiny, imported, tmp_path, growth):
     """Killed mid-way through the second grown stack (after a finished one): the resumed run
-    re-imports the trunk, regrows the finished stack and ends bit for bit where an
-    uninterrupted run ends."""
+    re-imports the trunk, regrows the finished stack, takes back what the stages trained (the
+    imported stacks and head too, when they train) and ends bit for bit where an uninterrupted
+    run ends."""
     from test_checkpoints import crash_then_resume
 
     first = train_from_config(
@@ -172,7 +178,7 @@ def test_growth_on_an_imported_trunk_resumes_bitwise(tiny, imported, tmp_path):
             llama,
             build=False,
             model={"blocks_per_stack": 1, "n_stacks": 4, "dropout": 0.1},
-            progressive={"strategy": "progressive", "steps_per_stack": 4},
+            progressive={"strategy": "progressive", "steps_per_stack": 4, **growth},
             train={"save_steps": 2, "output_dir": str(tmp_path / name), **train},
         )
         data["train"].pop("max_steps", None)  # each stack's budget is steps_per_stack

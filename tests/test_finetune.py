@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -120,19 +121,84 @@ def test_packed_and_padding_free_losses_equal_padded(hf):
         assert torch.allclose(g, grads[0], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "qwen3"])
+def test_each_checked_architecture_keeps_examples_in_a_shared_row_apart(hf, kind, tmp_path):
+    """The architectures packing and padding-free batches are allowed for: two rows, one
+    holding three examples end to end, score their targets as the padded batch does."""
+    from stackwise.chat.shared_rows import VERIFIED
+    from stackwise.hf import loss as hf_loss
+    from stackwise.hf.load import load_base
+
+    assert kind in VERIFIED
+    model_dir = tiny_hf(tmp_path / kind, kind=kind)
+    cfg = hf_config(model_dir, hf["chat"], tmp_path / "unused", data={"padding_free": True})
+    data = chat_data(cfg)
+    model = load_base(cfg, torch.device("cpu")).eval()
+    by_length = sorted(
+        (data.train[i] for i in range(len(data.train))), key=lambda r: len(r["labels"])
+    )
+    items = [by_length[-1], *by_length[:3]]  # the longest holds room for the short ones
+    free = data.train.collate(items)
+    assert free["input_ids"].shape[0] < 4  # some examples do share a row
+    padded = type(data.train)(items, data.train.pad_id, packed=False).collate(items)
+    with torch.no_grad():
+        a, _ = hf_loss.target_sums(hf_loss.forward_logits(model, padded), padded["labels"])
+        b, _ = hf_loss.target_sums(hf_loss.forward_logits(model, free), free["labels"])
+    assert abs(a.item() - b.item()) < 1e-4 * abs(a.item())
+
+
+def test_shared_rows_are_off_or_refused_where_examples_could_mix(hf, tmp_path):
+    """An architecture no test checks, or flash attention: auto pads, asking is refused."""
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(hf["llama"], other)
+    spec = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**spec, "model_type": "bloom"}))
+    auto = chat_data(hf_config(other, hf["chat"], tmp_path / "o"))
+    assert not auto.train.padding_free and "padding-free" not in auto.describe
+    for data, words in (
+        ({"padding_free": True}, "'bloom' models are not checked"),
+        ({"packing": True}, "'bloom' models are not checked"),
+    ):
+        with pytest.raises(StackWiseError, match=words):
+            chat_data(hf_config(other, hf["chat"], tmp_path / "o", data=data))
+    flash = {"model": {"attn_implementation": "flash_attention_2"}}
+    assert not chat_data(
+        hf_config(hf["llama"], hf["chat"], tmp_path / "f", **flash)
+    ).train.padding_free
+    with pytest.raises(StackWiseError, match="only in a batch of one row"):
+        chat_data(
+            hf_config(hf["llama"], hf["chat"], tmp_path / "f", data={"packing": True}, **flash)
+        )
+    assert "padding-free" in chat_data(hf_config(hf["llama"], hf["chat"], tmp_path / "l")).describe
+
+
 def test_padding_free_batch_keeps_its_examples():
-    """A padding-free batch holds exactly the batch's tokens and targets, positions restarting
-    at each example, in rows no longer than its longest example."""
+    """A padding-free batch holds exactly the batch's examples, each whole, in order, with its
+    own labels and positions 0..n-1, in rows no longer than its longest example; the padding
+    tail is neither a target nor part of an example."""
     from stackwise.chat.data import to_rows
 
-    examples = [([1] * n, [-100] + [2] * (n - 1)) for n in (9, 2, 5, 4, 3)]
+    lengths = (9, 2, 5, 4, 3)
+    examples = [
+        ([100 * (e + 1) + k for k in range(n)], [-100] + [100 * (e + 1) + k for k in range(1, n)])
+        for e, n in enumerate(lengths)
+    ]
     rows = to_rows(examples, pad_id=0, packing=False, capacity=64, padding_free=True)
     batch = rows.collate([rows[i] for i in range(len(rows))])
     assert batch["input_ids"].shape == (3, 9) and "attention_mask" not in batch
-    assert int((batch["input_ids"] == 1).sum()) == 23
-    assert int((batch["labels"] == 2).sum()) == 23 - 5
-    starts = int((batch["position_ids"] == 0).sum())
-    assert starts == 5 + 1  # one per example, and the padding tail of the one short row
+    found = []
+    rows = zip(batch["input_ids"], batch["labels"], batch["position_ids"], strict=True)
+    for ids, labels, pos in rows:
+        starts = [i for i in range(len(pos)) if pos[i] == 0] + [len(pos)]
+        for a, b in itertools.pairwise(starts):
+            assert pos[a:b].tolist() == list(range(b - a))
+            if ids[a] == 0:  # the padding tail: no target
+                assert (labels[a:b] == -100).all()
+                continue
+            found.append((ids[a:b].tolist(), labels[a:b].tolist()))
+    assert sorted(found) == sorted(examples)
 
 
 def test_resume_restores_adapter_optimizer_and_data_position(hf, tmp_path):

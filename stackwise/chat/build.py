@@ -5,9 +5,31 @@ from __future__ import annotations
 from typing import Any
 
 from stackwise.chat.data import ChatStats, examples_of, to_rows
+from stackwise.chat.shared_rows import shared_row_problem
 from stackwise.chat.sources import load_rows, split_off
 from stackwise.chat.template import use_template
 from stackwise.data.pack import PreparedData
+from stackwise.errors import StackWiseError
+
+
+def shared_rows(config: Any) -> bool:
+    """Whether batches lay several examples in one row (padding-free); packing or padding-free
+    asked for where examples could see each other is refused. Racks always pad (their rules
+    refuse both)."""
+    cfg = config.data
+    if config.model.source != "hf":
+        return False
+    asked = (
+        "data.packing" if cfg.packing else "data.padding_free" if cfg.padding_free is True else None
+    )
+    problem = shared_row_problem(config) if asked or cfg.padding_free == "auto" else None
+    if problem and asked:
+        raise StackWiseError(
+            f"{asked} lays several examples in one row, but {problem}, so they could attend to "
+            f"each other. Use model.attn_implementation: sdpa or eager with a checked "
+            f"architecture, or set {asked}: false."
+        )
+    return cfg.padding_free is True or (cfg.padding_free == "auto" and problem is None)
 
 
 def build_chat_data(config: Any, tok: Any) -> PreparedData:
@@ -23,11 +45,11 @@ def build_chat_data(config: Any, tok: Any) -> PreparedData:
     train = examples_of(rows, tok, cfg, stats)
     val = examples_of(eval_rows, tok, cfg, eval_stats)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    # racks attend across packed examples: padding-free batches are for HF models only
-    free = cfg.padding_free is True or (cfg.padding_free == "auto" and config.model.source == "hf")
+    free = shared_rows(config)
     train_rows = to_rows(train, pad, cfg.packing, cfg.seq_len, free)
     val_rows = to_rows(val, pad, False, cfg.seq_len, free)  # each example scored on its own
     packed = f", packed into {len(train_rows):,} rows" if cfg.packing else ""
+    packed += ", padding-free batches" if free and not cfg.packing else ""
     note = f"train: {stats.line()}{packed}; eval: {eval_stats.line()}; {template}"
     return PreparedData(
         tokenizer=tok,

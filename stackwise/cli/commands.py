@@ -321,8 +321,8 @@ def generate_help_defaults(argv: list[str]) -> dict[str, Any] | None:
     if config.objective.causal:
         for name in ("steps", "sampler", "remasking", "block_length", "no_repeat_words"):
             shown[name] = f"n/a: this {what} is causal"
-    if config.model.source == "hf":
-        shown["prompt"] = "none: a fine-tuned model takes --chat QUESTION"
     else:
         shown["sampler"] = config.sample.resolved_sampler(config.objective.name)
+    if config.model.source == "hf":
+        shown["prompt"] = "none: a fine-tuned model takes --chat QUESTION"
     return shown

@@ -76,7 +76,7 @@ def _data_parser(sub: Any) -> None:
     )
     d.add_argument("action", choices=["preview"])
     d.add_argument("args", nargs="*", metavar="CONFIG|key=value", help=ARGS_HELP)
-    d.add_argument("--index", type=int, default=0, help="which training row (default: 0)")
+    d.add_argument("--index", type=int, default=0, help="which training example (default: 0)")
     d.set_defaults(func=cmd_data)
 
 

@@ -14,8 +14,8 @@ from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
 from stackwise.config import DataConfig
-from stackwise.data.sources import load_documents
-from stackwise.data.tokenize import token_stream
+from stackwise.data.documents import Corpus
+from stackwise.data.store import token_store
 from stackwise.data.tokenizer import bytes_per_token, make_tokenizer
 from stackwise.errors import StackWiseError
 from stackwise.objectives.base import Specials
@@ -79,15 +79,19 @@ def to_blocks(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
 
 
 def build_data(cfg: DataConfig) -> PreparedData:
-    docs = load_documents(cfg)
-    texts = [t for _, t in docs]
-    tok = make_tokenizer(cfg.tokenizer, texts, cfg.bpe_vocab_size, cfg.cache_dir)
-    stream = token_stream(tok, texts, tok.eos_token_id)
+    """The corpus's token store (built once, then memory-mapped) cut into blocks: the last
+    val_fraction of the stream is validation."""
+    corpus = Corpus(cfg)
+    tok = make_tokenizer(
+        cfg.tokenizer, corpus, cfg.bpe_vocab_size, cfg.cache_dir, corpus_key=corpus.fingerprint
+    )
+    store = token_store(corpus, tok, cfg.cache_dir)
+    stream = store.tokens
     n_val = max(cfg.seq_len, int(stream.numel() * cfg.val_fraction))
     train_blocks = to_blocks(stream[:-n_val], cfg.seq_len)
     val_blocks = to_blocks(stream[-n_val:], cfg.seq_len)
     if train_blocks.shape[0] == 0 or val_blocks.shape[0] == 0:
-        names = ", ".join(sorted({n for n, _ in docs}))[:200]
+        names = ", ".join(sorted({str(p) for p, _ in corpus.files}))[:200]
         raise StackWiseError(
             f"The data ({names}) gives {stream.numel()} tokens: too few for one training and one "
             f"validation block of data.seq_len={cfg.seq_len}. Add text or lower data.seq_len."
@@ -99,6 +103,6 @@ def build_data(cfg: DataConfig) -> PreparedData:
         tokenizer=tok,
         train=TokenBlocks(train_blocks, table),
         val=TokenBlocks(val_blocks, table),
-        n_documents=len(docs),
+        n_documents=store.n_documents,
         n_tokens=int(stream.numel()),
     )

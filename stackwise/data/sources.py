@@ -7,7 +7,10 @@ user's data problem.
 from __future__ import annotations
 
 import codecs
+import glob
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from stackwise.config import DataConfig
 from stackwise.data.corpus import shakespeare_documents
@@ -60,7 +63,7 @@ def check_utf8(path: Path) -> None:
             ) from None
 
 
-def _rows_to_text(rows: list[dict], fields: list[str], path: Path) -> list[str]:
+def rows_to_text(rows: list[dict], fields: list[str], path: Path) -> list[str]:
     texts = []
     for i, row in enumerate(rows):
         parts = []
@@ -79,7 +82,9 @@ def _rows_to_text(rows: list[dict], fields: list[str], path: Path) -> list[str]:
     return texts
 
 
-def _load_file(path: Path, fmt: str, fields: list[str]) -> list[str]:
+def _open_dataset(path: Path, fmt: str) -> Any:
+    """The file as a `datasets` table (Arrow, memory-mapped from its cache), or an error that
+    names the file."""
     import datasets
     from datasets import load_dataset
 
@@ -89,7 +94,7 @@ def _load_file(path: Path, fmt: str, fields: list[str]) -> list[str]:
     bars = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()  # a one-off "Generating split" bar is noise in our logs
     try:
-        ds = load_dataset(fmt, data_files=str(path), split="train", **kwargs)
+        return load_dataset(fmt, data_files=str(path), split="train", **kwargs)
     except Exception as err:  # datasets wraps parser errors in many types
         cause = err.__cause__ or err
         msg = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
@@ -100,24 +105,59 @@ def _load_file(path: Path, fmt: str, fields: list[str]) -> list[str]:
     finally:
         if bars:
             datasets.enable_progress_bars()
-    if fmt == "text":
-        return [t for t in ds["text"] if t.strip()]
+
+
+def _checked_fields(ds: Any, path: Path, fields: list[str]) -> Any:
     missing = [f for f in fields if f not in ds.column_names]
     if missing:
         raise StackWiseError(
             f"Data file '{path}' has no field {missing[0]!r}; its fields are "
             f"{ds.column_names}. Set data.text_field to one of them."
         )
-    return _rows_to_text(ds.select_columns(fields).to_list(), fields, path)
+    return ds.select_columns(fields)
 
 
-def load_documents(cfg: DataConfig) -> list[tuple[str, str]]:
-    """(source name, text) for every document, in a fixed order."""
-    if cfg.source == "shakespeare":
-        return shakespeare_documents(cfg.cache_dir)
-    fields = [cfg.text_field] if isinstance(cfg.text_field, str) else list(cfg.text_field)
-    docs: list[tuple[str, str]] = []
-    paths = [Path(name).expanduser() for name in cfg.files]
+def load_file_rows(path: Path, fmt: str, fields: list[str], batch: int = 512) -> Iterator[list]:
+    """A json/jsonl/parquet file's rows (the `fields` only), a batch at a time."""
+    ds = _checked_fields(_open_dataset(path, fmt), path, fields)
+    for columns in ds.iter(batch_size=batch):
+        n = len(columns[fields[0]])
+        yield [{f: columns[f][i] for f in fields} for i in range(n)]
+
+
+def _load_file(path: Path, fmt: str, fields: list[str]) -> list[str]:
+    ds = _open_dataset(path, fmt)
+    if fmt == "text":
+        return [t for t in ds["text"] if t.strip()]
+    return rows_to_text(_checked_fields(ds, path, fields).to_list(), fields, path)
+
+
+PATTERN_CHARS = set("*?[")
+
+
+def expand_files(names: list[str]) -> list[Path]:
+    """data.files with glob patterns expanded (sorted; `**` recurses); a pattern that matches
+    nothing is an error."""
+    paths: list[Path] = []
+    for name in names:
+        expanded = str(Path(name).expanduser())
+        if not PATTERN_CHARS & set(name):
+            paths.append(Path(expanded))
+            continue
+        found = sorted(p for p in glob.glob(expanded, recursive=True) if Path(p).is_file())
+        if not found:
+            raise StackWiseError(
+                f"The data.files pattern '{name}' matches no file. Check the pattern "
+                "(relative to where you run stackwise; `**` matches folders recursively)."
+            )
+        paths.extend(Path(p) for p in found)
+    return paths
+
+
+def data_files(cfg: DataConfig) -> list[tuple[Path, str]]:
+    """(path, format) of every data file, patterns expanded, each checked to exist and hold
+    something."""
+    paths = expand_files(list(cfg.files))
     for path in paths:
         if path.is_dir():
             problem = f"is a directory: list its files, e.g. data.files=[{path / 'a.txt'}]"
@@ -126,20 +166,34 @@ def load_documents(cfg: DataConfig) -> list[tuple[str, str]]:
         else:
             continue
         raise StackWiseError(f"Data file '{path}' {problem}.")
-    formats = [_format_of(path, cfg.format) for path in paths]
-    if all(f == "text" for f in formats) and cfg.changed("text_field"):
+    files = [(path, _format_of(path, cfg.format)) for path in paths]
+    if all(f == "text" for _, f in files) and cfg.changed("text_field"):
         raise StackWiseError(
             "data.text_field picks fields of .jsonl/.json/.parquet rows, but every data file is "
             "plain text, so it would have no effect. Remove data.text_field."
         )
-    for path, fmt in zip(paths, formats, strict=True):
+    for path, _ in files:
         if path.stat().st_size == 0:
             raise StackWiseError(f"Data file '{path}' is empty. Give it some text.")
+    return files
+
+
+def no_text(path: Path, fields: list[str]) -> StackWiseError:
+    return StackWiseError(
+        f"Data file '{path}' holds no text (every row is empty in {fields}). Check data.text_field."
+    )
+
+
+def load_documents(cfg: DataConfig) -> list[tuple[str, str]]:
+    """(source name, text) for every document, in a fixed order, all in memory (the training
+    data reads the corpus piece by piece instead: stackwise.data.documents)."""
+    if cfg.source == "shakespeare":
+        return shakespeare_documents(cfg.cache_dir)
+    fields = [cfg.text_field] if isinstance(cfg.text_field, str) else list(cfg.text_field)
+    docs: list[tuple[str, str]] = []
+    for path, fmt in data_files(cfg):
         texts = _load_file(path, fmt, fields)
         if not texts:
-            raise StackWiseError(
-                f"Data file '{path}' holds no text (every row is empty in {fields}). "
-                "Check data.text_field."
-            )
+            raise no_text(path, fields)
         docs.extend((str(path), t) for t in texts)
     return docs

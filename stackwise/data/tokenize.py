@@ -1,4 +1,4 @@
-"""Documents to one EOS-separated int32 token stream, in bounded memory and with progress.
+"""Documents to an EOS-separated int32 token stream, chunk by chunk, with progress.
 
 A tokenizer handed one 20 MB line holds every token's offsets and Python ints at once (gigabytes);
 here long documents are cut into pieces of about 64k characters and tokenized a megabyte at a
@@ -10,7 +10,7 @@ a cut, one cut per 64k characters.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -35,41 +35,49 @@ def text_pieces(text: str, size: int | None = None) -> Iterator[str]:
     yield text[start:]
 
 
-def token_stream(
-    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], eos_id: int
-) -> torch.Tensor:
-    """Every document's tokens followed by EOS, as one int32 tensor."""
-    chunks: list[torch.Tensor] = []
+def token_chunks(
+    tokenizer: PreTrainedTokenizerBase,
+    pieces: Iterable[tuple[str, bool]],
+    eos_id: int,
+    total: int | None = None,
+) -> Iterator[torch.Tensor]:
+    """int32 tensors of tokens, about a megabyte of text each: every piece's tokens, and EOS
+    after the last piece of each document. `total` (bytes) sizes the progress bar."""
     batch: list[str] = []
     ends: list[bool] = []  # whether a piece is the last of its document
-    total = sum(len(t) for t in texts)
-    bar = tqdm(
-        total=total, unit="char", unit_scale=True, desc="tokenizing", leave=False, disable=None
-    )
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing", leave=False, disable=None)
 
-    def flush(chars: int) -> None:
+    def flush() -> torch.Tensor:
         flat: list[int] = []
         encoded = tokenizer(batch, add_special_tokens=False)["input_ids"]
         for ids, end in zip(encoded, ends, strict=True):
             flat.extend(ids)
             if end:
                 flat.append(eos_id)
-        chunks.append(torch.tensor(flat, dtype=torch.int32))
-        bar.update(chars)
+        bar.update(sum(len(p.encode("utf-8")) for p in batch))
         batch.clear()
         ends.clear()
+        return torch.tensor(flat, dtype=torch.int32)
 
     with bar:
         pending = 0
-        for text in texts:
-            pieces = list(text_pieces(text))
-            for i, piece in enumerate(pieces):
+        for text, end in pieces:
+            parts = list(text_pieces(text))
+            for i, piece in enumerate(parts):
                 batch.append(piece)
-                ends.append(i == len(pieces) - 1)
+                ends.append(end and i == len(parts) - 1)
                 pending += len(piece)
                 if pending >= BATCH_CHARS:
-                    flush(pending)
+                    yield flush()
                     pending = 0
         if batch:
-            flush(pending)
+            yield flush()
+
+
+def token_stream(
+    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], eos_id: int
+) -> torch.Tensor:
+    """Every document's tokens followed by EOS, as one int32 tensor (in memory)."""
+    total = sum(len(t.encode("utf-8")) for t in texts)
+    chunks = list(token_chunks(tokenizer, ((t, True) for t in texts), eos_id, total))
     return torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.int32)

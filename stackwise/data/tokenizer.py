@@ -12,7 +12,7 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ UNK = "<unk>"
 BUILT_IN = ("char", "byte")
 
 
-def corpus_hash(texts: Sequence[str]) -> str:
+def corpus_hash(texts: Iterable[str]) -> str:
     h = hashlib.sha256()
     for t in texts:
         h.update(t.encode("utf-8"))
@@ -85,7 +85,7 @@ def load_tokenizer_dir(path: str | Path) -> PreTrainedTokenizerBase:
     return ensure_specials(tok)
 
 
-def train_bpe(texts: Sequence[str], vocab_size: int) -> PreTrainedTokenizerFast:
+def train_bpe(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -121,10 +121,13 @@ def _cached(
 
 
 def corpus_tokenizer(
-    texts: Sequence[str], vocab_size: int, cache_dir: str | None = None
+    texts: Iterable[str],
+    vocab_size: int,
+    cache_dir: str | None = None,
+    corpus_key: str | None = None,
 ) -> PreTrainedTokenizerBase:
     """A BPE trained once per (corpus, vocab size)."""
-    key = f"{BPE_VERSION}-{corpus_hash(texts)}-{vocab_size}"
+    key = f"{BPE_VERSION}-{corpus_key or corpus_hash(texts)}-{vocab_size}"
     return _cached(key, cache_dir, lambda: train_bpe(texts, vocab_size))
 
 
@@ -141,7 +144,7 @@ def _unmerged(symbols: Sequence[str], extra: Sequence[str]) -> Any:
     return tok
 
 
-def char_tokenizer(texts: Sequence[str]) -> PreTrainedTokenizerFast:
+def char_tokenizer(texts: Iterable[str]) -> PreTrainedTokenizerFast:
     """Every character of the corpus is a token; unseen characters become <unk>."""
     from tokenizers import decoders
 
@@ -161,15 +164,20 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def make_tokenizer(
-    name: str | None, texts: Sequence[str], bpe_vocab_size: int, cache_dir: str | None = None
+    name: str | None,
+    texts: Iterable[str],
+    bpe_vocab_size: int,
+    cache_dir: str | None = None,
+    corpus_key: str | None = None,
 ) -> PreTrainedTokenizerBase:
-    """`data.tokenizer`: None (BPE on the corpus), `char`, `byte`, or a tokenizer dir."""
+    """`data.tokenizer`: None (BPE on the corpus), `char`, `byte`, or a tokenizer dir. Built
+    ones are cached by `corpus_key` (e.g. the files' fingerprint: nothing is read) or else by
+    a hash of the texts. `texts` may be re-iterable pieces of documents."""
     if name is None:
-        return corpus_tokenizer(texts, bpe_vocab_size, cache_dir)
+        return corpus_tokenizer(texts, bpe_vocab_size, cache_dir, corpus_key)
     if name == "char":
-        return _cached(
-            f"{CHAR_VERSION}-{corpus_hash(texts)}", cache_dir, lambda: char_tokenizer(texts)
-        )
+        key = f"{CHAR_VERSION}-{corpus_key or corpus_hash(texts)}"
+        return _cached(key, cache_dir, lambda: char_tokenizer(texts))
     if name == "byte":
         return _cached(BYTE_VERSION, cache_dir, byte_tokenizer)
     return load_tokenizer_dir(name)

@@ -50,7 +50,7 @@ def stage_resume(config: Config, stage_dir: Path) -> str | None:
 def restore_progress(pt: Any, n: int, start: int = 0) -> None:
     """Regrow the stacks whose stages finished (as the history records them), load their saved
     weights, and restore the RNG as it stood when the last of them ended. `start` stacks are
-    already in place (an imported trunk, loaded from its own checkpoint)."""
+    already in place (an imported trunk); their saved state replaces the import too."""
     from stackwise.quant.layers import load_quantized_state
 
     path = pt.output_dir / HISTORY
@@ -68,10 +68,10 @@ def restore_progress(pt: Any, n: int, start: int = 0) -> None:
     for index in range(start, start + len(done)):
         pt.finish_stack(pt.grow(index))
     root = pt.output_dir / STACKS_DIR
-    try:
-        if start == 0:  # an imported anchor is frozen and already loaded
-            b.rack.load_state_dict(read_tensors(root / ANCHOR, DAMAGED), strict=False)
-        for stack in b.grown[start:]:
+    try:  # every stack and the anchor: an imported trunk may have trained (head_policy,
+        # trunk_strategy: full, trunk adapters), and its saved state is what the run reached
+        b.rack.load_state_dict(read_tensors(root / ANCHOR, DAMAGED), strict=False)
+        for stack in b.rack.stacks:
             g = b.growth_index(stack)
             state = read_tensors(root / f"stack_{g}.safetensors", DAMAGED)
             load_quantized_state(stack, state)

@@ -1,0 +1,94 @@
+"""The pretraining corpus as a re-readable stream of text pieces, never held whole in memory.
+
+Text files are read a megabyte at a time and cut before a space that follows a non-space (where
+the byte-level BPE, char and byte tokenizers start a new word anyway); each file is one
+document. JSON/JSONL/parquet rows go through `datasets`, whose Arrow tables are memory-mapped,
+and are read in batches; each row is one document. The fingerprint (paths, sizes, modification
+times, formats, fields) names the corpus for the token store and the tokenizer cache without
+reading it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from stackwise.config import DataConfig
+from stackwise.data.corpus import shakespeare_dir
+from stackwise.data.sources import check_utf8, data_files, load_file_rows, no_text, rows_to_text
+
+READ_CHARS = 1 << 20
+
+
+def _cut(buffer: str) -> int:
+    """Where to end a piece of `buffer`: before its last space that follows a non-space."""
+    cut = buffer.rfind(" ", len(buffer) // 2)
+    while cut > 0 and buffer[cut - 1].isspace():
+        cut = buffer.rfind(" ", 0, cut - 1)
+    return cut if cut > 0 else len(buffer)
+
+
+def text_file_pieces(path: Path) -> Iterator[str]:
+    """The file's text in consecutive pieces of about READ_CHARS characters."""
+    buffer = ""
+    with path.open(encoding="utf-8", newline="") as fh:
+        while chunk := fh.read(READ_CHARS):
+            buffer += chunk
+            if len(buffer) >= READ_CHARS:
+                cut = _cut(buffer)
+                yield buffer[:cut]
+                buffer = buffer[cut:]
+    if buffer:
+        yield buffer
+
+
+class Corpus:
+    """data.source / data.files as (piece, ends-a-document) pairs; iterating it gives the
+    pieces alone (what a tokenizer trains on)."""
+
+    def __init__(self, cfg: DataConfig) -> None:
+        self.fields = [cfg.text_field] if isinstance(cfg.text_field, str) else list(cfg.text_field)
+        if cfg.source == "shakespeare":
+            folder = shakespeare_dir(cfg.cache_dir)
+            self.files = [(p, "text") for p in sorted(folder.glob("*.txt"))]
+            return
+        self.files = data_files(cfg)
+
+    @property
+    def fingerprint(self) -> str:
+        h = hashlib.sha256(repr(self.fields).encode())
+        for path, fmt in self.files:
+            st = path.stat()
+            h.update(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{fmt}\n".encode())
+        return h.hexdigest()[:20]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(path.stat().st_size for path, _ in self.files)
+
+    def pieces(self) -> Iterator[tuple[str, bool]]:
+        for path, fmt in self.files:
+            yield from self._file_pieces(path, fmt)
+
+    def __iter__(self) -> Iterator[str]:
+        return (piece for piece, _ in self.pieces())
+
+    def _file_pieces(self, path: Path, fmt: str) -> Iterator[tuple[str, bool]]:
+        found = False
+        if fmt == "text":
+            check_utf8(path)
+            pending: str | None = None
+            for piece in text_file_pieces(path):
+                if pending is not None:
+                    yield pending, False
+                pending, found = piece, found or bool(piece.strip())
+            if pending is not None and found:
+                yield pending, True
+        else:
+            for batch in load_file_rows(path, fmt, self.fields):
+                for text in rows_to_text(batch, self.fields, path):
+                    found = True
+                    yield text, True
+        if not found:
+            raise no_text(path, self.fields)

@@ -1,0 +1,126 @@
+"""The token store: built once per corpus and tokenizer, memory-mapped after, rebuilt when its
+manifest does not vouch for it; globs in data.files; training from it resumes exactly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_corpus
+from test_checkpoints import resume_pair
+from test_data import files_cfg
+
+import stackwise.data.store as store_mod
+from stackwise.data.pack import build_data
+from stackwise.data.tokenize import token_stream
+from stackwise.errors import StackWiseError
+
+
+@pytest.fixture
+def corpus_dir(tmp_path):
+    folder = tmp_path / "corpus"
+    (folder / "more").mkdir(parents=True)
+    for i in range(3):
+        (folder / f"part{i}.txt").write_text(make_corpus(30, seed=i), encoding="utf-8")
+    (folder / "more" / "part3.txt").write_text(make_corpus(30, seed=3), encoding="utf-8")
+    return folder
+
+
+def builds(monkeypatch) -> list[str]:
+    """Record every store build (and still build)."""
+    calls: list[str] = []
+    real = store_mod.build_store
+
+    def spy(folder, *args, **kwargs):
+        calls.append(folder.name)
+        return real(folder, *args, **kwargs)
+
+    monkeypatch.setattr(store_mod, "build_store", spy)
+    return calls
+
+
+def stored(data) -> torch.Tensor:
+    return torch.cat([data.train.blocks.flatten(), data.val.blocks.flatten()]).long()
+
+
+def test_a_second_run_maps_the_store_without_tokenizing(corpus_dir, tmp_path, monkeypatch):
+    calls = builds(monkeypatch)
+    cfg = files_cfg(sorted(corpus_dir.glob("*.txt")), tmp_path / "cache", tokenizer="char")
+    first = build_data(cfg)
+    assert len(calls) == 1
+    texts = [p.read_text(encoding="utf-8") for p in sorted(corpus_dir.glob("*.txt"))]
+    expected = token_stream(first.tokenizer, texts, first.tokenizer.eos_token_id).long()
+    assert first.n_tokens == expected.numel() and first.n_documents == 3
+    head = first.train.blocks.flatten().long()
+    assert torch.equal(head, expected[: head.numel()])
+
+    def no_tokenizing(*args, **kwargs):
+        raise AssertionError("the store was rebuilt")
+
+    monkeypatch.setattr(store_mod, "build_store", no_tokenizing)
+    monkeypatch.setattr(store_mod, "token_chunks", no_tokenizing)
+    second = build_data(cfg)
+    assert torch.equal(stored(second), stored(first))
+    assert second.train.blocks.dtype == torch.uint16  # a char vocabulary fits in 16 bits
+    base = second.train.blocks
+    while base._base is not None:  # the blocks are a view of the file, not a copy in memory
+        base = base._base
+    assert base.numel() == first.n_tokens
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "no manifest", "other key"])
+def test_a_damaged_or_unfinished_store_is_rebuilt(corpus_dir, tmp_path, monkeypatch, damage):
+    cfg = files_cfg(sorted(corpus_dir.glob("*.txt")), tmp_path / "cache", tokenizer="char")
+    good = stored(build_data(cfg))
+    (folder,) = [p for p in (tmp_path / "cache" / "token-stores").iterdir() if p.is_dir()]
+    tokens, manifest = folder / "tokens.bin", folder / "manifest.json"
+    if damage == "truncated":
+        tokens.write_bytes(tokens.read_bytes()[:-2])
+    elif damage == "flipped":
+        raw = bytearray(tokens.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        tokens.write_bytes(bytes(raw))
+    elif damage == "no manifest":
+        manifest.unlink()
+    else:
+        manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "key": "x"}))
+    calls = builds(monkeypatch)
+    again = build_data(cfg)
+    assert len(calls) == 1 and torch.equal(stored(again), good)
+
+
+def test_ids_past_16_bits_are_stored_as_uint32():
+    assert store_mod._dtype(50_000) == np.uint16 and store_mod._dtype(65_536) == np.uint16
+    assert store_mod._dtype(65_537) == np.uint32
+
+
+def test_a_changed_file_gets_a_new_store(corpus_dir, tmp_path, monkeypatch):
+    calls = builds(monkeypatch)
+    cfg = files_cfg(sorted(corpus_dir.glob("*.txt")), tmp_path / "cache", tokenizer="char")
+    build_data(cfg)
+    with (corpus_dir / "part0.txt").open("a", encoding="utf-8") as fh:
+        fh.write(" and a new line.")
+    bigger = build_data(cfg)
+    assert len(calls) == 2 and bigger.n_tokens > 0
+
+
+def test_globs_expand_in_order_and_a_pattern_without_files_is_an_error(corpus_dir, tmp_path):
+    listed = [*sorted(corpus_dir.glob("*.txt")), corpus_dir / "more" / "part3.txt"]
+    by_list = build_data(files_cfg(listed, tmp_path / "c1", tokenizer="char"))
+    globs = [corpus_dir / "*.txt", corpus_dir / "more" / "**" / "*.txt"]
+    pattern = files_cfg(globs, tmp_path / "c2", tokenizer="char")
+    by_glob = build_data(pattern)
+    assert by_glob.n_documents == 4 and torch.equal(stored(by_glob), stored(by_list))
+    nothing = pattern.model_copy(update={"files": [str(corpus_dir / "*.md")]})
+    with pytest.raises(StackWiseError, match=r"pattern '.*\*\.md' matches no file"):
+        build_data(nothing)
+
+
+def test_training_on_a_globbed_corpus_resumes_exactly(tiny, corpus_dir, tmp_path):
+    data = {"source": "files", "files": [str(corpus_dir / "**" / "*.txt")], "tokenizer": "char"}
+    a, b = resume_pair(tiny, tmp_path, data=data)
+    wa, wb = a.rack.state_dict(), b.rack.state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert a.state.history == b.state.history
