@@ -124,3 +124,44 @@ def test_training_on_a_globbed_corpus_resumes_exactly(tiny, corpus_dir, tmp_path
     wa, wb = a.rack.state_dict(), b.rack.state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert a.state.history == b.state.history
+
+
+@pytest.fixture
+def saved_dir(tmp_path):
+    from datasets import Dataset
+
+    folder = tmp_path / "saved"
+    rows = [{"text": make_corpus(20, seed=s), "id": s} for s in range(6)]
+    Dataset.from_list(rows).save_to_disk(str(folder))
+    return folder, [r["text"] for r in rows]
+
+
+def test_a_save_to_disk_folder_is_a_corpus_and_resumes_exactly(tiny, saved_dir, tmp_path):
+    folder, texts = saved_dir
+    from stackwise.config import DataConfig
+
+    cfg = DataConfig(
+        source="files", dataset_dir=str(folder), tokenizer="char", seq_len=32,
+        cache_dir=str(tmp_path / "cache"),
+    )  # fmt: skip
+    data = build_data(cfg)
+    assert data.n_documents == 6
+    expected = token_stream(data.tokenizer, texts, data.tokenizer.eos_token_id).long()
+    head = data.train.blocks.flatten().long()
+    assert torch.equal(head, expected[: head.numel()])
+    source = {"source": "files", "files": [], "dataset_dir": str(folder), "tokenizer": "char"}
+    a, b = resume_pair(tiny, tmp_path, data=source)
+    wa, wb = a.rack.state_dict(), b.rack.state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert a.state.history == b.state.history
+
+
+def test_files_and_a_dataset_dir_together_are_refused(saved_dir, corpus_dir):
+    from stackwise.config import DataConfig
+
+    with pytest.raises(Exception, match="not both"):
+        DataConfig(
+            source="files", files=[str(corpus_dir / "part0.txt")], dataset_dir=str(saved_dir[0])
+        )
+    with pytest.raises(StackWiseError, match="not a folder written by datasets"):
+        build_data(DataConfig(source="files", dataset_dir=str(corpus_dir), tokenizer="char"))

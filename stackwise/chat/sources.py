@@ -56,18 +56,10 @@ def _named(rows: list[dict], source: str) -> list[dict]:
 
 
 def _rows_of_dir(path: Path) -> list[dict]:
-    datasets = _quiet_datasets()
-    try:
-        ds = datasets.load_from_disk(str(path))
-    except Exception as err:
-        raise StackWiseError(
-            f"data.dataset_dir '{path}' is not a folder written by datasets' save_to_disk "
-            f"({str(err)[:160]}). Point it at such a folder, or use data.files."
-        ) from None
-    if isinstance(ds, datasets.DatasetDict):
-        split = "train" if "train" in ds else next(iter(ds))
-        ds = ds[split]
-    return _named(ds.to_list(), path.name)
+    from stackwise.data.sources import open_saved
+
+    _quiet_datasets()
+    return _named(open_saved(path).to_list(), path.name)
 
 
 def _rows_of_hub(name: str, subset: str | None, split: str) -> list[dict]:

@@ -43,10 +43,14 @@ def model_shapes(s: ModelConfig) -> Iterator[str]:
 def data_sources(s: DataConfig) -> Iterator[str]:
     if s.mode == "instruction":
         return  # its sources: rules_hf.data_mode
-    if s.source == "files" and not s.files:
-        yield "source 'files' needs data.files: [path, ...]"
+    if s.source == "files" and not s.files and not s.dataset_dir:
+        yield "source 'files' needs data.files: [path, ...] (or data.dataset_dir)"
+    if s.files and s.dataset_dir:
+        yield "give data.files or data.dataset_dir (a save_to_disk folder), not both"
+    if s.source == "files" and s.dataset_dir and s.changed("format"):
+        yield "data.format reads data.files; a data.dataset_dir is a saved table. Remove it"
     if s.source == "shakespeare":
-        for name in ("files", "format", "text_field"):
+        for name in ("files", "dataset_dir", "format", "text_field"):
             if s.changed(name):
                 yield (
                     f"data.{name} only applies to source: files (the built-in corpus is "

@@ -79,7 +79,7 @@ def model_source(s: ModelConfig) -> Iterator[str]:
 def data_mode(s: DataConfig) -> Iterator[str]:
     if s.mode == "pretraining":
         for name in CHAT_ONLY:
-            if s.changed(name):
+            if s.changed(name) and name != "dataset_dir":  # pretraining reads it too
                 yield f"data.{name} only applies to data.mode: instruction; set it or remove it"
         return
     for name in PRETRAIN_ONLY:

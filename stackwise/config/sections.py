@@ -131,7 +131,9 @@ class DataConfig(Section):
     eval_files: list[str] = Field(
         default_factory=list, description="instruction: evaluation rows (else val_fraction)."
     )
-    dataset_dir: str | None = Field(None, description="instruction: a save_to_disk folder.")
+    dataset_dir: str | None = Field(
+        None, description="A save_to_disk folder (pretraining: with source: files, for files)."
+    )
     dataset_name: str | None = Field(None, description="instruction: a hub dataset name.")
     dataset_subset: str | None = None
     dataset_split: str = "train"

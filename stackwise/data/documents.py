@@ -2,10 +2,10 @@
 
 Text files are read a megabyte at a time and cut before a space that follows a non-space (where
 the byte-level BPE, char and byte tokenizers start a new word anyway); each file is one
-document. JSON/JSONL/parquet rows go through `datasets`, whose Arrow tables are memory-mapped,
-and are read in batches; each row is one document. The fingerprint (paths, sizes, modification
-times, formats, fields) names the corpus for the token store and the tokenizer cache without
-reading it.
+document. JSON/JSONL/parquet rows and a save_to_disk folder (data.dataset_dir) go through
+`datasets`, whose Arrow tables are memory-mapped, and are read in batches; each row is one
+document. The fingerprint (paths, sizes, modification times, formats, fields) names the corpus
+for the token store and the tokenizer cache without reading it.
 """
 
 from __future__ import annotations
@@ -43,6 +43,11 @@ def text_file_pieces(path: Path) -> Iterator[str]:
         yield buffer
 
 
+def _parts(path: Path) -> list[Path]:
+    """A file, or every file of a saved dataset's folder."""
+    return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+
+
 class Corpus:
     """data.source / data.files as (piece, ends-a-document) pairs; iterating it gives the
     pieces alone (what a tokenizer trains on)."""
@@ -59,13 +64,14 @@ class Corpus:
     def fingerprint(self) -> str:
         h = hashlib.sha256(repr(self.fields).encode())
         for path, fmt in self.files:
-            st = path.stat()
-            h.update(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{fmt}\n".encode())
+            for part in _parts(path):
+                st = part.stat()
+                h.update(f"{part.resolve()}|{st.st_size}|{st.st_mtime_ns}|{fmt}\n".encode())
         return h.hexdigest()[:20]
 
     @property
     def total_bytes(self) -> int:
-        return sum(path.stat().st_size for path, _ in self.files)
+        return sum(part.stat().st_size for path, _ in self.files for part in _parts(path))
 
     def pieces(self) -> Iterator[tuple[str, bool]]:
         for path, fmt in self.files:

@@ -117,16 +117,35 @@ def _checked_fields(ds: Any, path: Path, fields: list[str]) -> Any:
     return ds.select_columns(fields)
 
 
+def open_saved(path: Path) -> Any:
+    """A folder written by `datasets`' save_to_disk, as one table (memory-mapped): a
+    DatasetDict gives its train split, else its first."""
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as err:  # datasets raises several types for a wrong folder
+        raise StackWiseError(
+            f"data.dataset_dir '{path}' is not a folder written by datasets' save_to_disk "
+            f"({str(err)[:160]}). Point it at such a folder, or use data.files."
+        ) from None
+    if isinstance(ds, datasets.DatasetDict):
+        ds = ds["train" if "train" in ds else next(iter(ds))]
+    return ds
+
+
 def load_file_rows(path: Path, fmt: str, fields: list[str], batch: int = 512) -> Iterator[list]:
-    """A json/jsonl/parquet file's rows (the `fields` only), a batch at a time."""
-    ds = _checked_fields(_open_dataset(path, fmt), path, fields)
+    """A json/jsonl/parquet file's or a saved dataset's rows (the `fields` only), a batch at a
+    time."""
+    table = open_saved(path) if fmt == "saved" else _open_dataset(path, fmt)
+    ds = _checked_fields(table, path, fields)
     for columns in ds.iter(batch_size=batch):
         n = len(columns[fields[0]])
         yield [{f: columns[f][i] for f in fields} for i in range(n)]
 
 
 def _load_file(path: Path, fmt: str, fields: list[str]) -> list[str]:
-    ds = _open_dataset(path, fmt)
+    ds = open_saved(path) if fmt == "saved" else _open_dataset(path, fmt)
     if fmt == "text":
         return [t for t in ds["text"] if t.strip()]
     return rows_to_text(_checked_fields(ds, path, fields).to_list(), fields, path)
@@ -156,7 +175,15 @@ def expand_files(names: list[str]) -> list[Path]:
 
 def data_files(cfg: DataConfig) -> list[tuple[Path, str]]:
     """(path, format) of every data file, patterns expanded, each checked to exist and hold
-    something."""
+    something; or the data.dataset_dir folder, format "saved"."""
+    if cfg.dataset_dir:
+        folder = Path(cfg.dataset_dir).expanduser()
+        if not folder.is_dir():
+            raise StackWiseError(
+                f"data.dataset_dir '{folder}' is not a folder. Give the folder that datasets' "
+                "save_to_disk wrote."
+            )
+        return [(folder, "saved")]
     paths = expand_files(list(cfg.files))
     for path in paths:
         if path.is_dir():
