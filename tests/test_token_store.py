@@ -136,24 +136,31 @@ def saved_dir(tmp_path):
     return folder, [r["text"] for r in rows]
 
 
-def test_a_save_to_disk_folder_is_a_corpus_and_resumes_exactly(tiny, saved_dir, tmp_path):
-    folder, texts = saved_dir
+def dataset_source(tiny, tmp_path, key: str, value: str, texts: list[str]):
+    """Build the store from `data.<key>: value` (each text one document, in order), then train
+    from it, crash and resume: both bit for bit. Returns the DataConfig."""
     from stackwise.config import DataConfig
 
     cfg = DataConfig(
-        source="files", dataset_dir=str(folder), tokenizer="char", seq_len=32,
-        cache_dir=str(tmp_path / "cache"),
+        source="files", tokenizer="char", seq_len=32, cache_dir=str(tmp_path / "cache"),
+        **{key: value},
     )  # fmt: skip
     data = build_data(cfg)
-    assert data.n_documents == 6
+    assert data.n_documents == len(texts)
     expected = token_stream(data.tokenizer, texts, data.tokenizer.eos_token_id).long()
     head = data.train.blocks.flatten().long()
     assert torch.equal(head, expected[: head.numel()])
-    source = {"source": "files", "files": [], "dataset_dir": str(folder), "tokenizer": "char"}
+    source = {"source": "files", "files": [], key: value, "tokenizer": "char"}
     a, b = resume_pair(tiny, tmp_path, data=source)
     wa, wb = a.rack.state_dict(), b.rack.state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert a.state.history == b.state.history
+    return cfg
+
+
+def test_a_save_to_disk_folder_is_a_corpus_and_resumes_exactly(tiny, saved_dir, tmp_path):
+    folder, texts = saved_dir
+    dataset_source(tiny, tmp_path, "dataset_dir", str(folder), texts)
 
 
 def test_files_and_a_dataset_dir_together_are_refused(saved_dir, corpus_dir):
@@ -165,3 +172,17 @@ def test_files_and_a_dataset_dir_together_are_refused(saved_dir, corpus_dir):
         )
     with pytest.raises(StackWiseError, match="not a folder written by datasets"):
         build_data(DataConfig(source="files", dataset_dir=str(corpus_dir), tokenizer="char"))
+
+
+def test_a_named_dataset_trains_from_its_arrow_files_and_resumes(tiny, tmp_path, monkeypatch):
+    """data.dataset_name goes through datasets.load_dataset (here a local dataset folder, as a
+    hub name resolves from the offline cache); its Arrow files feed the store."""
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
+    folder = tmp_path / "named"
+    folder.mkdir()
+    texts = [make_corpus(20, seed=s) for s in range(5)]
+    (folder / "train.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    cfg = dataset_source(tiny, tmp_path, "dataset_name", str(folder), texts)
+    sliced = cfg.model_copy(update={"dataset_split": "train[:50%]"})
+    with pytest.raises(StackWiseError, match="not whole Arrow files"):
+        build_data(sliced)

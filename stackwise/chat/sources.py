@@ -63,16 +63,10 @@ def _rows_of_dir(path: Path) -> list[dict]:
 
 
 def _rows_of_hub(name: str, subset: str | None, split: str) -> list[dict]:
-    datasets = _quiet_datasets()
-    try:
-        ds = datasets.load_dataset(name, subset, split=split)
-    except Exception as err:
-        raise StackWiseError(
-            f"Could not load dataset '{name}' (subset {subset}, split {split}): "
-            f"{str(err)[:200]}. Offline, only datasets already in the local cache load; "
-            "otherwise give local files with data.files."
-        ) from None
-    return _named(ds.to_list(), name)
+    from stackwise.data.sources import open_hub
+
+    _quiet_datasets()
+    return _named(open_hub(name, subset, split).to_list(), name)
 
 
 def load_rows(cfg: Any) -> tuple[list[dict], list[dict] | None]:

@@ -43,14 +43,17 @@ def model_shapes(s: ModelConfig) -> Iterator[str]:
 def data_sources(s: DataConfig) -> Iterator[str]:
     if s.mode == "instruction":
         return  # its sources: rules_hf.data_mode
-    if s.source == "files" and not s.files and not s.dataset_dir:
-        yield "source 'files' needs data.files: [path, ...] (or data.dataset_dir)"
-    if s.files and s.dataset_dir:
-        yield "give data.files or data.dataset_dir (a save_to_disk folder), not both"
-    if s.source == "files" and s.dataset_dir and s.changed("format"):
-        yield "data.format reads data.files; a data.dataset_dir is a saved table. Remove it"
+    given = [n for n in ("files", "dataset_dir", "dataset_name") if s.changed(n)]
+    if s.source == "files" and not given:
+        yield "source 'files' needs data.files: [path, ...] (or data.dataset_dir, dataset_name)"
+    if len(given) > 1:
+        yield f"give one of data.files, data.dataset_dir or data.dataset_name, not both: {given}"
+    if s.source == "files" and not s.files and s.changed("format"):
+        yield "data.format reads data.files; datasets bring their own format. Remove it"
+    if (s.dataset_subset is not None or s.changed("dataset_split")) and not s.dataset_name:
+        yield "data.dataset_subset and data.dataset_split only apply with data.dataset_name"
     if s.source == "shakespeare":
-        for name in ("files", "dataset_dir", "format", "text_field"):
+        for name in ("files", "dataset_dir", "dataset_name", "format", "text_field"):
             if s.changed(name):
                 yield (
                     f"data.{name} only applies to source: files (the built-in corpus is "

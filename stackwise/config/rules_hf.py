@@ -37,6 +37,7 @@ CHAT_ONLY = [
     "dataset_subset",
     "dataset_split",
 ]
+PRETRAIN_TOO = ("dataset_dir", "dataset_name", "dataset_subset", "dataset_split")
 PRETRAIN_ONLY = ("source", "format", "bpe_vocab_size", "cache_dir")
 LORA_HF = [
     "target_modules",
@@ -79,7 +80,7 @@ def model_source(s: ModelConfig) -> Iterator[str]:
 def data_mode(s: DataConfig) -> Iterator[str]:
     if s.mode == "pretraining":
         for name in CHAT_ONLY:
-            if s.changed(name) and name != "dataset_dir":  # pretraining reads it too
+            if s.changed(name) and name not in PRETRAIN_TOO:
                 yield f"data.{name} only applies to data.mode: instruction; set it or remove it"
         return
     for name in PRETRAIN_ONLY:

@@ -134,7 +134,9 @@ class DataConfig(Section):
     dataset_dir: str | None = Field(
         None, description="A save_to_disk folder (pretraining: with source: files, for files)."
     )
-    dataset_name: str | None = Field(None, description="instruction: a hub dataset name.")
+    dataset_name: str | None = Field(
+        None, description="A hub dataset name (offline: from the local cache) or dataset folder."
+    )
     dataset_subset: str | None = None
     dataset_split: str = "train"
     seq_len: PositiveInt = 128

@@ -134,10 +134,52 @@ def open_saved(path: Path) -> Any:
     return ds
 
 
+def open_hub(name: str, subset: str | None, split: str) -> Any:
+    """`datasets.load_dataset(name, subset, split=split)`: a hub dataset from the local cache
+    when offline (or a local dataset folder), or an error saying so."""
+    import datasets
+
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        return datasets.load_dataset(name, subset, split=split)
+    except Exception as err:  # offline misses, unknown names and configs all land here
+        raise StackWiseError(
+            f"Could not load dataset '{name}' (subset {subset}, split {split}): "
+            f"{str(err)[:200]}. Offline, only datasets already in the local cache load; "
+            "otherwise give local files with data.files."
+        ) from None
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
+
+
+def hub_files(cfg: DataConfig) -> list[tuple[Path, str]]:
+    """The Arrow files behind data.dataset_name's split (memory-mapped, read in batches)."""
+    ds = open_hub(str(cfg.dataset_name), cfg.dataset_subset, cfg.dataset_split)
+    files = [Path(f["filename"]) for f in ds.cache_files]
+    rows = sum(_table(path, "arrow").num_rows for path in files)
+    if not files or rows != ds.num_rows:
+        raise StackWiseError(
+            f"data.dataset_split '{cfg.dataset_split}' of '{cfg.dataset_name}' is not whole "
+            "Arrow files (a slice such as train[:10%], or a dataset held in memory). Name a "
+            "whole split, and cap the training data with data.num_samples instead."
+        )
+    return [(path, "arrow") for path in files]
+
+
+def _table(path: Path, fmt: str) -> Any:
+    if fmt == "arrow":
+        from datasets import Dataset
+
+        return Dataset.from_file(str(path))
+    return open_saved(path) if fmt == "saved" else _open_dataset(path, fmt)
+
+
 def load_file_rows(path: Path, fmt: str, fields: list[str], batch: int = 512) -> Iterator[list]:
-    """A json/jsonl/parquet file's or a saved dataset's rows (the `fields` only), a batch at a
-    time."""
-    table = open_saved(path) if fmt == "saved" else _open_dataset(path, fmt)
+    """A json/jsonl/parquet file's, a saved dataset's or an Arrow file's rows (the `fields`
+    only), a batch at a time."""
+    table = _table(path, fmt)
     ds = _checked_fields(table, path, fields)
     for columns in ds.iter(batch_size=batch):
         n = len(columns[fields[0]])
@@ -145,7 +187,7 @@ def load_file_rows(path: Path, fmt: str, fields: list[str], batch: int = 512) ->
 
 
 def _load_file(path: Path, fmt: str, fields: list[str]) -> list[str]:
-    ds = open_saved(path) if fmt == "saved" else _open_dataset(path, fmt)
+    ds = _table(path, fmt)
     if fmt == "text":
         return [t for t in ds["text"] if t.strip()]
     return rows_to_text(_checked_fields(ds, path, fields).to_list(), fields, path)
@@ -175,7 +217,10 @@ def expand_files(names: list[str]) -> list[Path]:
 
 def data_files(cfg: DataConfig) -> list[tuple[Path, str]]:
     """(path, format) of every data file, patterns expanded, each checked to exist and hold
-    something; or the data.dataset_dir folder, format "saved"."""
+    something; or the data.dataset_dir folder, format "saved"; or data.dataset_name's Arrow
+    files."""
+    if cfg.dataset_name:
+        return hub_files(cfg)
     if cfg.dataset_dir:
         folder = Path(cfg.dataset_dir).expanduser()
         if not folder.is_dir():
