@@ -201,3 +201,26 @@ def test_loader_workers_read_the_mapped_store_and_resume_exactly(tiny, tmp_path)
     )
     wp = plain.rack.state_dict()
     assert all(torch.equal(wa[k], wp[k]) for k in wa)  # workers change nothing but speed
+
+
+def test_pieces_cut_where_a_word_starts_so_the_stream_is_the_whole_documents():
+    """Double spaces, one word per line and a tokenizer.json that truncates and pads: the
+    store's ids equal the whole text's through the usual tokenizer call."""
+    from stackwise.data.tokenize import token_chunks
+    from stackwise.data.tokenizer import train_bpe
+
+    texts = ["hello  world  " * 9000, "hello\nworld\n" * 12000]
+    tok = train_bpe(texts, 300)
+    tok._tokenizer.enable_truncation(5)
+    tok._tokenizer.enable_padding(length=7)
+    eos = tok.eos_token_id
+    whole = [i for t in texts for i in [*tok(t, add_special_tokens=False)["input_ids"], eos]]
+    pieces = [(t, True) for t in texts]
+    got = torch.cat(list(token_chunks(tok, pieces, eos))).tolist()
+    assert got == whole
+
+
+def test_overlapping_patterns_read_each_file_once(corpus_dir, tmp_path):
+    both = [corpus_dir / "*.txt", corpus_dir / "**" / "*.txt"]
+    data = build_data(files_cfg(both, tmp_path / "cache", tokenizer="char"))
+    assert data.n_documents == 4

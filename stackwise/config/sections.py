@@ -126,7 +126,7 @@ class DataConfig(Section):
     padding_free: Literal["auto"] | bool = Field(
         "auto",
         description="instruction: lay each batch's examples end to end in rows no longer than "
-        "its longest (the same examples and loss, less padding); auto: on for hf models.",
+        "its longest (the same examples and loss, less padding); auto: on where checked safe.",
     )
     eval_files: list[str] = Field(
         default_factory=list, description="instruction: evaluation rows (else val_fraction)."

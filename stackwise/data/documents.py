@@ -4,8 +4,8 @@ Text files are read a megabyte at a time and cut before a space that follows a n
 the byte-level BPE, char and byte tokenizers start a new word anyway); each file is one
 document. JSON/JSONL/parquet rows and a save_to_disk folder (data.dataset_dir) go through
 `datasets`, whose Arrow tables are memory-mapped, and are read in batches; each row is one
-document. The fingerprint (paths, sizes, modification times, formats, fields) names the corpus
-for the token store and the tokenizer cache without reading it.
+document. The fingerprint (paths, sizes, modification and change times, inodes, formats,
+fields) names the corpus for the token store and the tokenizer cache without reading it.
 """
 
 from __future__ import annotations
@@ -17,15 +17,14 @@ from pathlib import Path
 from stackwise.config import DataConfig
 from stackwise.data.corpus import shakespeare_dir
 from stackwise.data.sources import check_utf8, data_files, load_file_rows, no_text, rows_to_text
+from stackwise.data.tokenize import word_cut
 
 READ_CHARS = 1 << 20
 
 
 def _cut(buffer: str) -> int:
-    """Where to end a piece of `buffer`: before its last space that follows a non-space."""
-    cut = buffer.rfind(" ", len(buffer) // 2)
-    while cut > 0 and buffer[cut - 1].isspace():
-        cut = buffer.rfind(" ", 0, cut - 1)
+    """Where to end a piece of `buffer`: where its last word in the second half starts."""
+    cut = word_cut(buffer, len(buffer) // 2, len(buffer))
     return cut if cut > 0 else len(buffer)
 
 
@@ -64,9 +63,10 @@ class Corpus:
     def fingerprint(self) -> str:
         h = hashlib.sha256(repr(self.fields).encode())
         for path, fmt in self.files:
-            for part in _parts(path):
+            for part in _parts(path):  # ctime and inode: tools that keep mtime cannot fake them
                 st = part.stat()
-                h.update(f"{part.resolve()}|{st.st_size}|{st.st_mtime_ns}|{fmt}\n".encode())
+                stamp = f"{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
+                h.update(f"{part.resolve()}|{stamp}|{fmt}\n".encode())
         return h.hexdigest()[:20]
 
     @property

@@ -163,7 +163,7 @@ def hub_files(cfg: DataConfig) -> list[tuple[Path, str]]:
         raise StackWiseError(
             f"data.dataset_split '{cfg.dataset_split}' of '{cfg.dataset_name}' is not whole "
             "Arrow files (a slice such as train[:10%], or a dataset held in memory). Name a "
-            "whole split, and cap the training data with data.num_samples instead."
+            "whole split (data.num_samples caps the training blocks, not what is tokenized)."
         )
     return [(path, "arrow") for path in files]
 
@@ -202,7 +202,7 @@ def expand_files(names: list[str]) -> list[Path]:
     paths: list[Path] = []
     for name in names:
         expanded = str(Path(name).expanduser())
-        if not PATTERN_CHARS & set(name):
+        if not PATTERN_CHARS & set(name) or Path(expanded).is_file():
             paths.append(Path(expanded))
             continue
         found = sorted(p for p in glob.glob(expanded, recursive=True) if Path(p).is_file())
@@ -212,7 +212,13 @@ def expand_files(names: list[str]) -> list[Path]:
                 "(relative to where you run stackwise; `**` matches folders recursively)."
             )
         paths.extend(Path(p) for p in found)
-    return paths
+    seen: set[Path] = set()
+    unique = []
+    for path in paths:  # overlapping patterns (a/*.txt and a/**/*.txt) name files twice
+        if path.resolve() not in seen:
+            seen.add(path.resolve())
+            unique.append(path)
+    return unique
 
 
 def data_files(cfg: DataConfig) -> list[tuple[Path, str]]:

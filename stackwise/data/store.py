@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from stackwise.data.documents import Corpus
-from stackwise.data.tokenize import token_chunks
+from stackwise.data.tokenize import plain_backend, token_chunks
 from stackwise.paths import cache_root
 
 STORE_VERSION = 1
@@ -44,7 +44,7 @@ class TokenStore:
 
 
 def tokenizer_fingerprint(tok: Any) -> str:
-    backend = getattr(tok, "backend_tokenizer", None)
+    backend = plain_backend(tok)  # what encodes the store, whatever state the tokenizer is in
     spec = backend.to_str() if backend is not None else json.dumps(sorted(tok.get_vocab().items()))
     return hashlib.sha256(f"{spec}|{len(tok)}".encode()).hexdigest()[:20]
 
@@ -121,13 +121,19 @@ def build_store(folder: Path, corpus: Corpus, tok: Any, key: str) -> None:
             ends[0] += end
             yield piece, end
 
-    with (tmp / TOKENS).open("wb") as fh:
-        for chunk in token_chunks(tok, counted(), tok.eos_token_id, corpus.total_bytes):
-            array = chunk.numpy()
-            fh.write(array.astype(dtype).tobytes())
-            n_tokens += array.size
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with (tmp / TOKENS).open("wb") as fh:
+            for chunk in token_chunks(tok, counted(), tok.eos_token_id, corpus.total_bytes):
+                array = chunk.numpy()
+                if array.size and int(array.max()) > np.iinfo(dtype).max:
+                    raise ValueError(f"token id {int(array.max())} does not fit {dtype.name}")
+                fh.write(array.astype(dtype).tobytes())
+                n_tokens += array.size
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:  # a failed or interrupted build leaves nothing behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     manifest = {
         "version": STORE_VERSION,
         "key": key,

@@ -10,7 +10,9 @@ a cut, one cut per 64k characters.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,14 +23,24 @@ PIECE_CHARS = 1 << 16
 BATCH_CHARS = 1 << 20
 
 
+BOUNDARY = re.compile(r"(?<=\S)[ \n]")  # a space or newline right after a non-space
+
+
+def word_cut(text: str, lo: int, hi: int) -> int:
+    """The last index in [lo, hi) where a word starts (a space or newline that follows a
+    non-space: byte-level BPE, char and byte tokenizers split there anyway), or -1."""
+    last = -1
+    for match in BOUNDARY.finditer(text, lo, hi):
+        last = match.start()
+    return last
+
+
 def text_pieces(text: str, size: int | None = None) -> Iterator[str]:
     """`text` in consecutive pieces of at most `size` (default PIECE_CHARS) characters."""
     size = size or PIECE_CHARS
     start = 0
     while len(text) - start > size:
-        cut = text.rfind(" ", start + size // 2, start + size)
-        while cut > start and text[cut - 1].isspace():  # inside a run of spaces: go back
-            cut = text.rfind(" ", start + 1, cut - 1)
+        cut = word_cut(text, start + size // 2, start + size)
         if cut <= start:  # no word boundary at all: cut anywhere
             cut = start + size
         yield text[start:cut]
@@ -36,11 +48,25 @@ def text_pieces(text: str, size: int | None = None) -> Iterator[str]:
     yield text[start:]
 
 
+def plain_backend(tokenizer: PreTrainedTokenizerBase) -> Any:
+    """A copy of the Rust tokenizer with no truncation and no padding (a tokenizer.json may
+    carry either; the usual call switches them off, a direct one would not), or None."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or not hasattr(backend, "encode_batch_fast"):
+        return None
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer.from_str(backend.to_str())
+    plain.no_truncation()
+    plain.no_padding()
+    return plain
+
+
 def _batch_encoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[str]], list[list[int]]]:
     """Token ids of a batch of texts, without special tokens: straight from the Rust tokenizer
     when there is one (no offsets, no BatchEncoding: about 1.3x faster), else the usual call."""
-    backend = getattr(tokenizer, "_tokenizer", None)
-    if backend is not None and hasattr(backend, "encode_batch_fast"):
+    backend = plain_backend(tokenizer)
+    if backend is not None:
         return lambda texts: [
             e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)
         ]
