@@ -18,6 +18,7 @@ import math
 import re
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -243,7 +244,8 @@ def unigram_entropy(rows: list[list[int]]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def corpus_vocabulary(data_texts: list[str]) -> set[str]:
+def corpus_vocabulary(data_texts: Iterable[str]) -> set[str]:
+    """The corpus's words, lower-cased; pieces cut where words start lose none."""
     return {w.lower() for t in data_texts for w in WORD.findall(t)}
 
 
@@ -308,8 +310,8 @@ def run_eval(
     **sampling: Any,
 ) -> dict[str, Any]:
     """Everything above for the run in `folder`; written to `folder/eval.json` by the CLI."""
+    from stackwise.data.documents import Corpus
     from stackwise.data.pack import build_data
-    from stackwise.data.sources import load_documents
     from stackwise.io.trained import load_trained
 
     config, rack, tokenizer = load_trained(folder)
@@ -322,7 +324,7 @@ def run_eval(
             "tokenizer changed). Evaluate on the same data the run used."
         )
     ref = load_trained(reference) if reference is not None else None
-    vocabulary = corpus_vocabulary([t for _, t in load_documents(config.data)])
+    vocabulary = corpus_vocabulary(Corpus(config.data))  # a megabyte at a time
     return {
         "run": str(folder),
         "objective": config.objective.name,

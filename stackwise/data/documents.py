@@ -31,7 +31,7 @@ def _cut(buffer: str) -> int:
 def text_file_pieces(path: Path) -> Iterator[str]:
     """The file's text in consecutive pieces of about READ_CHARS characters."""
     buffer = ""
-    with path.open(encoding="utf-8", newline="") as fh:
+    with path.open(encoding="utf-8") as fh:  # \r\n reads as \n, as read_text gives it
         while chunk := fh.read(READ_CHARS):
             buffer += chunk
             if len(buffer) >= READ_CHARS:
