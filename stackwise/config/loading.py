@@ -55,6 +55,10 @@ def _unknown_keys(
         sub = _section_of(annotation)
         if sub is not None:
             yield from _unknown_keys(value, sub, f"{where}.")
+        elif get_origin(annotation) is list and isinstance(value, list):
+            item = _section_of(get_args(annotation)[0])  # data.mix.<i>.*
+            for i, v in enumerate(value) if item is not None else ():
+                yield from _unknown_keys(v, item, f"{where}.{i}.")
         elif get_origin(annotation) is dict and isinstance(value, dict):
             item = _section_of(get_args(annotation)[1])  # progressive.stacks.<k>.*
             for k, v in value.items() if item is not None else ():

@@ -39,12 +39,32 @@ def model_shapes(s: ModelConfig) -> Iterator[str]:
         yield (f"n_kv_heads ({s.n_kv_heads}) must divide n_heads ({s.n_heads}) for GQA")
 
 
+SOURCES = ("files", "dataset_dir", "dataset_name")
+
+
+def _mix_rules(s: DataConfig) -> Iterator[str]:
+    if not s.mix:
+        return
+    for name in SOURCES:
+        if s.changed(name):
+            yield f"data.{name} and data.mix both name the data: move data.{name} into an entry"
+    if len(s.mix) < 2:
+        yield "data.mix mixes two or more sources; for one, set data.files (or dataset_*) instead"
+    for i, m in enumerate(s.mix):
+        named = [n for n in SOURCES if m.changed(n)]
+        if len(named) != 1:
+            yield f"data.mix.{i} needs exactly one of files, dataset_dir, dataset_name: {named}"
+        if (m.dataset_subset is not None or m.changed("dataset_split")) and not m.dataset_name:
+            yield f"data.mix.{i}: dataset_subset and dataset_split only apply with dataset_name"
+
+
 @section_rule("DataConfig")
 def data_sources(s: DataConfig) -> Iterator[str]:
     if s.mode == "instruction":
         return  # its sources: rules_hf.data_mode
     given = [n for n in ("files", "dataset_dir", "dataset_name") if s.changed(n)]
-    if s.source == "files" and not given:
+    yield from _mix_rules(s)
+    if s.source == "files" and not given and not s.mix:
         yield "source 'files' needs data.files: [path, ...] (or data.dataset_dir, dataset_name)"
     if len(given) > 1:
         yield f"give one of data.files, data.dataset_dir or data.dataset_name, not both: {given}"
@@ -53,7 +73,7 @@ def data_sources(s: DataConfig) -> Iterator[str]:
     if (s.dataset_subset is not None or s.changed("dataset_split")) and not s.dataset_name:
         yield "data.dataset_subset and data.dataset_split only apply with data.dataset_name"
     if s.source == "shakespeare":
-        for name in ("files", "dataset_dir", "dataset_name", "format", "text_field"):
+        for name in ("files", "dataset_dir", "dataset_name", "mix", "format", "text_field"):
             if s.changed(name):
                 yield (
                     f"data.{name} only applies to source: files (the built-in corpus is "

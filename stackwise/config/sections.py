@@ -101,11 +101,26 @@ class ModelConfig(Section):
         return ((8 * self.d_model // 3) + 7) // 8 * 8
 
 
+class MixSource(Section):
+    """One source of a weighted mixture (data.mix): one of files, dataset_dir, dataset_name."""
+
+    files: list[str] = Field(default_factory=list, description="Files or glob patterns.")
+    dataset_dir: str | None = None
+    dataset_name: str | None = None
+    dataset_subset: str | None = None
+    dataset_split: str = "train"
+    weight: PositiveFloat = Field(1.0, description="Its share of the training blocks.")
+
+
 class DataConfig(Section):
     source: Literal["shakespeare", "files"] = "shakespeare"
     files: list[str] = Field(default_factory=list, description="Local .txt/.jsonl/.json/.parquet")
     format: Literal["auto", "text", "json", "parquet"] = "auto"
     text_field: str | list[str] = "text"
+    mix: list[MixSource] = Field(
+        default_factory=list,
+        description="pretraining, source: files: several sources, each drawn by its weight.",
+    )
     mode: Literal["pretraining", "instruction"] = Field(
         "pretraining", description="instruction: chat/instruction rows, loss on the replies."
     )

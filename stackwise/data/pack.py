@@ -1,101 +1,35 @@
-"""Pretraining data: documents -> one EOS-separated token stream -> fixed-length blocks.
-
-The split is deterministic: the last `val_fraction` of the stream is validation, so no block
-straddles both sets and the same text never appears in both.
-"""
+"""Pretraining data: the corpus's token store cut into training and validation blocks."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-import torch
-from torch.utils.data import Dataset
-from transformers import PreTrainedTokenizerBase
-
 from stackwise.config import DataConfig
+from stackwise.data.blocks import (
+    PreparedData,
+    TokenBlocks,
+    pack_stream,
+    specials_of,
+    split_stream,
+    to_blocks,
+)
 from stackwise.data.documents import Corpus
+from stackwise.data.mix import build_mixed
 from stackwise.data.store import token_store
 from stackwise.data.tokenizer import bytes_per_token, make_tokenizer
-from stackwise.errors import StackWiseError
-from stackwise.objectives.base import Specials
 
-
-class TokenBlocks(Dataset):
-    """Rows of a (N, L) token tensor as {'input_ids': ...}; the index is a stable sample id."""
-
-    def __init__(self, blocks: torch.Tensor, bytes_per_token: torch.Tensor | None = None) -> None:
-        self.blocks = blocks
-        self.bytes_per_token = bytes_per_token  # lets evaluation report bits per character
-
-    def __len__(self) -> int:
-        return self.blocks.shape[0]
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.blocks[i].long()}
-
-
-@dataclass
-class PreparedData:
-    tokenizer: PreTrainedTokenizerBase
-    train: TokenBlocks
-    val: TokenBlocks
-    n_documents: int
-    n_tokens: int
-    describe: str = ""  # instruction data: what became of the rows, for the run header
-    chat: Any = None  # instruction data: its ChatStats
-    eval_chat: Any = None  # and the evaluation rows'
-
-    @property
-    def specials(self) -> Specials:
-        return specials_of(self.tokenizer)
-
-
-def specials_of(tok: PreTrainedTokenizerBase) -> Specials:
-    return Specials(
-        vocab_size=len(tok),
-        pad_id=tok.pad_token_id,
-        mask_id=tok.mask_token_id,
-        bos_id=tok.bos_token_id,
-        eos_id=tok.eos_token_id,
-    )
-
-
-def pack_stream(token_lists: list[list[int]], eos_id: int) -> torch.Tensor:
-    total = sum(len(t) + 1 for t in token_lists)
-    out = torch.empty(total, dtype=torch.int32)
-    pos = 0
-    for ids in token_lists:
-        n = len(ids)
-        out[pos : pos + n] = torch.tensor(ids, dtype=torch.int32)
-        out[pos + n] = eos_id
-        pos += n + 1
-    return out
-
-
-def to_blocks(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
-    n = stream.numel() // seq_len
-    return stream[: n * seq_len].view(n, seq_len)
+__all__ = ["PreparedData", "TokenBlocks", "build_data", "pack_stream", "specials_of", "to_blocks"]
 
 
 def build_data(cfg: DataConfig) -> PreparedData:
     """The corpus's token store (built once, then memory-mapped) cut into blocks: the last
-    val_fraction of the stream is validation."""
+    val_fraction of the stream is validation. data.mix: stackwise.data.mix."""
+    if cfg.mix:
+        return build_mixed(cfg)
     corpus = Corpus(cfg)
     tok = make_tokenizer(
         cfg.tokenizer, corpus, cfg.bpe_vocab_size, cfg.cache_dir, corpus_key=corpus.fingerprint
     )
     store = token_store(corpus, tok, cfg.cache_dir)
-    stream = store.tokens
-    n_val = max(cfg.seq_len, int(stream.numel() * cfg.val_fraction))
-    train_blocks = to_blocks(stream[:-n_val], cfg.seq_len)
-    val_blocks = to_blocks(stream[-n_val:], cfg.seq_len)
-    if train_blocks.shape[0] == 0 or val_blocks.shape[0] == 0:
-        names = ", ".join(sorted({str(p) for p, _ in corpus.files}))[:200]
-        raise StackWiseError(
-            f"The data ({names}) gives {stream.numel()} tokens: too few for one training and one "
-            f"validation block of data.seq_len={cfg.seq_len}. Add text or lower data.seq_len."
-        )
+    train_blocks, val_blocks = split_stream(store.tokens, corpus, cfg)
     if cfg.num_samples is not None:
         train_blocks = train_blocks[: cfg.num_samples]
     table = bytes_per_token(tok)
@@ -104,5 +38,5 @@ def build_data(cfg: DataConfig) -> PreparedData:
         train=TokenBlocks(train_blocks, table),
         val=TokenBlocks(val_blocks, table),
         n_documents=store.n_documents,
-        n_tokens=int(stream.numel()),
+        n_tokens=int(store.tokens.numel()),
     )
