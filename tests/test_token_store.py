@@ -274,3 +274,13 @@ def test_mix_settings_that_cannot_work_are_refused(data, words):
 
     with pytest.raises(StackWiseError, match=words):
         from_dict({"data": {"source": "files", **data}})
+
+
+def test_a_bad_row_is_named_by_its_place_in_the_file(tmp_path):
+    """Rows are read in batches of 512; the error still counts from the top of the file."""
+    rows = [{"text": f"line {i}"} for i in range(600)]
+    rows[549] = {"text": 5}
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(StackWiseError, match="row 550: field 'text' is int"):
+        build_data(files_cfg([path], tmp_path / "cache", tokenizer="char"))

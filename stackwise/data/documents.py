@@ -92,8 +92,11 @@ class Corpus:
             if pending is not None and found:
                 yield pending, True
         else:
+            first = 0
             for batch in load_file_rows(path, fmt, self.fields):
-                for text in rows_to_text(batch, self.fields, path):
+                texts = rows_to_text(batch, self.fields, path, first)
+                first += len(batch)
+                for text in texts:
                     found = True
                     yield text, True
         if not found:

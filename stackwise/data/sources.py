@@ -63,9 +63,10 @@ def check_utf8(path: Path) -> None:
             ) from None
 
 
-def rows_to_text(rows: list[dict], fields: list[str], path: Path) -> list[str]:
+def rows_to_text(rows: list[dict], fields: list[str], path: Path, first: int = 0) -> list[str]:
+    """The rows' texts; `first` is the index of rows[0] in the file (for error messages)."""
     texts = []
-    for i, row in enumerate(rows):
+    for i, row in enumerate(rows, start=first):
         parts = []
         for f in fields:
             value = row.get(f)
