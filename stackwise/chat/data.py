@@ -99,7 +99,7 @@ def examples_of(
 ) -> list[tuple[list[int], list[int]]]:
     """(ids, labels) per conversation; an example without a target token is an error, or with
     data.drop_unsupervised dropped and counted."""
-    fields = [cfg.text_field] if isinstance(cfg.text_field, str) else list(cfg.text_field)
+    fields = cfg.text_fields
     fmt = cfg.chat_format
     if fmt == "auto":
         fmt = detect_format(sorted(k for k in rows[0] if k != ORIGIN) if rows else [], fields)

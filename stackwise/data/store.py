@@ -39,8 +39,6 @@ SAMPLES, SAMPLE_BYTES = 256, 64 << 10
 class TokenStore:
     tokens: torch.Tensor  # 1-D, over the memory-mapped file
     n_documents: int
-    folder: Path
-    built: bool  # tokenized by this call, rather than reused
 
 
 def tokenizer_fingerprint(tok: Any) -> str:
@@ -92,7 +90,7 @@ def _open(folder: Path, key: str) -> tuple[TokenStore | None, str]:
     if checksum(path) != manifest.get("checksum"):
         return None, "its token file does not match its checksum"
     array = np.memmap(path, dtype=dtype, mode="c", shape=(n,))  # copy-on-write: never written
-    return TokenStore(torch.from_numpy(array), int(manifest["n_documents"]), folder, False), ""
+    return TokenStore(torch.from_numpy(array), int(manifest["n_documents"])), ""
 
 
 @contextlib.contextmanager
@@ -168,5 +166,4 @@ def token_store(corpus: Corpus, tok: Any, cache_dir: str | None, log: Any = _not
     store, why = _open(folder, key)
     if store is None:
         raise RuntimeError(f"the token store just built in {folder} does not open: {why}")
-    store.built = True
     return store

@@ -21,9 +21,9 @@ def imported_stacks(config: Any) -> int:
     return layers // config.model.blocks_per_stack
 
 
-def import_trunk(pt: Any) -> int:
+def import_trunk(pt: Any) -> None:
     """Grow the imported stacks into `pt`'s builder, load the checkpoint, freeze it all and
-    save its stack files (so the run folder describes the whole rack). Returns their count.
+    save its stack files (so the run folder describes the whole rack).
     A resumed run imports the same way, then regrows its trained stacks after these."""
     b, folder = pt.builder, Path(pt.config.model.init_from_hf).expanduser()
     n = imported_stacks(pt.config)
@@ -38,4 +38,3 @@ def import_trunk(pt: Any) -> int:
     pt.log(f"imported {n} stack(s) from {folder} as the frozen trunk; growing to {target}")
     if pt.p.save_stacks and not pt.config.train.resume_from_checkpoint:
         pt.save_stacks(changed_only=False)
-    return n

@@ -16,7 +16,7 @@ from torch import nn
 
 from stackwise.config import Config
 from stackwise.errors import StackWiseError
-from stackwise.objectives.base import Objective
+from stackwise.objectives.base import IGNORE, Objective
 from stackwise.registry import Registry
 
 
@@ -133,7 +133,7 @@ class RackAdapter(ModelAdapter):
         of the step's targets on every rank (so every target weighs the same)."""
         if "labels" not in micros[0]:
             return super().micro_scales(micros, acc)
-        counts = [(b["labels"] != -100).sum() for b in micros]
+        counts = [(b["labels"] != IGNORE).sum() for b in micros]
         total = float(acc.reduce(torch.stack(counts).sum(), "sum"))
         return [float(c) * acc.num_processes / max(total, 1.0) for c in counts]
 
