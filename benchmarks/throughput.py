@@ -5,18 +5,22 @@ Run from the repository root:
     .venv/bin/python benchmarks/throughput.py            # full run, several minutes
     .venv/bin/python benchmarks/throughput.py --quick    # smoke run, well under a minute
 
-Three ways to train the same causal model on the same random tokens, with the same batch,
-sequence length, step counts and one CPU thread (torch.set_num_threads(1)); all three use the same
-autocast (--precision; bf16 only where the CPU runs it natively), torch.optim.AdamW (the
+Four ways to train a causal model of the same size on the same random tokens, with the same
+batch, sequence length, step counts and one CPU thread (torch.set_num_threads(1)); all four use
+the same autocast (--precision; bf16 only where the CPU runs it natively), torch.optim.AdamW (the
 non-fused implementation, weight decay 0.1 on matrices only) and gradient clipping at 1.0:
 
   ours   stackwise.train.Trainer.train() on a clm Rack, built from a Config;
   plain  a hand-written loop over the same Rack class: DataLoader, torch.autocast, shifted
          cross entropy, clip_grad_norm_, AdamW, nothing else;
+  nanogpt  the plain loop over a GPT-2-style model written here: LayerNorm, learned
+         positions, a fused qkv projection into SDPA, a GELU MLP, a tied head; same depth,
+         width and heads as the rack, its MLP widened until the parameter counts match (both
+         counts are printed). The per-token cost a nanoGPT user knows.
   hf     transformers.Trainer.train() on a LlamaForCausalLM of the same shape (the rack's
-         weights are loaded into it, so all three start from identical parameters).
+         weights are loaded into it, so ours, plain and hf start from identical parameters).
 
-What is timed, for all three alike: the wall time from the end of optimizer step `warmup` to the
+What is timed, for all four alike: the wall time from the end of optimizer step `warmup` to the
 end of step `warmup + steps`, read at the same point of each loop (a wrapper around
 `Trainer.train_step` for ours, `on_step_end` callbacks for hf, a clock read after
 `optimizer.zero_grad` for plain). It covers fetching and collating batches, forward, loss,
@@ -24,8 +28,8 @@ backward, clipping, the optimizer and scheduler, and the per-step bookkeeping of
 excludes model and trainer construction, the warm-up steps and anything after the last step.
 Our trainer gets no validation set and `eval_every` > `max_steps`, so it never evaluates.
 
-Repetitions are interleaved (ours, plain, hf, ours, plain, hf, ...) so that drifts in the
-machine's load hit all three alike. Each repetition runs in a fresh child forked from this
+Repetitions are interleaved (ours, plain, nanogpt, hf, ours, ...) so that drifts in the
+machine's load hit all four alike. Each repetition runs in a fresh child forked from this
 process after the imports (`--in-process` turns that off), so every run starts from the same
 clean heap, as a real training run does, instead of inheriting the allocator state left by the
 run before it; each builds its own model and trainer. The table reports the median tokens/s per
@@ -79,10 +83,11 @@ MAX_GRAD_NORM = 1.0
 SEED = 0
 PAD_ID, MASK_ID = 0, 1  # random tokens are drawn from [2, vocab) so no position is padding
 
-METHODS = ("ours", "plain", "hf")
+METHODS = ("ours", "plain", "nanogpt", "hf")
 LABELS = {
     "ours": "stackwise Trainer",
     "plain": "plain PyTorch loop",
+    "nanogpt": "nanoGPT-style GPT",
     "hf": "transformers Trainer",
 }
 
@@ -242,7 +247,11 @@ def adamw_groups(model: nn.Module) -> list[dict[str, Any]]:
 
 def run_plain(shape: Shape, plan: Plan, tokens: torch.Tensor, workdir: Path) -> RunResult:
     config = make_config(shape, plan, workdir / "plain")
-    model = fresh_rack(config, shape.vocab_size)
+    return plain_loop(fresh_rack(config, shape.vocab_size), shape, plan, tokens)
+
+
+def plain_loop(model: nn.Module, shape: Shape, plan: Plan, tokens: torch.Tensor) -> RunResult:
+    """DataLoader, autocast, shifted cross entropy, clipping, AdamW: nothing else."""
     model.train()
     opt = torch.optim.AdamW(adamw_groups(model), lr=LR, betas=BETAS, eps=1e-8)
     loader = DataLoader(
@@ -266,6 +275,69 @@ def run_plain(shape: Shape, plan: Plan, tokens: torch.Tensor, workdir: Path) -> 
         opt.zero_grad(set_to_none=True)
         clock.tick()
     return clock.result(shape, plan)
+
+
+# -- (d) a nanoGPT-style GPT of equal parameter count, in the same plain loop ------------------
+
+
+class GPTBlock(nn.Module):
+    """LayerNorm, one fused qkv projection into SDPA, LayerNorm, GELU MLP: the GPT-2 layer."""
+
+    def __init__(self, d: int, n_heads: int, hidden: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln_attn, self.ln_mlp = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.out = nn.Linear(d, d, bias=False)
+        self.fc = nn.Linear(d, hidden, bias=False)
+        self.proj = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        heads = self.qkv(self.ln_attn(x)).view(b, n, 3, self.n_heads, d // self.n_heads)
+        q, k, v = heads.permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(y.transpose(1, 2).reshape(b, n, d))
+        return x + self.proj(F.gelu(self.fc(self.ln_mlp(x))))
+
+
+class GPT(nn.Module):
+    """Token and learned position embeddings, GPT blocks, a final LayerNorm, a tied head."""
+
+    def __init__(self, shape: Shape, hidden: int) -> None:
+        super().__init__()
+        d, layers = shape.d_model, shape.n_stacks * shape.blocks_per_stack
+        self.wte = nn.Embedding(shape.vocab_size, d)
+        self.wpe = nn.Embedding(shape.seq_len, d)
+        self.blocks = nn.ModuleList(GPTBlock(d, shape.n_heads, hidden) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                nn.init.normal_(module.weight, std=0.02)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1], device=ids.device))
+        for block in self.blocks:
+            x = block(x)
+        return F.linear(self.ln_f(x), self.wte.weight)
+
+
+def gpt_width(shape: Shape, target: int) -> int:
+    """The MLP width that gives the GPT `target` parameters (the rack's count)."""
+    base = sum(p.numel() for p in GPT(shape, 1).parameters())
+    per_unit = 2 * shape.d_model * shape.n_stacks * shape.blocks_per_stack
+    return max(1, round((target - base) / per_unit) + 1)
+
+
+def equal_gpt(shape: Shape, config: Config) -> GPT:
+    rack_params = sum(p.numel() for p in fresh_rack(config, shape.vocab_size).parameters())
+    torch.manual_seed(SEED)
+    return GPT(shape, gpt_width(shape, rack_params))
+
+
+def run_nanogpt(shape: Shape, plan: Plan, tokens: torch.Tensor, workdir: Path) -> RunResult:
+    config = make_config(shape, plan, workdir / "nanogpt")
+    return plain_loop(equal_gpt(shape, config), shape, plan, tokens)
 
 
 # -- (c) transformers.Trainer on the equivalent LlamaForCausalLM ------------------------------
@@ -329,6 +401,7 @@ def run_hf(shape: Shape, plan: Plan, tokens: torch.Tensor, workdir: Path) -> Run
 RUNNERS: dict[str, Callable[[Shape, Plan, torch.Tensor, Path], RunResult]] = {
     "ours": run_ours,
     "plain": run_plain,
+    "nanogpt": run_nanogpt,
     "hf": run_hf,
 }
 
@@ -402,10 +475,14 @@ def paired_ratio(results: Results, a: str, b: str) -> float:
     return statistics.median(x.tokens_per_s / y.tokens_per_s for x, y in pairs)
 
 
+RIVALS = ("plain", "nanogpt", "hf")  # the ratio columns: ours over each
+
+
 def table(all_results: dict[str, Results], shapes: tuple[Shape, ...]) -> str:
+    ratios = "".join(f" {'ours/' + r:>12}" for r in RIVALS)
     head = (
         f"{'shape':<11} {'method':<21} {'median tok/s':>12} {'min..max tok/s':>15} "
-        f"{'ms/step':>7} {'faults/step':>11} {'ours/plain':>10} {'ours/HF':>7}"
+        f"{'ms/step':>7} {'faults/step':>11}{ratios}"
     )
     rows = [head, "-" * len(head)]
     for shape in shapes:
@@ -415,29 +492,28 @@ def table(all_results: dict[str, Results], shapes: tuple[Shape, ...]) -> str:
             med = statistics.median(tps)
             faults = statistics.median(r.faults_per_step for r in res[method])
             spread = f"{min(tps):,.0f}..{max(tps):,.0f}"
-            r_plain = r_hf = ""
+            cells = ""
             if method == "ours":
-                r_plain = f"{ratio_of_medians(res, 'ours', 'plain'):.3f}"
-                r_hf = f"{ratio_of_medians(res, 'ours', 'hf'):.3f}"
+                cells = "".join(f" {ratio_of_medians(res, 'ours', r):>12.3f}" for r in RIVALS)
             line = (
                 f"{shape.name:<11} {LABELS[method]:<21} {med:>12,.0f} {spread:>15} "
-                f"{1000 * shape.tokens_per_step / med:>7.1f} {faults:>11,.0f} "
-                f"{r_plain:>10} {r_hf:>7}"
+                f"{1000 * shape.tokens_per_step / med:>7.1f} {faults:>11,.0f}{cells}"
             )
             rows.append(line.rstrip())
-        rows.append(
-            f"{shape.name:<11} {'ours, paired per rep':<21} {'':>12} {'':>15} {'':>7} {'':>11} "
-            f"{paired_ratio(res, 'ours', 'plain'):>10.3f} {paired_ratio(res, 'ours', 'hf'):>7.3f}"
-        )
+        paired = "".join(f" {paired_ratio(res, 'ours', r):>12.3f}" for r in RIVALS)
+        rows.append(f"{shape.name:<11} {'ours, paired per rep':<21} {'':>47}{paired}")
     return "\n".join(rows)
 
 
 def headline(all_results: dict[str, Results], shapes: tuple[Shape, ...]) -> str:
-    plain = ", ".join(
-        f"{ratio_of_medians(all_results[s.name], 'ours', 'plain'):.2f} ({s.name})" for s in shapes
-    )
-    hf = ", ".join(f"{ratio_of_medians(all_results[s.name], 'ours', 'hf'):.2f}" for s in shapes)
-    return f"headline: ours/plain = {plain}; ours/HF = {hf}"
+    parts = []
+    for rival in RIVALS:
+        each = ", ".join(
+            f"{ratio_of_medians(all_results[s.name], 'ours', rival):.2f}" for s in shapes
+        )
+        parts.append(f"ours/{rival} = {each}")
+    names = ", ".join(s.name for s in shapes)
+    return f"headline ({names}): " + "; ".join(parts)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -459,7 +535,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--precision",
         choices=("auto", "bf16", "no"),
         default="auto",
-        help="autocast for all three; auto = bf16 where this CPU runs it natively, else fp32",
+        help="autocast for all four; auto = bf16 where this CPU runs it natively, else fp32",
     )
     args = p.parse_args(argv)
     if args.plain_allocator and args.in_process:
@@ -511,10 +587,15 @@ def main(argv: list[str] | None = None) -> None:
     all_results: dict[str, Results] = {}
     with tempfile.TemporaryDirectory(prefix="stackwise-bench-") as tmp:
         for shape in SHAPES:
+            config = make_config(shape, plan, Path(tmp) / "count")
+            rack = sum(p.numel() for p in fresh_rack(config, shape.vocab_size).parameters())
+            gpt = equal_gpt(shape, config)
             print(
                 f"{shape.name}: {shape.n_stacks}x{shape.blocks_per_stack} layers, "
                 f"d_model {shape.d_model}, {shape.n_heads} heads, seq {shape.seq_len}, "
-                f"batch {shape.batch_size}",
+                f"batch {shape.batch_size}; parameters: rack {rack:,}, nanoGPT-style "
+                f"{sum(p.numel() for p in gpt.parameters()):,} (MLP width "
+                f"{gpt.blocks[0].fc.out_features})",
                 flush=True,
             )
             all_results[shape.name] = measure(

@@ -106,7 +106,7 @@ def prepared(config: Config) -> tuple[Config, PreparedData]:
     else:
         data = build_data(config.data)
         config = resolve_vocab(config, len(data.tokenizer))
-    return with_epochs(config, len(data.train)), data
+    return with_epochs(config, data.train_size), data
 
 
 def build_trainer(config: Config) -> Trainer:

@@ -172,6 +172,10 @@ GENERIC: dict[str, tuple[Any, dict]] = {
 CUSTOM = {
     # tested in test_token_store.py: a weighted mixture trains by its weights and resumes
     "data.mix",
+    # tested in test_streaming.py: streamed files, datasets and growth resume bit for bit, and
+    # the first stream_val_blocks blocks validate
+    "data.streaming",
+    "data.stream_val_blocks",
     # tested in test_progressive.py: modes (shape and joint tuning), the custom depth table,
     # and disk storage (which must train exactly like memory, so a fingerprint cannot differ)
     "progressive.mode",

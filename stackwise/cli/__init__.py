@@ -20,6 +20,13 @@ from stackwise.quiet import filter_library_noise
 __all__ = ["DEFAULT_PRESET", "PRESETS", "build_parser", "main", "resolve_config_path"]
 
 
+def _release_processes() -> None:
+    if "torch.distributed" in sys.modules:  # nothing to release in commands that never used it
+        from stackwise.train.hardware import release_processes
+
+        release_processes()
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     filter_library_noise()
@@ -36,9 +43,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         ns.args = [*ns.args, *extra]
     try:
-        return ns.func(ns)
+        code = ns.func(ns)
+        _release_processes()
+        return code
     except StackWiseError as err:
         if hasattr(err, "resume_command"):  # a stop signal: the work is saved, say how to go on
+            _release_processes()  # every rank stopped at the same step
             if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 says it once
                 return 130
             print(

@@ -5,12 +5,19 @@ changed from their default while irrelevant, so a key never silently does nothin
 runs and all problems are reported together.
 
 - `sections`, `growth`: the schema, one class per section; `root`: the whole config.
-- `rules` (inside a section) and `rules_cross` (across sections): named rules.
+- `rules` (inside a section), `rules_cross` (across sections), `rules_growth`, `rules_hf`,
+  `rules_stream`: named rules.
 - `aliases`: the seeds' legacy names; `loading`: files, overrides, errors; `derive`: configs
   made from configs.
 """
 
-from stackwise.config import rules, rules_cross, rules_growth, rules_hf  # noqa: F401
+from stackwise.config import (  # noqa: F401
+    rules,
+    rules_cross,
+    rules_growth,
+    rules_hf,
+    rules_stream,
+)
 from stackwise.config.aliases import KEY_ALIASES, VALUE_ALIASES, alias_table, apply_aliases
 from stackwise.config.base import Section
 from stackwise.config.derive import derive, stack_config

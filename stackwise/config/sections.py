@@ -168,6 +168,14 @@ class DataConfig(Section):
     bpe_vocab_size: int = Field(2048, ge=300, le=65536)
     cache_dir: str | None = Field(None, description="Default: $STACKWISE_CACHE or ~/.cache.")
     num_workers: NonNegativeInt = 0
+    streaming: bool = Field(
+        False,
+        description="pretraining: read, tokenize and cut the corpus as training goes (no token "
+        "store); in order, resumed at the recorded position.",
+    )
+    stream_val_blocks: PositiveInt = Field(
+        32, description="streaming: the stream's first blocks, held out for validation."
+    )
 
     @field_validator("files", mode="before")
     @classmethod

@@ -44,6 +44,11 @@ class PreparedData:
     eval_chat: Any = None  # and the evaluation rows'
 
     @property
+    def train_size(self) -> int:
+        """Training rows; 0 for a stream (data.streaming), whose length is not known."""
+        return len(self.train) if hasattr(self.train, "__len__") else 0
+
+    @property
     def specials(self) -> Specials:
         return specials_of(self.tokenizer)
 

@@ -24,6 +24,10 @@ def build_data(cfg: DataConfig) -> PreparedData:
     val_fraction of the stream is validation. data.mix: stackwise.data.mix."""
     if cfg.mix:
         return build_mixed(cfg)
+    if cfg.streaming:
+        from stackwise.data.stream import build_streamed
+
+        return build_streamed(cfg)
     corpus = Corpus(cfg)
     tok = make_tokenizer(
         cfg.tokenizer, corpus, cfg.bpe_vocab_size, cfg.cache_dir, corpus_key=corpus.fingerprint

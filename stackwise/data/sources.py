@@ -145,20 +145,42 @@ def open_saved(path: Path) -> Any:
     return ds
 
 
-def open_hub(name: str, subset: str | None, split: str) -> Any:
+def open_hub(name: str, subset: str | None, split: str, streaming: bool = False) -> Any:
     """`datasets.load_dataset(name, subset, split=split)`: a hub dataset from the local cache
-    when offline (or a local dataset folder), or an error saying so."""
+    when offline (or a local dataset folder), or an error saying so. `streaming`: an iterable
+    over its rows, read as they are needed."""
     import datasets
 
     try:
         with quiet_datasets():
-            return datasets.load_dataset(name, subset, split=split)
+            return datasets.load_dataset(name, subset, split=split, streaming=streaming)
     except Exception as err:  # offline misses, unknown names and configs all land here
         raise StackWiseError(
             f"Could not load dataset '{name}' (subset {subset}, split {split}): "
             f"{str(err)[:200]}. Offline, only datasets already in the local cache load; "
             "otherwise give local files with data.files."
         ) from None
+
+
+def hub_rows(cfg: DataConfig, batch: int = 512) -> Iterator[tuple[str, bool]]:
+    """data.dataset_name's split streamed: each row's text as one document, in order."""
+    ds = open_hub(str(cfg.dataset_name), cfg.dataset_subset, cfg.dataset_split, streaming=True)
+    fields, where = cfg.text_fields, Path(str(cfg.dataset_name))
+    missing = [f for f in fields if ds.column_names is not None and f not in ds.column_names]
+    if missing:
+        raise StackWiseError(
+            f"Dataset '{cfg.dataset_name}' has no field {missing[0]!r} (it has "
+            f"{', '.join(ds.column_names)}). Point data.text_field at its text."
+        )
+    first = 0
+    for rows in ds.iter(batch_size=batch):
+        n = len(next(iter(rows.values())))
+        cols = {f: rows.get(f) or [None] * n for f in fields}
+        texts = rows_to_text(
+            [{f: cols[f][i] for f in fields} for i in range(n)], fields, where, first
+        )
+        first += n
+        yield from ((text, True) for text in texts)
 
 
 def hub_files(cfg: DataConfig) -> list[tuple[Path, str]]:

@@ -73,47 +73,63 @@ def _batch_encoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[str]], 
     return lambda texts: tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 
+def piece_token_batches(
+    tokenizer: PreTrainedTokenizerBase,
+    pieces: Iterable[tuple[str, bool]],
+    eos_id: int,
+    total: int | None = None,
+) -> Iterator[list[np.ndarray]]:
+    """Each piece's int32 tokens (EOS after the last piece of a document), a list per about a
+    megabyte of text: the batch the Rust tokenizer encodes at once. `total` (bytes) sizes the
+    progress bar."""
+    batch: list[str] = []
+    owner: list[int] = []  # which piece of the current list each text belongs to
+    ends: list[bool] = []  # whether that piece is the last of its document
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing", leave=False, disable=None)
+    encode = _batch_encoder(tokenizer)
+    eos = np.array([eos_id], dtype=np.int32)
+
+    def flush() -> list[np.ndarray]:
+        parts: list[list[np.ndarray]] = [[] for _ in ends]
+        for ids, i in zip(encode(batch), owner, strict=True):
+            parts[i].append(np.asarray(ids, dtype=np.int32))
+        for i, end in enumerate(ends):
+            if end:
+                parts[i].append(eos)
+        bar.update(sum(len(p.encode("utf-8")) for p in batch))
+        for done in (batch, owner, ends):
+            done.clear()
+        empty = np.empty(0, dtype=np.int32)
+        return [np.concatenate(p) if p else empty for p in parts]
+
+    with bar:
+        pending = 0
+        for text, end in pieces:
+            for piece in text_pieces(text):
+                batch.append(piece)
+                owner.append(len(ends))
+                pending += len(piece)
+            ends.append(end)
+            if pending >= BATCH_CHARS:
+                yield flush()
+                pending = 0
+        if ends:
+            yield flush()
+
+
 def token_chunks(
     tokenizer: PreTrainedTokenizerBase,
     pieces: Iterable[tuple[str, bool]],
     eos_id: int,
     total: int | None = None,
 ) -> Iterator[torch.Tensor]:
-    """int32 tensors of tokens, about a megabyte of text each: every piece's tokens, and EOS
-    after the last piece of each document. `total` (bytes) sizes the progress bar."""
-    batch: list[str] = []
-    ends: list[bool] = []  # whether a piece is the last of its document
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing", leave=False, disable=None)
-
-    encode = _batch_encoder(tokenizer)
-    eos = np.array([eos_id], dtype=np.int32)
-
-    def flush() -> torch.Tensor:
-        parts: list[np.ndarray] = []
-        for ids, end in zip(encode(batch), ends, strict=True):
-            parts.append(np.asarray(ids, dtype=np.int32))
-            if end:
-                parts.append(eos)
-        bar.update(sum(len(p.encode("utf-8")) for p in batch))
-        batch.clear()
-        ends.clear()
-        return (
-            torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, dtype=torch.int32)
+    """int32 tensors of tokens, about a megabyte of text each: the pieces' tokens end to end."""
+    for arrays in piece_token_batches(tokenizer, pieces, eos_id, total):
+        yield (
+            torch.from_numpy(np.concatenate(arrays))
+            if arrays
+            else torch.empty(0, dtype=torch.int32)
         )
-
-    with bar:
-        pending = 0
-        for text, end in pieces:
-            parts = list(text_pieces(text))
-            for i, piece in enumerate(parts):
-                batch.append(piece)
-                ends.append(end and i == len(parts) - 1)
-                pending += len(piece)
-                if pending >= BATCH_CHARS:
-                    yield flush()
-                    pending = 0
-        if batch:
-            yield flush()
 
 
 def token_stream(

@@ -66,7 +66,7 @@ class ProgressiveTrainer:
         self.p = config.progressive
         self.accelerator: Accelerator = make_accelerator(config.train.mixed_precision)
         processes = self.accelerator.num_processes
-        self.plan = GrowthPlan(config, data.specials, len(data.train), processes, time_mapping)
+        self.plan = GrowthPlan(config, data.specials, data.train_size, processes, time_mapping)
         self.output_dir = claim_output_dir(self.accelerator, config, output_dir)
         self.builder = ProgressiveRackBuilder(
             config.model,
@@ -77,7 +77,7 @@ class ProgressiveTrainer:
             double_quant=config.quant.enabled and config.quant.double_quant,
         )
         self.builder.rack.to(self.accelerator.device)
-        self.stage_cache = StageCache(config, len(data.train), self.output_dir, self.accelerator)
+        self.stage_cache = StageCache(config, data.train_size, self.output_dir, self.accelerator)
         self.records: list[StackRecord] = []
 
     # -- per-stack settings -------------------------------------------------------------------
@@ -160,7 +160,7 @@ class ProgressiveTrainer:
         t_range = self.t_range(index)
         objective = self.plan.objective_for(cfg, t_range)
         train_data, carried = self._stage_data(index, cfg, objective, new)
-        steps = self.budget(index, len(self.data.train), n_stacks)  # epochs over samples
+        steps = self.budget(index, self.data.train_size, n_stacks)  # epochs over samples
         stage_dir = self.output_dir / f"stack_{index}"
         cfg = stage_derive(
             cfg,

@@ -82,9 +82,9 @@ class Progressive(TrainingStrategy):
                 f"{p.trunk_strategy}, head {p.head_policy}, time as {p.time_interpretation}"
                 + (", activation cache" if p.cache.enabled else "")
                 + (f", then {p.joint_tuning_steps} joint steps" if p.mode == "fused" else "")
-                + f"); {len(data.train):,} train / {len(data.val):,} val sequences of "
-                f"{config.data.seq_len} tokens; device {trainer.accelerator.device}, precision "
-                f"{precision(config, trainer)}; output {trainer.output_dir}" + saving_note(config),
+                + f"); {data_line(data, config)}; device {trainer.accelerator.device}, "
+                f"precision {precision(config, trainer)}; output {trainer.output_dir}"
+                + saving_note(config),
                 flush=True,
             )
         result = trainer.train_progressively()
@@ -92,6 +92,14 @@ class Progressive(TrainingStrategy):
         if not quiet and trainer.accelerator.is_main_process:
             print(summary_table(result), flush=True)
         return RunResult(config, trainer.output_dir, result.rack, data, None, trainer, result)
+
+
+def data_line(data: PreparedData, config: Config) -> str:
+    """What the run trains on, for its first line."""
+    return data.describe or (
+        f"{len(data.train):,} train / {len(data.val):,} val sequences of "
+        f"{config.data.seq_len} tokens"
+    )
 
 
 def header(
@@ -107,10 +115,7 @@ def header(
         f"{config.objective.name} {adapter.name}, {count_parameters(model):,} parameters, "
         f"{config.model.n_stacks}x{config.model.blocks_per_stack} blocks{note}"
     )
-    rows = data.describe or (
-        f"{len(data.train):,} train / {len(data.val):,} val sequences of "
-        f"{config.data.seq_len} tokens"
-    )
+    rows = data_line(data, config)
     return (
         f"StackWise: {what}; {rows}; device {trainer.accelerator.device}, precision "
         f"{precision(config, trainer)}; output {trainer.output_dir}" + saving_note(config)

@@ -107,6 +107,17 @@ def process_state() -> Any:
     return PartialState(cpu=not torch.cuda.is_available())
 
 
+def release_processes() -> None:
+    """Destroy the process group at a command's normal end. Left alive, gloo's worker threads
+    are torn down with the interpreter and abort the exiting process ("terminate called without
+    an active exception", SIGABRT; pytorch/pytorch#190489), so a finished torchrun run would
+    exit as failed. Not after an error: a rank still in a collective would wait forever."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def make_accelerator(mixed_precision: str) -> Accelerator:
     """An Accelerator with this precision, even if an earlier run in this process used another.
 

@@ -6,9 +6,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from stackwise import seeds
+from stackwise.errors import StackWiseError
 
 
 class EpochSampler(Sampler[int]):
@@ -59,6 +60,18 @@ class EpochSampler(Sampler[int]):
         return self.n // self.world - self.start
 
 
+def training_sampler(data: Dataset, tc: Any, rank: int, world: int) -> EpochSampler | None:
+    """The epoch sampler of `data`; None for a stream (data.streaming), which has no length."""
+    if isinstance(data, IterableDataset):
+        return None
+    if len(data) < tc.batch_size * world:
+        raise StackWiseError(
+            f"The training set has {len(data)} sequences, fewer than one batch of "
+            f"train.batch_size={tc.batch_size} per process. Lower the batch size or add data."
+        )
+    return EpochSampler.over(data, tc.seed, rank, world)
+
+
 def epoch_loader(
     data: Dataset, sampler: EpochSampler, epoch: int, start: int, loading: tuple[int, int, int]
 ) -> DataLoader:
@@ -94,6 +107,14 @@ def batch_stream(
     while True:
         for batch in loader(state.batch_in_epoch):
             state.batch_in_epoch += 1
+            if "stream_pos" in batch:  # a streamed epoch: where it goes on after this batch
+                state.stream_position = batch.pop("stream_pos")[-1].tolist()
             yield {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        if state.batch_in_epoch == 0:
+            raise StackWiseError(
+                "The training data gave no full batch in an epoch. Add data, or lower "
+                "train.batch_size (each process needs one batch)."
+            )
         state.epoch += 1
         state.batch_in_epoch = 0
+        state.stream_position = None

@@ -28,6 +28,7 @@ class TrainState:
     last_eval_step: int | None = None
     last_train_loss: float | None = None  # the mean of the last logging window
     resumed_from: str | None = None  # the checkpoint this run continued from
+    stream_position: list[int] | None = None  # data.streaming: where the epoch's stream is
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from stackwise import seeds
 from stackwise.config import Config, save_config
+from stackwise.data.stream import stream_loader
 from stackwise.errors import StackWiseError
 from stackwise.io import checkpoints as ckpt
 from stackwise.objectives.base import Objective, random_lengths
@@ -39,7 +40,7 @@ from stackwise.train.optim import (
     build_scheduler,
 )
 from stackwise.train.run_dir import claim_output_dir, run_dir_of
-from stackwise.train.sampler import EpochSampler, batch_stream, epoch_loader
+from stackwise.train.sampler import batch_stream, epoch_loader, training_sampler
 from stackwise.train.state import Control, RunInfo, Stage, TrainState
 
 Scheduler = Any  # a torch LR scheduler
@@ -82,13 +83,8 @@ class Trainer:
         self.objective, self.eval_objective = objective, eval_objective or objective
         self.eval_seed = tc.seed if eval_seed is None else eval_seed
         self.train_data, self.val_data = train_data, val_data
-        if len(train_data) < tc.batch_size * acc.num_processes:
-            raise StackWiseError(
-                f"The training set has {len(train_data)} sequences, fewer than one batch of "
-                f"train.batch_size={tc.batch_size} per process. Lower the batch size or add data."
-            )
+        self.sampler = training_sampler(train_data, tc, acc.process_index, acc.num_processes)
         self._prepare(model, param_groups, scheduler)
-        self.sampler = EpochSampler.over(train_data, tc.seed, acc.process_index, acc.num_processes)
         self.state = TrainState()
         self.uses_time = bool(getattr(self.raw_model, "uses_time", False))
         self.control = Control()
@@ -141,8 +137,11 @@ class Trainer:
     # -- data -------------------------------------------------------------------------------
 
     def _loader(self, start: int) -> DataLoader:
-        tc = self.config.train
-        loading = (tc.batch_size, self.config.data.num_workers, tc.seed)
+        tc, acc, workers = self.config.train, self.accelerator, self.config.data.num_workers
+        if self.sampler is None:  # a stream goes on from its recorded position
+            shard, at = (acc.process_index, acc.num_processes), self.state.stream_position
+            return stream_loader(self.train_data, at, shard, tc.batch_size, workers)
+        loading = (tc.batch_size, workers, tc.seed)
         return epoch_loader(self.train_data, self.sampler, self.state.epoch, start, loading)
 
     def _batches(self) -> Iterator[dict[str, torch.Tensor]]:
