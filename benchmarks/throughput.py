@@ -5,12 +5,14 @@ Run from the repository root:
     .venv/bin/python benchmarks/throughput.py            # full run, several minutes
     .venv/bin/python benchmarks/throughput.py --quick    # smoke run, well under a minute
 
-Four ways to train a causal model of the same size on the same random tokens, with the same
-batch, sequence length, step counts and one CPU thread (torch.set_num_threads(1)); all four use
+Five ways to train a causal model of the same size on the same random tokens, with the same
+batch, sequence length, step counts and one CPU thread (torch.set_num_threads(1)); all five use
 the same autocast (--precision; bf16 only where the CPU runs it natively), torch.optim.AdamW (the
 non-fused implementation, weight decay 0.1 on matrices only) and gradient clipping at 1.0:
 
   ours   stackwise.train.Trainer.train() on a clm Rack, built from a Config;
+  compiled  ours with train.compile: true (each Block through one torch.compile'd function;
+         compiling happens in the warm-up steps, outside the timed window);
   plain  a hand-written loop over the same Rack class: DataLoader, torch.autocast, shifted
          cross entropy, clip_grad_norm_, AdamW, nothing else;
   nanogpt  the plain loop over a GPT-2-style model written here: LayerNorm, learned
@@ -20,7 +22,7 @@ non-fused implementation, weight decay 0.1 on matrices only) and gradient clippi
   hf     transformers.Trainer.train() on a LlamaForCausalLM of the same shape (the rack's
          weights are loaded into it, so ours, plain and hf start from identical parameters).
 
-What is timed, for all four alike: the wall time from the end of optimizer step `warmup` to the
+What is timed, for all five alike: the wall time from the end of optimizer step `warmup` to the
 end of step `warmup + steps`, read at the same point of each loop (a wrapper around
 `Trainer.train_step` for ours, `on_step_end` callbacks for hf, a clock read after
 `optimizer.zero_grad` for plain). It covers fetching and collating batches, forward, loss,
@@ -28,8 +30,8 @@ backward, clipping, the optimizer and scheduler, and the per-step bookkeeping of
 excludes model and trainer construction, the warm-up steps and anything after the last step.
 Our trainer gets no validation set and `eval_every` > `max_steps`, so it never evaluates.
 
-Repetitions are interleaved (ours, plain, nanogpt, hf, ours, ...) so that drifts in the
-machine's load hit all four alike. Each repetition runs in a fresh child forked from this
+Repetitions are interleaved (ours, compiled, plain, nanogpt, hf, ours, ...) so that drifts
+in the machine's load hit all five alike. Each repetition runs in a fresh child forked from this
 process after the imports (`--in-process` turns that off), so every run starts from the same
 clean heap, as a real training run does, instead of inheriting the allocator state left by the
 run before it; each builds its own model and trainer. The table reports the median tokens/s per
@@ -83,9 +85,10 @@ MAX_GRAD_NORM = 1.0
 SEED = 0
 PAD_ID, MASK_ID = 0, 1  # random tokens are drawn from [2, vocab) so no position is padding
 
-METHODS = ("ours", "plain", "nanogpt", "hf")
+METHODS = ("ours", "compiled", "plain", "nanogpt", "hf")
 LABELS = {
     "ours": "stackwise Trainer",
+    "compiled": "stackwise, compile",
     "plain": "plain PyTorch loop",
     "nanogpt": "nanoGPT-style GPT",
     "hf": "transformers Trainer",
@@ -146,7 +149,7 @@ def random_tokens(shape: Shape, plan: Plan) -> torch.Tensor:
     return torch.randint(2, shape.vocab_size, (rows, shape.seq_len), generator=g)
 
 
-def make_config(shape: Shape, plan: Plan, output_dir: Path) -> Config:
+def make_config(shape: Shape, plan: Plan, output_dir: Path, compile: bool = False) -> Config:
     return from_dict(
         {
             "model": {
@@ -169,6 +172,7 @@ def make_config(shape: Shape, plan: Plan, output_dir: Path) -> Config:
                 "max_grad_norm": MAX_GRAD_NORM,
                 "mixed_precision": PRECISION,
                 "eval_every": plan.total_steps + 1,
+                "compile": compile,
                 **fresh_output(output_dir),
             },
             "logging": quiet_logging(),
@@ -215,8 +219,10 @@ class StepClock:
 # -- (a) the stackwise Trainer ----------------------------------------------------------------
 
 
-def run_ours(shape: Shape, plan: Plan, tokens: torch.Tensor, workdir: Path) -> RunResult:
-    config = make_config(shape, plan, workdir / "ours")
+def run_ours(
+    shape: Shape, plan: Plan, tokens: torch.Tensor, workdir: Path, compile: bool = False
+) -> RunResult:
+    config = make_config(shape, plan, workdir / "ours", compile)
     rack = fresh_rack(config, shape.vocab_size)
     specials = Specials(vocab_size=shape.vocab_size, pad_id=PAD_ID, mask_id=MASK_ID)
     objective = build_objective(config, specials)
@@ -400,6 +406,7 @@ def run_hf(shape: Shape, plan: Plan, tokens: torch.Tensor, workdir: Path) -> Run
 
 RUNNERS: dict[str, Callable[[Shape, Plan, torch.Tensor, Path], RunResult]] = {
     "ours": run_ours,
+    "compiled": lambda *args: run_ours(*args, compile=True),
     "plain": run_plain,
     "nanogpt": run_nanogpt,
     "hf": run_hf,
@@ -475,7 +482,8 @@ def paired_ratio(results: Results, a: str, b: str) -> float:
     return statistics.median(x.tokens_per_s / y.tokens_per_s for x, y in pairs)
 
 
-RIVALS = ("plain", "nanogpt", "hf")  # the ratio columns: ours over each
+OURS = ("ours", "compiled")
+RIVALS = ("plain", "nanogpt", "hf")  # the ratio columns: ours (and compiled) over each
 
 
 def table(all_results: dict[str, Results], shapes: tuple[Shape, ...]) -> str:
@@ -493,8 +501,8 @@ def table(all_results: dict[str, Results], shapes: tuple[Shape, ...]) -> str:
             faults = statistics.median(r.faults_per_step for r in res[method])
             spread = f"{min(tps):,.0f}..{max(tps):,.0f}"
             cells = ""
-            if method == "ours":
-                cells = "".join(f" {ratio_of_medians(res, 'ours', r):>12.3f}" for r in RIVALS)
+            if method in OURS:
+                cells = "".join(f" {ratio_of_medians(res, method, r):>12.3f}" for r in RIVALS)
             line = (
                 f"{shape.name:<11} {LABELS[method]:<21} {med:>12,.0f} {spread:>15} "
                 f"{1000 * shape.tokens_per_step / med:>7.1f} {faults:>11,.0f}{cells}"
@@ -507,11 +515,11 @@ def table(all_results: dict[str, Results], shapes: tuple[Shape, ...]) -> str:
 
 def headline(all_results: dict[str, Results], shapes: tuple[Shape, ...]) -> str:
     parts = []
-    for rival in RIVALS:
+    for mine, rival in [("ours", r) for r in RIVALS] + [("compiled", "nanogpt")]:
         each = ", ".join(
-            f"{ratio_of_medians(all_results[s.name], 'ours', rival):.2f}" for s in shapes
+            f"{ratio_of_medians(all_results[s.name], mine, rival):.2f}" for s in shapes
         )
-        parts.append(f"ours/{rival} = {each}")
+        parts.append(f"{mine}/{rival} = {each}")
     names = ", ".join(s.name for s in shapes)
     return f"headline ({names}): " + "; ".join(parts)
 
@@ -535,7 +543,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--precision",
         choices=("auto", "bf16", "no"),
         default="auto",
-        help="autocast for all four; auto = bf16 where this CPU runs it natively, else fp32",
+        help="autocast for all five; auto = bf16 where this CPU runs it natively, else fp32",
     )
     args = p.parse_args(argv)
     if args.plain_allocator and args.in_process:

@@ -458,21 +458,23 @@ def test_num_workers_reaches_the_dataloader(tiny):
     assert tr._loader(0).num_workers == 2
 
 
-def test_compile_wraps_the_model(tiny):
-    from stackwise.data.pack import TokenBlocks
-    from stackwise.objectives import Specials, build_objective
-    from stackwise.train import Trainer, build_rack
+def test_compile_runs_every_block_through_one_compiled_function(tiny, tmp_path):
+    """train.compile on a rack compiles regionally: one compiled function serves both blocks
+    (a graph per input shape, not per block), and training matches eager to float rounding."""
+    import torch._dynamo
 
-    cfg = tiny(train={"compile": True})
-    sp = Specials(300, 0, 3, 1, 2)
-    tr = Trainer(
-        cfg,
-        build_rack(cfg, 300),
-        build_objective(cfg, sp),
-        TokenBlocks(torch.randint(4, 300, (16, 32))),
-    )
-    inner = tr.accelerator.unwrap_model(tr.model, keep_torch_compile=True)
-    assert isinstance(inner, torch._dynamo.eval_frame.OptimizedModule)
+    runs = {}
+    for on in (False, True):
+        cfg = tiny(train={"compile": on, "max_steps": 2, "output_dir": str(tmp_path / str(on))})
+        before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        runs[on] = train_from_config(cfg, quiet=True)
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
+        assert (graphs > 0) == on
+    stacks = [m for m in runs[True].rack.modules() if type(m).__name__ == "Stack"]
+    assert stacks and all(s.fast is not None for s in stacks)
+    assert graphs <= 2  # the training and the evaluation batch shapes; never one per block
+    wa, wb = runs[False].rack.state_dict(), runs[True].rack.state_dict()
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
 
 
 def test_output_dir_and_overwrite(tiny, tmp_path):

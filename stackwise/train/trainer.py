@@ -120,7 +120,7 @@ class Trainer:
         opt = build_optimizer(build_param_groups(groups, tc, self.adapter.group_lr), tc)
         self.raw_model = model
         if tc.compile:
-            model = torch.compile(model)  # type: ignore[assignment]
+            model = self.adapter.compile(model)
         if self.wrap_model:
             self.model, self.optimizer = acc.prepare(model, opt)
         else:
