@@ -222,7 +222,7 @@ class StepClock:
 def run_ours(
     shape: Shape, plan: Plan, tokens: torch.Tensor, workdir: Path, compile: bool = False
 ) -> RunResult:
-    config = make_config(shape, plan, workdir / "ours", compile)
+    config = make_config(shape, plan, workdir / ("compiled" if compile else "ours"), compile)
     rack = fresh_rack(config, shape.vocab_size)
     specials = Specials(vocab_size=shape.vocab_size, pad_id=PAD_ID, mask_id=MASK_ID)
     objective = build_objective(config, specials)

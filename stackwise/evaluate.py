@@ -324,7 +324,11 @@ def run_eval(
             "tokenizer changed). Evaluate on the same data the run used."
         )
     ref = load_trained(reference) if reference is not None else None
-    vocabulary = corpus_vocabulary(Corpus(config.data))  # a megabyte at a time
+    if config.data.streaming:  # a stream is not read whole: the validation blocks' words
+        texts: Any = (tokenizer.decode(row, skip_special_tokens=True) for row in data.val.blocks)
+    else:
+        texts = Corpus(config.data)  # a megabyte at a time
+    vocabulary = corpus_vocabulary(texts)
     return {
         "run": str(folder),
         "objective": config.objective.name,

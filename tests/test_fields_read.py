@@ -471,7 +471,7 @@ def test_compile_runs_every_block_through_one_compiled_function(tiny, tmp_path):
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
         assert (graphs > 0) == on
     stacks = [m for m in runs[True].rack.modules() if type(m).__name__ == "Stack"]
-    assert stacks and all(s.fast is not None for s in stacks)
+    assert stacks and all(s.fast is None for s in stacks)  # eager again once trained
     assert graphs <= 2  # the training and the evaluation batch shapes; never one per block
     wa, wb = runs[False].rack.state_dict(), runs[True].rack.state_dict()
     assert all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)

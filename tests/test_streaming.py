@@ -12,10 +12,10 @@ from test_checkpoints import resume_pair
 import stackwise.data.tokenize as tokenize_mod
 from stackwise.config import DataConfig, from_dict
 from stackwise.data.pack import build_data
-from stackwise.data.stream import stream_loader
 from stackwise.data.tokenize import token_stream
 from stackwise.errors import StackWiseError
 from stackwise.pipeline import train_from_config
+from stackwise.train.sampler import stream_loader
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def streamed(tmp_path, **data) -> DataConfig:
 
 
 def batches(data, start=None, shard=(0, 1), batch_size=4, workers=0) -> list[dict]:
-    return list(stream_loader(data.train, start, shard, batch_size, workers))
+    return list(stream_loader(data.train, start, shard, (batch_size, workers, 0), 0))
 
 
 def test_the_stream_is_the_documents_cut_in_order_validation_first(tmp_path, files, texts):
@@ -99,7 +99,8 @@ def run_resumed(tiny, tmp_path, **data):
     """Train 8 steps streamed (the tiny corpus wraps into a second epoch), crash at 4 and
     resume: both runs bit for bit."""
     data = {"tokenizer": "byte", "streaming": True, "stream_val_blocks": 4, **data}
-    a, b = resume_pair(tiny, tmp_path, data=data, train={"batch_size": 8})
+    # dropout: a loader that drew from the global RNG on resume would shift every mask
+    a, b = resume_pair(tiny, tmp_path, data=data, train={"batch_size": 8}, model={"dropout": 0.1})
     wa, wb = a.rack.state_dict(), b.rack.state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert a.state.history == b.state.history
@@ -162,6 +163,27 @@ def test_stream_settings_that_cannot_work_are_refused(tmp_path, files, data, tra
         from_dict({"data": {**base, **data}, "train": train})
 
 
+def test_per_stack_epochs_are_refused_on_a_stream(files):
+    data = {"source": "files", "files": [files], "tokenizer": "byte", "streaming": True}
+    progressive = {"strategy": "progressive", "steps_per_stack": 4, "stacks": {0: {"epochs": 1}}}
+    with pytest.raises(StackWiseError, match=r"stacks\.<k>\.steps"):
+        from_dict({"data": data, "model": {"n_stacks": 2}, "progressive": progressive})
+
+
+def test_an_iterable_dataset_of_another_kind_is_refused(tiny):
+    from stackwise.objectives import Specials, build_objective
+    from stackwise.train import Trainer, build_rack
+
+    class Rows(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield {"input_ids": torch.zeros(32, dtype=torch.long)}
+
+    cfg = tiny()
+    objective = build_objective(cfg, Specials(300, 0, 3, 1, 2))
+    with pytest.raises(StackWiseError, match="iterable dataset"):
+        Trainer(cfg, build_rack(cfg, 300), objective, Rows())
+
+
 def test_too_short_a_stream_is_a_clear_error(tmp_path):
     (tmp_path / "a.txt").write_text("a few words only")
     with pytest.raises(StackWiseError, match="too few"):
@@ -185,3 +207,29 @@ def test_progressive_growth_on_a_stream_resumes_bitwise(tiny, tmp_path, files):
     wa, wb = full.rack.state_dict(), resumed.rack.state_dict()
     assert [k for k in wa if not torch.equal(wa[k], wb[k])] == []
     assert [r.eval for r in full.progressive.stacks] == [r.eval for r in resumed.progressive.stacks]
+
+
+def test_a_long_document_is_encoded_a_batch_at_a_time(tmp_path, monkeypatch):
+    """One document far longer than a batch: the encoder never sees much more than
+    BATCH_CHARS at once, and the tokens are the whole document's."""
+    from stackwise.data.tokenizer import byte_tokenizer
+
+    monkeypatch.setattr(tokenize_mod, "BATCH_CHARS", 2_000)
+    monkeypatch.setattr(tokenize_mod, "PIECE_CHARS", 500)
+    real, sizes = tokenize_mod._batch_encoder, []
+
+    def recording(tok):
+        encode = real(tok)
+        return lambda batch: (sizes.append(sum(map(len, batch))), encode(batch))[1]
+
+    monkeypatch.setattr(tokenize_mod, "_batch_encoder", recording)
+    tok = byte_tokenizer()
+    text = make_corpus(600)
+    assert len(text) > 10 * 2_000
+    pieces = [(text, True), ("a second document", True)]
+    batches = list(tokenize_mod.piece_token_batches(tok, pieces, tok.eos_token_id))
+    assert len(sizes) > 10 and max(sizes) <= 2_000 + 500
+    arrays = [a for batch in batches for a in batch]
+    assert len(arrays) == 2  # one array per piece, each whole
+    whole = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert arrays[0].tolist() == whole

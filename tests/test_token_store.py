@@ -284,3 +284,50 @@ def test_a_bad_row_is_named_by_its_place_in_the_file(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(StackWiseError, match="row 550: field 'text' is int"):
         build_data(files_cfg([path], tmp_path / "cache", tokenizer="char"))
+
+
+def test_a_saved_folder_of_several_splits_without_train_is_refused(tmp_path):
+    from datasets import Dataset, DatasetDict
+
+    from stackwise.config import DataConfig
+
+    folder = tmp_path / "splits"
+    part = Dataset.from_list([{"text": make_corpus(5)}])
+    DatasetDict({"first": part, "second": part}).save_to_disk(str(folder))
+    cfg = DataConfig(source="files", dataset_dir=str(folder), tokenizer="char")
+    with pytest.raises(StackWiseError, match="none is named train") as err:
+        build_data(cfg)
+    assert str(folder / "first") in str(err.value)  # the fix names a folder that works
+    one = build_data(cfg.model_copy(update={"dataset_dir": str(folder / "first")}))
+    assert one.n_documents == 1
+
+
+def test_processes_sharing_a_cache_train_one_bpe(tmp_path, monkeypatch):
+    """Two trainers of the same tokenizer at once (as DDP ranks are): one trains, the other
+    waits on the lock and loads what the first saved."""
+    import threading
+    import time
+
+    import stackwise.data.tokenizer as tokenizer_mod
+
+    real, calls = tokenizer_mod.train_bpe, []
+
+    def slow(texts, vocab_size):
+        calls.append(1)
+        time.sleep(0.5)  # long enough for the other thread to reach the lock
+        return real(texts, vocab_size)
+
+    monkeypatch.setattr(tokenizer_mod, "train_bpe", slow)
+    texts = [make_corpus(50)]
+    results = []
+
+    def build():
+        results.append(tokenizer_mod.corpus_tokenizer(texts, 300, str(tmp_path), "k"))
+
+    threads = [threading.Thread(target=build) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(results) == 2
+    assert results[0].get_vocab() == results[1].get_vocab()

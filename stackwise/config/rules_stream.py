@@ -45,10 +45,12 @@ def streaming(cfg: Config) -> Iterator[str]:
             "a stream is read in order by one reader: data.num_workers 1 moves it off the "
             "training process; more would each read the whole stream. Set 0 or 1"
         )
-    if cfg.train.num_train_epochs is not None or p.epochs_per_stack is not None:
+    stack_epochs = any(s.epochs is not None for s in p.stacks.values())
+    if cfg.train.num_train_epochs is not None or p.epochs_per_stack is not None or stack_epochs:
         yield (
             "epochs count a corpus that a stream does not know the length of; with "
-            "data.streaming give train.max_steps (or progressive.steps_per_stack)"
+            "data.streaming give train.max_steps (or progressive.steps_per_stack, and "
+            "progressive.stacks.<k>.steps)"
         )
     if p.cache.enabled:
         yield (

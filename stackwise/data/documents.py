@@ -82,8 +82,12 @@ class Corpus:
         return h.hexdigest()[:20]
 
     @property
-    def total_bytes(self) -> int:
-        return sum(part.stat().st_size for path, _ in self.files for part in _parts(path))
+    def total_bytes(self) -> int | None:
+        """The text's size in bytes, for a progress bar: known for text files only (a row
+        file's size counts its keys and quotes too)."""
+        if any(fmt != "text" for _, fmt in self.files):
+            return None
+        return sum(path.stat().st_size for path, _ in self.files)
 
     def pieces(self) -> Iterator[tuple[str, bool]]:
         for path, fmt in self.files:

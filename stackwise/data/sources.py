@@ -130,7 +130,7 @@ def _checked_fields(ds: Any, path: Path, fields: list[str]) -> Any:
 
 def open_saved(path: Path) -> Any:
     """A folder written by `datasets`' save_to_disk, as one table (memory-mapped): a
-    DatasetDict gives its train split, else its first."""
+    DatasetDict gives its train split, or its only one."""
     import datasets
 
     try:
@@ -141,6 +141,13 @@ def open_saved(path: Path) -> Any:
             f"({str(err)[:160]}). Point it at such a folder, or use data.files."
         ) from None
     if isinstance(ds, datasets.DatasetDict):
+        if "train" not in ds and len(ds) > 1:
+            names = ", ".join(ds)
+            raise StackWiseError(
+                f"data.dataset_dir '{path}' holds the splits {names} and none is named train, "
+                f"so which one to train on is not clear. Point data.dataset_dir at one split's "
+                f"folder, e.g. {path / next(iter(ds))}."
+            )
         ds = ds["train" if "train" in ds else next(iter(ds))]
     return ds
 
@@ -163,9 +170,14 @@ def open_hub(name: str, subset: str | None, split: str, streaming: bool = False)
 
 
 def hub_rows(cfg: DataConfig, batch: int = 512) -> Iterator[tuple[str, bool]]:
-    """data.dataset_name's split streamed: each row's text as one document, in order."""
-    ds = open_hub(str(cfg.dataset_name), cfg.dataset_subset, cfg.dataset_split, streaming=True)
-    fields, where = cfg.text_fields, Path(str(cfg.dataset_name))
+    """data.dataset_name's split streamed: each row's text as one document, in order. Offline a
+    hub dataset cannot stream; its copy in the local datasets cache is read row by row."""
+    where = (str(cfg.dataset_name), cfg.dataset_subset, cfg.dataset_split)
+    try:
+        ds = open_hub(*where, streaming=True)
+    except StackWiseError:
+        ds = open_hub(*where).to_iterable_dataset()
+    fields, name = cfg.text_fields, Path(str(cfg.dataset_name))
     missing = [f for f in fields if ds.column_names is not None and f not in ds.column_names]
     if missing:
         raise StackWiseError(
@@ -177,7 +189,7 @@ def hub_rows(cfg: DataConfig, batch: int = 512) -> Iterator[tuple[str, bool]]:
         n = len(next(iter(rows.values())))
         cols = {f: rows.get(f) or [None] * n for f in fields}
         texts = rows_to_text(
-            [{f: cols[f][i] for f in fields} for i in range(n)], fields, where, first
+            [{f: cols[f][i] for f in fields} for i in range(n)], fields, name, first
         )
         first += n
         yield from ((text, True) for text in texts)

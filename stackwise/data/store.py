@@ -11,7 +11,6 @@ Building holds a lock, so DDP ranks build once and the others wait for it.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -27,7 +26,7 @@ import torch
 
 from stackwise.data.documents import Corpus
 from stackwise.data.tokenize import plain_backend, token_chunks
-from stackwise.paths import cache_root
+from stackwise.paths import build_lock, cache_root
 
 STORE_VERSION = 1
 TOKENS, MANIFEST = "tokens.bin", "manifest.json"
@@ -93,19 +92,6 @@ def _open(folder: Path, key: str) -> tuple[TokenStore | None, str]:
     return TokenStore(torch.from_numpy(array), int(manifest["n_documents"])), ""
 
 
-@contextlib.contextmanager
-def _build_lock(folder: Path) -> Iterator[None]:
-    import fcntl
-
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder.parent / f"{folder.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def build_store(folder: Path, corpus: Corpus, tok: Any, key: str) -> None:
     """Tokenize the corpus into `folder` (replacing whatever is there), chunk by chunk."""
     dtype = _dtype(len(tok))
@@ -157,7 +143,7 @@ def token_store(corpus: Corpus, tok: Any, cache_dir: str | None, log: Any = _not
     store, why = _open(folder, key)
     if store is not None:
         return store
-    with _build_lock(folder):
+    with build_lock(folder):
         store, why = _open(folder, key)  # another rank may have built it meanwhile
         if store is not None:
             return store

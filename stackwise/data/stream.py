@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import IterableDataset
 
 from stackwise.config import DataConfig
 from stackwise.data.blocks import PreparedData, TokenBlocks
@@ -101,20 +101,11 @@ def _tokens(cfg: DataConfig, tokenizer: Any, skip: int) -> Iterator[tuple[int, n
     """(piece index, tokens) from piece `skip` on; the pieces before it are read, not encoded."""
     pieces = islice(_pieces(cfg), skip, None)
     k = skip
-    for arrays in piece_token_batches(tokenizer, pieces, tokenizer.eos_token_id):
+    # no bar: training reads the stream as it goes, and its own bar shows the progress
+    for arrays in piece_token_batches(tokenizer, pieces, tokenizer.eos_token_id, progress=False):
         for ids in arrays:
             yield k, ids
             k += 1
-
-
-def stream_loader(
-    data: StreamedBlocks, start: Any, shard: tuple[int, int], batch_size: int, workers: int
-) -> DataLoader:
-    """Batches of the stream from `start` (a checkpoint's position; None: the epoch's start)
-    for rank `shard[0]` of `shard[1]`."""
-    data.start = tuple(start) if start is not None else None  # type: ignore[assignment]
-    data.rank, data.world = shard
-    return DataLoader(data, batch_size=batch_size, drop_last=True, num_workers=workers)
 
 
 def build_streamed(cfg: DataConfig) -> PreparedData:

@@ -78,43 +78,54 @@ def piece_token_batches(
     pieces: Iterable[tuple[str, bool]],
     eos_id: int,
     total: int | None = None,
+    progress: bool = True,
 ) -> Iterator[list[np.ndarray]]:
     """Each piece's int32 tokens (EOS after the last piece of a document), a list per about a
     megabyte of text: the batch the Rust tokenizer encodes at once. `total` (bytes) sizes the
-    progress bar."""
-    batch: list[str] = []
-    owner: list[int] = []  # which piece of the current list each text belongs to
-    ends: list[bool] = []  # whether that piece is the last of its document
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing", leave=False, disable=None)
+    progress bar, shown on a terminal when `progress`."""
+    batch: list[str] = []  # sub-pieces queued for the encoder (at most about BATCH_CHARS)
+    owner: list[int] = []  # the index in `parts` of each one's piece
+    parts: list[list[np.ndarray]] = []  # pieces not yet given out; the last may be partial
+    ends: list[bool] = []  # whether each of those pieces is the last of its document
+    quiet = None if progress else True  # None: a bar on a terminal only
+    bar = tqdm(
+        total=total, unit="B", unit_scale=True, desc="tokenizing", leave=False, disable=quiet
+    )
     encode = _batch_encoder(tokenizer)
-    eos = np.array([eos_id], dtype=np.int32)
+    eos, empty = np.array([eos_id], dtype=np.int32), np.empty(0, dtype=np.int32)
 
-    def flush() -> list[np.ndarray]:
-        parts: list[list[np.ndarray]] = [[] for _ in ends]
+    def encode_queued() -> None:
         for ids, i in zip(encode(batch), owner, strict=True):
             parts[i].append(np.asarray(ids, dtype=np.int32))
-        for i, end in enumerate(ends):
-            if end:
-                parts[i].append(eos)
         bar.update(sum(len(p.encode("utf-8")) for p in batch))
-        for done in (batch, owner, ends):
-            done.clear()
-        empty = np.empty(0, dtype=np.int32)
-        return [np.concatenate(p) if p else empty for p in parts]
+        batch.clear()
+        owner.clear()
+
+    def complete(n: int) -> list[np.ndarray]:
+        """The first n pieces' tokens (they are all encoded), given out and forgotten."""
+        done = zip(parts[:n], ends[:n], strict=True)
+        out = [np.concatenate(p + [eos] * e) if p or e else empty for p, e in done]
+        del parts[:n], ends[:n]
+        return out
 
     with bar:
         pending = 0
         for text, end in pieces:
-            for piece in text_pieces(text):
-                batch.append(piece)
-                owner.append(len(ends))
-                pending += len(piece)
+            parts.append([])
             ends.append(end)
-            if pending >= BATCH_CHARS:
-                yield flush()
-                pending = 0
-        if ends:
-            yield flush()
+            subs = list(text_pieces(text))
+            for j, sub in enumerate(subs):
+                batch.append(sub)
+                owner.append(len(parts) - 1)
+                pending += len(sub)
+                if pending >= BATCH_CHARS:  # a long document is encoded a batch at a time too
+                    encode_queued()
+                    pending = 0
+                    if ready := complete(len(parts) - (j < len(subs) - 1)):
+                        yield ready
+        if parts:
+            encode_queued()
+            yield complete(len(parts))
 
 
 def token_chunks(

@@ -21,7 +21,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 
 from stackwise.data.tokenize import text_pieces
 from stackwise.errors import StackWiseError
-from stackwise.paths import cache_root
+from stackwise.paths import build_lock, cache_root
 
 SPECIALS = {
     "pad_token": "<pad>",
@@ -109,14 +109,16 @@ def _cached(
     folder = cache_root(cache_dir) / "tokenizers" / key
     if (folder / "tokenizer.json").is_file():
         return load_tokenizer_dir(folder)
-    tok = build()
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent))
-    tok.save_pretrained(str(tmp))
-    try:
-        tmp.rename(folder)
-    except OSError:  # another process cached it first
-        shutil.rmtree(tmp, ignore_errors=True)
+    with build_lock(folder):  # DDP ranks train one BPE, not one each
+        if (folder / "tokenizer.json").is_file():
+            return load_tokenizer_dir(folder)
+        tok = build()
+        tmp = Path(tempfile.mkdtemp(dir=folder.parent))
+        tok.save_pretrained(str(tmp))
+        try:
+            tmp.rename(folder)
+        except OSError:  # cached meanwhile by a process that does not take the lock
+            shutil.rmtree(tmp, ignore_errors=True)
     return tok
 
 

@@ -199,11 +199,12 @@ def run_block(block: Block, x: Tensor, rope: Rope, mask: Tensor | None) -> Tenso
     return block(x, rope, mask)
 
 
-def compile_blocks(model: nn.Module) -> int:
+def compile_blocks(model: nn.Module, on: bool = True) -> int:
     """train.compile, regionally: one compiled run_block serves every Block of every Stack
     (blocks share their code, so it compiles once per input shape, in seconds). Decoding with
-    a KV cache stays eager. Returns the number of stacks that use it."""
-    fast = torch.compile(run_block)
+    a KV cache stays eager. `on=False` puts the model back to eager (after training, so that
+    samples and saved runs behave as `stackwise generate` will). Returns the stacks changed."""
+    fast = torch.compile(run_block) if on else None
     stacks = [m for m in model.modules() if isinstance(m, Stack)]
     for stack in stacks:
         stack.fast = fast

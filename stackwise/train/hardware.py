@@ -116,6 +116,7 @@ def release_processes() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        AcceleratorState._reset_state(reset_partial_state=True)  # it described that group
 
 
 def make_accelerator(mixed_precision: str) -> Accelerator:

@@ -112,6 +112,7 @@ def lr_find(
         trainer._unwrapped().load_state_dict(saved_model)
         opt.load_state_dict(saved_opt)  # param_groups too: the scheduler's LRs come back
         trainer.state.epoch = trainer.state.batch_in_epoch = 0
+        trainer.state.stream_position = None
     if len(lrs) < 2:
         raise StackWiseError(
             f"The loss was not finite from the first steps of the sweep (from {min_lr:.1e}); "

@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from stackwise import seeds
+from stackwise.data.stream import StreamedBlocks
 from stackwise.errors import StackWiseError
 
 
@@ -62,14 +63,31 @@ class EpochSampler(Sampler[int]):
 
 def training_sampler(data: Dataset, tc: Any, rank: int, world: int) -> EpochSampler | None:
     """The epoch sampler of `data`; None for a stream (data.streaming), which has no length."""
-    if isinstance(data, IterableDataset):
+    if isinstance(data, StreamedBlocks):
         return None
+    if isinstance(data, IterableDataset):
+        raise StackWiseError(
+            f"The training data is an iterable dataset ({type(data).__name__}), which the "
+            "Trainer cannot resume exactly or shard across processes. Give a map-style "
+            "dataset (with __len__ and __getitem__), or stream a corpus with data.streaming."
+        )
     if len(data) < tc.batch_size * world:
         raise StackWiseError(
             f"The training set has {len(data)} sequences, fewer than one batch of "
             f"train.batch_size={tc.batch_size} per process. Lower the batch size or add data."
         )
     return EpochSampler.over(data, tc.seed, rank, world)
+
+
+def _options(workers: int, seed: int, epoch: int) -> dict[str, Any]:
+    return {
+        "num_workers": workers,
+        # Ctrl-C reaches the workers too; they must keep loading while the step finishes
+        "worker_init_fn": _ignore_sigint if workers else None,
+        # its own generator: creating an iterator draws a worker seed, which must not move
+        # the global RNG (dropout), or a resumed run would diverge from an uninterrupted one
+        "generator": torch.Generator().manual_seed(seeds.loader_workers(seed, epoch)),
+    }
 
 
 def epoch_loader(
@@ -83,14 +101,24 @@ def epoch_loader(
         batch_size=batch_size,
         sampler=sampler,
         drop_last=True,
-        num_workers=workers,
         collate_fn=getattr(data, "collate", None),  # rows of their own lengths pad per batch
-        # Ctrl-C reaches the workers too; they must keep loading while the step finishes
-        worker_init_fn=_ignore_sigint if workers else None,
-        # its own generator: creating an iterator draws a worker seed, which must not move
-        # the global RNG (dropout), or a resumed run would diverge from an uninterrupted one
-        generator=torch.Generator().manual_seed(seeds.loader_workers(seed, epoch)),
+        **_options(workers, seed, epoch),
     )
+
+
+def stream_loader(
+    data: StreamedBlocks,
+    start: Any,
+    shard: tuple[int, int],
+    loading: tuple[int, int, int],
+    epoch: int,
+) -> DataLoader:
+    """A stream's batches from `start` (a checkpoint's position; None: the epoch's start) for
+    rank `shard[0]` of `shard[1]`. `loading`: (batch size, workers, seed)."""
+    data.start = tuple(start) if start is not None else None
+    data.rank, data.world = shard
+    batch_size, workers, seed = loading
+    return DataLoader(data, batch_size=batch_size, drop_last=True, **_options(workers, seed, epoch))
 
 
 def _ignore_sigint(worker_id: int) -> None:

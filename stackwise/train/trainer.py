@@ -23,9 +23,9 @@ from tqdm.auto import tqdm
 
 from stackwise import seeds
 from stackwise.config import Config, save_config
-from stackwise.data.stream import stream_loader
 from stackwise.errors import StackWiseError
 from stackwise.io import checkpoints as ckpt
+from stackwise.model.layers import compile_blocks
 from stackwise.objectives.base import Objective, random_lengths
 from stackwise.train.adapters import ModelAdapter, RackAdapter
 from stackwise.train.checkpointer import Checkpointer
@@ -40,7 +40,7 @@ from stackwise.train.optim import (
     build_scheduler,
 )
 from stackwise.train.run_dir import claim_output_dir, run_dir_of
-from stackwise.train.sampler import batch_stream, epoch_loader, training_sampler
+from stackwise.train.sampler import batch_stream, epoch_loader, stream_loader, training_sampler
 from stackwise.train.state import Control, RunInfo, Stage, TrainState
 
 Scheduler = Any  # a torch LR scheduler
@@ -138,10 +138,10 @@ class Trainer:
 
     def _loader(self, start: int) -> DataLoader:
         tc, acc, workers = self.config.train, self.accelerator, self.config.data.num_workers
+        loading = (tc.batch_size, workers, tc.seed)
         if self.sampler is None:  # a stream goes on from its recorded position
             shard, at = (acc.process_index, acc.num_processes), self.state.stream_position
-            return stream_loader(self.train_data, at, shard, tc.batch_size, workers)
-        loading = (tc.batch_size, workers, tc.seed)
+            return stream_loader(self.train_data, at, shard, loading, self.state.epoch)
         return epoch_loader(self.train_data, self.sampler, self.state.epoch, start, loading)
 
     def _batches(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -321,6 +321,8 @@ class Trainer:
         """End of the run for every extension: loggers flush and close (once)."""
         if not getattr(self, "_finished", False):
             self._finished = True
+            if self.config.train.compile:  # the trained model runs eager from here on
+                compile_blocks(self.raw_model, on=False)
             self.call_hook("on_train_end")
 
     # -- checkpoints ----------------------------------------------------------------------------
