@@ -26,6 +26,8 @@ _EXPORTS = {
     "stackwise.io.merge": ("merge_checkpoint",),
     "stackwise.model": ("Block", "Rack", "Stack"),
     "stackwise.model.hf": ("export_llama",),
+    "stackwise.model.moe": ("MoEFeedForward",),
+    "stackwise.model.routing": ("compute_router_auxiliary_loss",),
     "stackwise.objectives": ("Objective", "Specials", "build_objective"),
     "stackwise.pipeline": ("train_from_config",),
     "stackwise.progressive": (
@@ -72,6 +74,8 @@ if TYPE_CHECKING:  # static tools see the real names
     from stackwise.io.merge import merge_checkpoint  # noqa: F401
     from stackwise.model import Block, Rack, Stack  # noqa: F401
     from stackwise.model.hf import export_llama  # noqa: F401
+    from stackwise.model.moe import MoEFeedForward  # noqa: F401
+    from stackwise.model.routing import compute_router_auxiliary_loss  # noqa: F401
     from stackwise.objectives import Objective, Specials, build_objective  # noqa: F401
     from stackwise.pipeline import train_from_config  # noqa: F401
     from stackwise.progressive import (  # noqa: F401

@@ -1,0 +1,98 @@
+"""A mixture-of-experts feed-forward layer: a router sends each token to its top-k SwiGLU
+experts and mixes their outputs by the router's (renormalized) probabilities.
+
+Experts run batched: the (token, choice) pairs are sorted by expert and each expert runs once
+on all of its tokens, so the Python loop is over experts, never over tokens. With a capacity
+factor c an expert takes at most ceil(c * N * k / E) of the N tokens' N * k choices, in token
+order; the rest are dropped (that token keeps its other choices and the residual stream) and
+counted. Router jitter multiplies the router's input by uniform noise in [1 - j, 1 + j] while
+training. Each forward leaves its router statistics in `last_stats` for the router losses.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from stackwise.model.routing import router_statistics
+
+
+class Expert(nn.Module):
+    """One SwiGLU expert, named like the dense FFN so LoRA targets find it."""
+
+    def __init__(self, d: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(d, hidden, bias=False)
+        self.up_proj = nn.Linear(d, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MoEFeedForward(nn.Module):
+    def __init__(
+        self,
+        d: int,
+        hidden: int,
+        num_experts: int,
+        top_k: int,
+        capacity_factor: float | None = None,
+        shared_expert: bool = False,
+        jitter: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k {top_k} must be within 1..num_experts ({num_experts})")
+        self.top_k, self.capacity_factor, self.jitter = top_k, capacity_factor, jitter
+        self.router = nn.Linear(d, num_experts, bias=False)
+        self.experts = nn.ModuleList(Expert(d, hidden) for _ in range(num_experts))
+        self.shared = Expert(d, hidden) if shared_expert else None
+        self.last_stats: dict[str, Tensor] = {}
+
+    def capacity(self, n_tokens: int) -> int | None:
+        if self.capacity_factor is None:
+            return None
+        slots = n_tokens * self.top_k / len(self.experts)
+        return max(1, math.ceil(self.capacity_factor * slots))
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        scores_in = flat
+        if self.training and self.jitter > 0:
+            noise = torch.empty_like(flat).uniform_(1 - self.jitter, 1 + self.jitter)
+            scores_in = flat * noise
+        logits = self.router(scores_in)
+        weights, chosen = logits.float().softmax(-1).topk(self.top_k, dim=-1)
+        weights = (weights / weights.sum(-1, keepdim=True)).to(flat.dtype)
+        out, dropped = self._dispatch(flat, chosen, weights)
+        if self.shared is not None:
+            out = out + self.shared(flat)
+        stats = router_statistics(logits, chosen)
+        stats["dropped"] = torch.tensor(dropped / max(chosen.numel(), 1))
+        self.last_stats = stats
+        return out.view_as(x)
+
+    def _dispatch(self, flat: Tensor, chosen: Tensor, weights: Tensor) -> tuple[Tensor, int]:
+        """Every expert on its tokens, weighted and summed back; returns (out, dropped)."""
+        expert_of = chosen.flatten()  # (N * k,): choice j of token t sits at t * k + j
+        order = torch.argsort(expert_of, stable=True)  # by expert, in token order within one
+        counts = torch.bincount(expert_of, minlength=len(self.experts)).tolist()
+        cap = self.capacity(flat.shape[0])
+        out = torch.zeros_like(flat)
+        dropped, start = 0, 0
+        for e, count in enumerate(counts):
+            pairs = order[start : start + count]
+            start += count
+            if cap is not None and count > cap:
+                dropped += count - cap
+                pairs = pairs[:cap]
+            if pairs.numel() == 0:
+                continue
+            tokens = pairs // self.top_k
+            y = self.experts[e](flat[tokens]) * weights.flatten()[pairs].unsqueeze(-1)
+            out = out.index_add(0, tokens, y)
+        return out, dropped
