@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import yaml
 from conftest import make_corpus, tiny_dict
+from hypothesis import given
+from hypothesis import strategies as st
 
 from stackwise.config import from_dict, load_config
 
@@ -420,3 +422,15 @@ def test_a_reader_that_stops_early_gets_no_traceback():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0
     assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+@given(st.text())
+def test_printed_samples_carry_no_control_characters_but_keep_their_lines(text):
+    """A byte-level model can emit ESC sequences; printed samples show them escaped."""
+    from stackwise.cli.common import printable
+
+    shown = printable(text)
+    assert not any((ord(c) < 32 and c not in "\n\t") or 127 <= ord(c) < 160 for c in shown)
+    assert shown.count("\n") == text.count("\n")
+    plain = "".join(c for c in text if c in "\n\t" or 32 <= ord(c) < 127 or ord(c) >= 160)
+    assert printable(plain) == plain

@@ -233,3 +233,28 @@ def test_a_long_document_is_encoded_a_batch_at_a_time(tmp_path, monkeypatch):
     assert len(arrays) == 2  # one array per piece, each whole
     whole = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     assert arrays[0].tolist() == whole
+
+
+def test_a_streamed_checkpoint_resumes_only_over_the_same_stream(tiny, tmp_path, files):
+    """Its position counts pieces, tokens and blocks of that data: other data settings (or
+    streaming switched on or off) are refused, naming what changed."""
+    data = {"files": [files], "tokenizer": "byte", "streaming": True, "stream_val_blocks": 4}
+    out = str(tmp_path / "run")
+    first = tiny(data=data, train={"max_steps": 4, "save_steps": 2, "output_dir": out})
+    train_from_config(first, quiet=True)
+    checkpoint = str(tmp_path / "run" / "checkpoint-4")
+    for change in ({"stream_val_blocks": 8}, {"seq_len": 16}, {"streaming": False}):
+        again = {**data, **change}
+        if change.get("streaming") is False:
+            del again["stream_val_blocks"]
+        train = {"max_steps": 6, "output_dir": str(tmp_path / "again")}
+        cfg = tiny(data=again, train={**train, "resume_from_checkpoint": checkpoint})
+        with pytest.raises(StackWiseError, match=f"data.{next(iter(change))}"):
+            train_from_config(cfg, quiet=True)
+
+
+def test_a_sliced_split_is_refused_on_a_stream(tmp_path):
+    data = {"source": "files", "dataset_name": str(tmp_path), "tokenizer": "byte"}
+    data |= {"streaming": True, "dataset_split": "train[:10%]"}
+    with pytest.raises(StackWiseError, match="is a slice"):
+        from_dict({"data": data})

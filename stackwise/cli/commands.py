@@ -14,6 +14,7 @@ from stackwise.cli.common import (
     DEFAULT_PRESET,
     PRESETS,
     load_args,
+    printable,
     run_summary,
 )
 from stackwise.errors import StackWiseError
@@ -40,7 +41,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
         for i, text in enumerate(
             sample_texts(result.config, result.rack.eval(), result.data.tokenizer, n=n)
         ):
-            print(f"--- sample {i + 1} ---\n{text.strip()}")
+            print(f"--- sample {i + 1} ---\n{printable(text.strip())}")
     print(run_summary(result, time.monotonic() - start))
     return 0
 
@@ -76,7 +77,7 @@ def cmd_generate(ns: argparse.Namespace) -> int:
     if ns.num_samples == 1:  # one sample is shown as it is made
 
         def stream(piece: str) -> None:
-            print(piece, end="", flush=True)
+            print(printable(piece), end="", flush=True)
 
     try:
         texts = generate(
@@ -94,7 +95,7 @@ def cmd_generate(ns: argparse.Namespace) -> int:
         return 0
     for i, text in enumerate(texts):
         print(f"--- sample {i + 1} ---")
-        print(text)
+        print(printable(text))
     return 0
 
 

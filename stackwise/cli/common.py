@@ -70,3 +70,12 @@ def run_summary(result: Any, seconds: float) -> str:
     if result.config.logging.tensorboard:
         lines.append(f"  tensorboard --logdir {out}")
     return "\n".join(lines)
+
+
+CONTROL = {c: f"\\x{c:02x}" for c in [*range(32), *range(127, 160)] if chr(c) not in "\n\t"}
+
+
+def printable(text: str) -> str:
+    """Generated text for a terminal: control characters (a byte-level model can emit ESC and
+    friends, which would drive the terminal) shown as \\xNN escapes; newlines and tabs kept."""
+    return text.translate(CONTROL)

@@ -176,7 +176,7 @@ def hf_lora(cfg: Config) -> Iterator[str]:
 
 @cross_rule
 def epochs(cfg: Config) -> Iterator[str]:
-    if cfg.train.num_train_epochs is None:
+    if cfg.train.num_train_epochs is None or cfg.data.streaming:  # a stream: rules_stream
         return
     if cfg.train.changed("max_steps"):
         yield "train.num_train_epochs sets max_steps from the data; remove one of them"

@@ -45,15 +45,26 @@ def streaming(cfg: Config) -> Iterator[str]:
             "a stream is read in order by one reader: data.num_workers 1 moves it off the "
             "training process; more would each read the whole stream. Set 0 or 1"
         )
-    stack_epochs = any(s.epochs is not None for s in p.stacks.values())
-    if cfg.train.num_train_epochs is not None or p.epochs_per_stack is not None or stack_epochs:
+    epochs = [k for k in ("train.num_train_epochs", "progressive.epochs_per_stack") if _set(cfg, k)]
+    epochs += [f"progressive.stacks.{k}.epochs" for k, s in p.stacks.items() if s.epochs]
+    if epochs:
         yield (
-            "epochs count a corpus that a stream does not know the length of; with "
-            "data.streaming give train.max_steps (or progressive.steps_per_stack, and "
-            "progressive.stacks.<k>.steps)"
+            f"{', '.join(epochs)} counts epochs of a corpus whose length a stream does not "
+            "know; with data.streaming give steps instead: train.max_steps (progressive: "
+            "progressive.steps_per_stack, or progressive.stacks.<k>.steps)"
+        )
+    if d.dataset_name and "[" in d.dataset_split:
+        yield (
+            f"data.dataset_split '{d.dataset_split}' is a slice, which a stream cannot read "
+            "without materializing the whole split first; name a whole split"
         )
     if p.cache.enabled:
         yield (
             "progressive.cache keys the trunk's outputs by sample index, which a stream "
             "does not have; disable progressive.cache or data.streaming"
         )
+
+
+def _set(cfg: Config, dotted: str) -> bool:
+    section, name = dotted.split(".")
+    return getattr(getattr(cfg, section), name) is not None

@@ -192,6 +192,7 @@ def check_resume_config(path: Path, config: Config, step: int = 0) -> str | None
     ]
     if saved.objective.name != config.objective.name:
         changed.append(f"objective.name {saved.objective.name} -> {config.objective.name}")
+    check_stream(path, saved, config)
     if changed:
         raise StackWiseError(
             f"The checkpoint '{path}' was trained with another model shape than this config "
@@ -206,6 +207,42 @@ def check_resume_config(path: Path, config: Config, step: int = 0) -> str | None
         f"the LR schedule now runs to step {now}, so this run will not match one that was "
         "never interrupted."
     )
+
+
+# what a stream position counts in: another value makes the saved position point elsewhere
+STREAM_FIELDS = (
+    "streaming",
+    "files",
+    "dataset_dir",
+    "dataset_name",
+    "dataset_subset",
+    "dataset_split",
+    "format",
+    "text_field",
+    "tokenizer",
+    "seq_len",
+    "stream_val_blocks",
+    "num_samples",
+)
+
+
+def check_stream(path: Path, saved: Config, config: Config) -> None:
+    """A streamed run resumes only over the data it was reading: its position counts pieces,
+    tokens and blocks of that data (a token store notices an edit itself; a stream cannot)."""
+    if not (saved.data.streaming or config.data.streaming):
+        return
+    changed = [
+        f"data.{f} {getattr(saved.data, f)} -> {getattr(config.data, f)}"
+        for f in STREAM_FIELDS
+        if getattr(saved.data, f) != getattr(config.data, f)
+    ]
+    if changed:
+        raise StackWiseError(
+            f"The checkpoint '{path}' was reading its data as another stream "
+            f"({'; '.join(changed)}), so its saved position would point elsewhere in this one. "
+            "Resume with the data settings it was saved with (its config.yaml), or start a new "
+            "run in another train.output_dir."
+        )
 
 
 def check_step_budget(path: Path, step: int, max_steps: int) -> None:

@@ -140,8 +140,10 @@ def batch_stream(
             yield {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         if state.batch_in_epoch == 0:
             raise StackWiseError(
-                "The training data gave no full batch in an epoch. Add data, or lower "
-                "train.batch_size (each process needs one batch)."
+                "The training data gave no full batch in an epoch (each process needs "
+                "train.batch_size sequences; a stream trains on what its data.stream_val_blocks "
+                "validation blocks leave). Add data, or lower train.batch_size or "
+                "data.stream_val_blocks."
             )
         state.epoch += 1
         state.batch_in_epoch = 0
