@@ -176,6 +176,18 @@ CUSTOM = {
     # the first stream_val_blocks blocks validate
     "data.streaming",
     "data.stream_val_blocks",
+    # tested in test_moe.py: an MoE rack trains, logs its routing, grows on a dense trunk,
+    # and every setting reaches its layers
+    "model.moe.num_experts",
+    "model.moe.top_k",
+    "model.moe.capacity_factor",
+    "model.moe.shared_expert",
+    "model.moe.router_jitter",
+    "model.moe.expert_hidden",
+    "model.moe.stacks",
+    "model.moe.load_balance_coef",
+    "model.moe.auxiliary_coef",
+    "model.moe.z_loss_coef",
     # tested in test_progressive.py: modes (shape and joint tuning), the custom depth table,
     # and disk storage (which must train exactly like memory, so a fingerprint cannot differ)
     "progressive.mode",

@@ -107,3 +107,130 @@ def test_the_router_and_every_used_expert_get_gradients():
 def test_top_k_above_the_experts_is_refused():
     with pytest.raises(ValueError, match="top_k"):
         MoEFeedForward(8, 8, num_experts=2, top_k=3)
+
+
+# -- model.moe in racks --------------------------------------------------------------------
+
+MOE = {"num_experts": 4, "top_k": 2, "capacity_factor": 1.5, "shared_expert": True}
+
+
+def moe_model(**moe):
+    return {"n_stacks": 2, "blocks_per_stack": 1, "moe": {**MOE, **moe}}
+
+
+def test_an_moe_rack_trains_logs_its_routing_and_reloads(tiny, tmp_path):
+    import json
+
+    from stackwise.model.moe import moe_layers
+    from stackwise.pipeline import train_from_config
+    from stackwise.train import load_trained
+
+    out = tmp_path / "moe"
+    model = moe_model(capacity_factor=0.5)  # half an even share: some choices must drop
+    cfg = tiny(model=model, train={"max_steps": 8, "output_dir": str(out)})
+    result = train_from_config(cfg, quiet=True)
+    layers = moe_layers(result.rack)
+    assert len(layers) == 2 and all(len(m.experts) == 4 and m.shared is not None for m in layers)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in rows if "train/router_loss" in r]
+    assert logged and all(
+        r["train/router_loss"] > 0 and "train/expert_load_cv" in r for r in logged
+    )
+    assert any(r.get("train/dropped_fraction", 0) > 0 for r in logged)
+    history = [h["loss"] for h in result.state.history if "loss" in h]
+    assert history[-1] < history[0]
+    _, again, _ = load_trained(out)
+    ids = torch.randint(4, 60, (2, 16))
+    result.rack.eval()
+    assert torch.equal(result.rack(ids), again.eval()(ids))
+
+
+def test_the_router_loss_joins_the_training_loss_only(tiny):
+    from stackwise.model.moe import moe_layers, router_loss
+    from stackwise.objectives import Specials, build_objective
+    from stackwise.train import build_rack
+    from stackwise.train.adapters import RackAdapter
+
+    cfg = tiny(model=moe_model(load_balance_coef=1.0, z_loss_coef=0.5))
+    rack = build_rack(cfg, 300)
+    objective = build_objective(cfg, Specials(300, 0, 3, 1, 2))
+    batch = {"input_ids": torch.randint(4, 300, (2, 16))}
+    adapter = RackAdapter()
+    for training in (True, False):
+        rack.train(training)
+        total = adapter.loss(rack, objective, batch, torch.Generator().manual_seed(0), False)
+        logits = rack(batch["input_ids"])
+        plain = objective.loss(logits, objective.prepare(batch, torch.Generator().manual_seed(0)))
+        extra = router_loss(moe_layers(rack)) if training else 0.0
+        assert torch.allclose(total, plain + extra, atol=1e-6)
+
+
+def test_growth_adds_an_moe_stack_on_a_dense_trunk_and_resumes_bitwise(tiny, tmp_path):
+    from test_checkpoints import crash_then_resume
+    from test_progressive import grown
+
+    from stackwise.model.moe import MoEFeedForward
+    from stackwise.pipeline import train_from_config
+
+    def cfg(name, **train):
+        out = {"save_steps": 2, "output_dir": str(tmp_path / name), **train}
+        return grown(
+            tiny, 2, {"steps_per_stack": 4}, model={"moe": {**MOE, "stacks": [1]}}, train=out
+        )
+
+    full = train_from_config(cfg("full"), quiet=True)
+    kinds = [type(s.blocks[0].ffn) is MoEFeedForward for s in full.rack.stacks]
+    assert kinds == [False, True]
+    resumed = crash_then_resume(cfg, 1, 2)
+    wa, wb = full.rack.state_dict(), resumed.rack.state_dict()
+    assert [k for k in wa if not torch.equal(wa[k], wb[k])] == []
+
+
+def test_router_and_experts_train_in_the_blocks_group(tiny):
+    from stackwise.train import build_rack
+    from stackwise.train.adapters import RackAdapter
+
+    groups = RackAdapter().named_groups(build_rack(tiny(model=moe_model()), 300))
+    names = {n: g for g, params in groups.items() for n, _ in params}
+    assert names["stacks.0.blocks.0.ffn.router.weight"] == "blocks"
+    assert names["stacks.1.blocks.0.ffn.experts.3.down_proj.weight"] == "blocks"
+
+
+@pytest.mark.parametrize(
+    ("model", "sections", "words"),
+    [
+        ({"moe": {"num_experts": 1}}, {}, "num_experts 1"),
+        ({"moe": {"num_experts": 2, "top_k": 3}}, {}, "exceeds num_experts"),
+        ({"moe": {"num_experts": 4, "stacks": [5]}}, {}, "names stack 5"),
+        ({"moe": {"top_k": 1}}, {}, "needs experts"),
+        ({"moe": {"num_experts": 4}}, {"lora": {"enabled": True}}, "lora.enabled"),
+        ({"moe": {"num_experts": 4, "capacity_factor": 0}}, {}, "capacity_factor"),
+    ],
+)
+def test_moe_settings_that_cannot_work_are_refused(model, sections, words):
+    from stackwise.config import from_dict
+    from stackwise.errors import StackWiseError
+
+    with pytest.raises(StackWiseError, match=words):
+        from_dict({"model": {"n_stacks": 2, **model}, **sections})
+
+
+def test_an_moe_rack_does_not_export_to_llama(tiny, tmp_path):
+    from stackwise.errors import StackWiseError
+    from stackwise.model.hf import export_llama
+    from stackwise.train import build_rack
+
+    with pytest.raises(StackWiseError, match="cannot hold"):
+        export_llama(build_rack(tiny(model=moe_model()), 300), tmp_path / "hf")
+
+
+def test_every_moe_setting_reaches_the_layers(tiny):
+    from stackwise.model.moe import moe_layers
+    from stackwise.train import build_rack
+
+    moe = {"expert_hidden": 24, "router_jitter": 0.1, "auxiliary_coef": 0.3, "z_loss_coef": 0.2}
+    moe |= {"load_balance_coef": 0.05, "capacity_factor": 2.0, "top_k": 1}
+    layer = moe_layers(build_rack(tiny(model=moe_model(**moe)), 300))[0]
+    assert layer.experts[0].gate_proj.out_features == 24 and layer.shared is not None
+    assert (layer.jitter, layer.capacity_factor, layer.top_k) == (0.1, 2.0, 1)
+    assert layer.loss_coefs == (0.05, 0.3, 0.2)

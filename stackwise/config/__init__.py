@@ -16,6 +16,7 @@ from stackwise.config import (  # noqa: F401
     rules_cross,
     rules_growth,
     rules_hf,
+    rules_moe,
     rules_stream,
 )
 from stackwise.config.aliases import KEY_ALIASES, VALUE_ALIASES, alias_table, apply_aliases

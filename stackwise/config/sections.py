@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from stackwise.config.base import Section
+from stackwise.config.moe import MoEConfig
 from stackwise.precision import MixedPrecision
 
 # the model fields that make a rack's weights a different function
@@ -55,6 +56,7 @@ class ModelConfig(Section):
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     tie_embeddings: bool = True
     frozen_up_proj: bool = Field(False, description="Freeze a random SwiGLU up-projection.")
+    moe: MoEConfig = Field(default_factory=MoEConfig)
     time_conditioning: Literal["none", "sinusoidal", "learned"] = "none"
     init_std: PositiveFloat = 0.02
     gradient_checkpointing: bool = False

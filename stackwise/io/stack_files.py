@@ -111,7 +111,7 @@ def rack_from_stacks(
         n_stacks=0,
     )
     for meta in metas:
-        stack = Stack(config.model, config.objective.causal, meta["n_blocks"])
+        stack = Stack(config.model, config.objective.causal, meta["n_blocks"], meta["growth_index"])
         rack.stacks.append(restructure_stack(stack, meta))
     try:
         if weights is not None:

@@ -34,6 +34,11 @@ def llama_config(rack: Rack, bidirectional_ok: bool = False) -> Any:
     c = rack.cfg
     if rack.time_embed is not None or not (rack.causal or bidirectional_ok):
         raise ValueError("only causal racks without time conditioning map onto Llama")
+    if c.moe.num_experts:
+        raise StackWiseError(
+            "A rack with model.moe has mixture-of-experts layers, which the Llama format "
+            "cannot hold; only dense racks export to Hugging Face."
+        )
     if c.attention_bias:
         from transformers import Qwen2Config
 

@@ -147,12 +147,12 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """Pre-norm layer: x + attn(norm(x)), then x + ffn(norm(x))."""
 
-    def __init__(self, cfg: ModelConfig, causal: bool) -> None:
+    def __init__(self, cfg: ModelConfig, causal: bool, moe: bool = False) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg, causal)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.ffn = SwiGLU(cfg)
+        self.ffn: nn.Module = moe_ffn(cfg) if moe else SwiGLU(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(
@@ -165,10 +165,13 @@ class Block(nn.Module):
 class Stack(nn.Module):
     """`blocks_per_stack` Blocks: the unit that is grown, frozen, cached and saved."""
 
-    def __init__(self, cfg: ModelConfig, causal: bool, n_blocks: int | None = None) -> None:
+    def __init__(
+        self, cfg: ModelConfig, causal: bool, n_blocks: int | None = None, index: int = 0
+    ) -> None:
+        """`index`: the stack's growth index, which says whether it is an MoE stack."""
         super().__init__()
         n = n_blocks if n_blocks is not None else cfg.blocks_per_stack
-        self.blocks = nn.ModuleList(Block(cfg, causal) for _ in range(n))
+        self.blocks = nn.ModuleList(Block(cfg, causal, cfg.moe.at(index)) for _ in range(n))
         self.gradient_checkpointing = cfg.gradient_checkpointing
         self.fast: Any = None  # train.compile: a compiled run_block, shared by every stack
 
@@ -193,6 +196,18 @@ class Stack(nn.Module):
             else:
                 x = block(x, rope, mask, cache)
         return x
+
+
+def moe_ffn(cfg: ModelConfig) -> nn.Module:
+    from stackwise.model.moe import MoEFeedForward
+
+    m = cfg.moe
+    coefs = (m.load_balance_coef, m.auxiliary_coef, m.z_loss_coef)
+    hidden = m.expert_hidden or cfg.ffn_width
+    return MoEFeedForward(
+        cfg.d_model, hidden, m.num_experts, m.top_k, m.capacity_factor, m.shared_expert,
+        m.router_jitter, coefs,
+    )  # fmt: skip
 
 
 def run_block(block: Block, x: Tensor, rope: Rope, mask: Tensor | None) -> Tensor:

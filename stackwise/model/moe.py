@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from stackwise.model.routing import router_statistics
+from stackwise.model.routing import compute_router_auxiliary_loss, router_statistics
 
 
 class Expert(nn.Module):
@@ -43,11 +43,14 @@ class MoEFeedForward(nn.Module):
         capacity_factor: float | None = None,
         shared_expert: bool = False,
         jitter: float = 0.0,
+        loss_coefs: tuple[float, float, float] = (0.01, 0.0, 0.001),
     ) -> None:
+        """`loss_coefs`: (load balance, auxiliary, z-loss) weights for router_loss."""
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k {top_k} must be within 1..num_experts ({num_experts})")
         self.top_k, self.capacity_factor, self.jitter = top_k, capacity_factor, jitter
+        self.loss_coefs = loss_coefs
         self.router = nn.Linear(d, num_experts, bias=False)
         self.experts = nn.ModuleList(Expert(d, hidden) for _ in range(num_experts))
         self.shared = Expert(d, hidden) if shared_expert else None
@@ -96,3 +99,28 @@ class MoEFeedForward(nn.Module):
             y = self.experts[e](flat[tokens]) * weights.flatten()[pairs].unsqueeze(-1)
             out = out.index_add(0, tokens, y)
         return out, dropped
+
+
+def moe_layers(model: nn.Module) -> list[MoEFeedForward]:
+    return [m for m in model.modules() if isinstance(m, MoEFeedForward)]
+
+
+def router_loss(layers: list[MoEFeedForward]) -> Tensor:
+    """The weighted router loss of the layers' last forward, averaged over layers."""
+    return compute_router_auxiliary_loss([m.last_stats for m in layers], *layers[0].loss_coefs)
+
+
+def router_metrics(layers: list[MoEFeedForward]) -> dict[str, float]:
+    """What the last step's routing looked like, for the logs: the router loss, the expert
+    load's coefficient of variation and the dropped share (means over layers), and each
+    layer's load CV."""
+    loads = [m.last_stats["fraction"] for m in layers]
+    cvs = [float(f.std(correction=0) / f.mean()) for f in loads]
+    dropped = [float(m.last_stats["dropped"]) for m in layers]
+    out = {
+        "train/router_loss": float(router_loss(layers).detach()),
+        "train/expert_load_cv": sum(cvs) / len(cvs),
+        "train/dropped_fraction": sum(dropped) / len(dropped),
+    }
+    out |= {f"train/expert_load_cv/layer{i}": cv for i, cv in enumerate(cvs)}
+    return out

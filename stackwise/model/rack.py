@@ -61,9 +61,8 @@ class Rack(nn.Module):
                 raise ValueError("learned time conditioning needs num_time_steps")
             self.time_embed = LearnedTime(cfg.d_model, num_time_steps)
         self.rotary = Rotary(cfg.d_model // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
-        self.stacks = nn.ModuleList(
-            Stack(cfg, causal) for _ in range(cfg.n_stacks if n_stacks is None else n_stacks)
-        )
+        n = cfg.n_stacks if n_stacks is None else n_stacks
+        self.stacks = nn.ModuleList(Stack(cfg, causal, index=i) for i in range(n))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.depth_ranges: list[tuple[int, float, float]] | None = None
         self.chain: DenoisingChain | None = None

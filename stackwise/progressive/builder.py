@@ -90,7 +90,7 @@ class ProgressiveRackBuilder:
             raise ValueError(
                 f"a '{precision}' stack stores frozen weights; give it an adapter to train"
             )
-        stack = Stack(self.cfg, self.causal, n_blocks)
+        stack = Stack(self.cfg, self.causal, n_blocks, index=len(self.grown))
         init_weights(stack, self.cfg.init_std, self.cfg.n_layers, self.cfg.d_model)
         for p in stack.parameters():
             if not p.requires_grad:

@@ -16,6 +16,7 @@ from torch import nn
 
 from stackwise.config import Config
 from stackwise.errors import StackWiseError
+from stackwise.model.moe import moe_layers, router_loss, router_metrics
 from stackwise.objectives.base import IGNORE, Objective
 from stackwise.registry import Registry
 
@@ -41,7 +42,15 @@ class ModelAdapter(ABC):
         # a cache-aware model (progressive stages) also takes the batch's stable keys
         extra = {"cache_key": batch["cache_key"]} if "cache_key" in batch else {}
         logits = model(prep.inputs, prep.attention_mask, t, **extra)
-        return objective.loss(logits, prep)
+        loss = objective.loss(logits, prep)
+        if model.training and (routers := moe_layers(model)):  # model.moe: its router loss
+            loss = loss + router_loss(routers)
+        return loss
+
+    def step_metrics(self, model: nn.Module) -> dict[str, float]:
+        """Extra train/* values logged with the loss (the last step's): routing, for MoE."""
+        routers = moe_layers(model)
+        return router_metrics(routers) if routers else {}
 
     def micro_scales(self, micros: list[dict[str, torch.Tensor]], acc: Any) -> list[float]:
         """What each micro-batch's loss is multiplied by before backward: by default the mean

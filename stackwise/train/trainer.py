@@ -305,6 +305,7 @@ class Trainer:
                 self.state.last_train_loss = mean
                 lr = self.scheduler.get_last_lr()[0]
                 metrics = {"train/loss": mean, "train/lr": lr, "train/tokens_per_s": tps}
+                metrics |= self.adapter.step_metrics(self.raw_model)
                 if self.state.skipped_steps:
                     metrics["train/skipped_steps"] = self.state.skipped_steps
                 self.call_hook("on_log", metrics)
