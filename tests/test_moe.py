@@ -28,9 +28,11 @@ def test_each_router_loss_matches_a_computation_by_hand():
 def test_uniform_routing_has_the_floor_of_each_balance_loss():
     logits = torch.zeros(8, 4)
     chosen = torch.arange(8).remainder(4).unsqueeze(-1)
-    losses = losses_of(router_statistics(logits, chosen))
+    stats = router_statistics(logits, chosen)
+    losses = losses_of(stats)
     assert losses["load_balance"].item() == pytest.approx(1.0)
     assert losses["auxiliary"].item() == pytest.approx(0.0)
+    assert stats["entropy"].item() == pytest.approx(math.log(4))
 
 
 def test_the_aggregate_weighs_each_term_and_averages_over_layers():
@@ -133,6 +135,7 @@ def test_an_moe_rack_trains_logs_its_routing_and_reloads(tiny, tmp_path):
     assert len(layers) == 2 and all(len(m.experts) == 4 and m.shared is not None for m in layers)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     logged = [r for r in rows if "train/router_loss" in r]
+    assert all(0 < r["train/router_entropy"] <= math.log(4) + 1e-6 for r in logged)
     assert logged and all(
         r["train/router_loss"] > 0 and "train/expert_load_cv" in r for r in logged
     )

@@ -111,13 +111,15 @@ def router_loss(layers: list[MoEFeedForward]) -> Tensor:
 
 
 def router_metrics(layers: list[MoEFeedForward]) -> dict[str, float]:
-    """What the last step's routing looked like, for the logs: the router loss, the expert
-    load's coefficient of variation and the dropped share (means over layers), and each
-    layer's load CV."""
+    """What the last step's routing looked like, for the logs: the router loss, its entropy,
+    the expert load's coefficient of variation and the dropped share (means over layers), and
+    each layer's load CV."""
     loads = [m.last_stats["fraction"] for m in layers]
     cvs = [float(f.std(correction=0) / f.mean()) for f in loads]
     dropped = [float(m.last_stats["dropped"]) for m in layers]
+    entropy = [float(m.last_stats["entropy"]) for m in layers]
     out = {
+        "train/router_entropy": sum(entropy) / len(entropy),
         "train/router_loss": float(router_loss(layers).detach()),
         "train/expert_load_cv": sum(cvs) / len(cvs),
         "train/dropped_fraction": sum(dropped) / len(dropped),

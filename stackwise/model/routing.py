@@ -29,10 +29,13 @@ def router_statistics(logits: Tensor, chosen: Tensor) -> dict[str, Tensor]:
     each token was sent to."""
     n_choices = logits.shape[-1]
     counts = torch.bincount(chosen.flatten(), minlength=n_choices).to(torch.float32)
+    logp = logits.float().log_softmax(-1)
     return {
         "fraction": counts / max(chosen.numel(), 1),
-        "probability": logits.float().softmax(-1).mean(0),
+        "probability": logp.exp().mean(0),
         "z": torch.logsumexp(logits.float(), -1).square().mean(),
+        # not a loss: how sure the router is (log C when uniform), for the logs
+        "entropy": -(logp.exp() * logp).sum(-1).mean().detach(),
     }
 
 
