@@ -1,0 +1,112 @@
+"""Mixture of experts against a dense rack at an equal token budget, on the default corpus.
+
+Run from the repository root:
+
+    .venv/bin/python benchmarks/moe_memory.py            # 300 steps a run, several minutes
+    .venv/bin/python benchmarks/moe_memory.py --quick    # 30 steps, a smoke run
+
+Three racks of the tiny-clm preset's shape (d_model 128, 2x2 blocks, seq 128, batch 16, BPE
+2,048), each trained for the same steps (so the same tokens) with the same seed, data and
+schedule, each in a fresh forked child:
+
+  dense    tiny-clm: one SwiGLU of width 344 per block;
+  moe      configs/tiny-moe.yaml: 8 experts of width 172, top-2, capacity 1.25, so a token
+           runs through as many FFN weights as in dense (equal active parameters);
+  moe-lb0  the same with model.moe.load_balance_coef 0 (no balancing pressure).
+
+Reported: the final validation loss and bits per character, training tokens/s (all the
+steps, evaluation excluded), the child's peak RSS, and the expert-load coefficient of variation
+(std/mean of the share of routed choices per expert, averaged over layers) at the last step.
+The routed memory layer of issue 16 is not built yet, so its rows are not here.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import torch
+from _common import benchmark_parser, fresh_output, in_fork, quiet_logging
+
+from stackwise.cli.common import resolve_config_path
+from stackwise.config import derive, load_config
+
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "dense": ("tiny-clm", {}),
+    "moe": ("tiny-moe", {}),
+    "moe-lb0": ("tiny-moe", {"model.moe.load_balance_coef": 0.0}),
+}
+
+
+def run(name: str, steps: int, workdir: Path) -> dict[str, float]:
+    """One variant in this (forked) process."""
+    from stackwise.model.moe import moe_layers, router_metrics
+    from stackwise.pipeline import train_from_config
+
+    torch.set_num_threads(1)
+    preset, changes = VARIANTS[name]
+    config = load_config(resolve_config_path(preset))
+    train = {f"train.{k}": v for k, v in fresh_output(workdir / name).items()}
+    logging = {f"logging.{k}": v for k, v in quiet_logging().items()}
+    changes = {**changes, **train, **logging, "train.max_steps": steps}
+    changes |= {"train.eval_every": steps, "sample.num_samples": 0, "train.seed": 0}
+    config = derive(config, changes, "benchmark")
+    start = time.perf_counter()
+    result = train_from_config(config, quiet=True)
+    wall = time.perf_counter() - start
+    final = result.state.history[-1]
+    layers = moe_layers(result.rack)
+    cv = router_metrics(layers)["train/expert_load_cv"] if layers else float("nan")
+    return {
+        "val_loss": final["loss"],
+        "bpc": final.get("bpc", float("nan")),
+        "tokens_per_s": result.state.tokens_seen / wall,
+        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "load_cv": cv,
+        "params": sum(p.numel() for p in result.rack.parameters()),
+    }
+
+
+def main() -> None:
+    parser = benchmark_parser(__doc__, "30 steps a run")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 300)")
+    args = parser.parse_args()
+    steps = args.steps or (30 if args.quick else 300)
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPU cores, 1 torch thread, CPU capability "
+        f"{torch.backends.cpu.get_cpu_capability()}; {steps} steps x 16 x 128 tokens a run"
+    )
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="sw-moe-") as tmp:
+        for name in VARIANTS:
+            results[name] = in_fork(name, run, name, steps, Path(tmp))
+            print(f"  {name}: {results[name]}", file=sys.stderr, flush=True)
+    print(
+        f"{'variant':<8} {'params':>10} {'val loss':>8} {'bpc':>6} {'tok/s':>7} "
+        f"{'peak RSS MB':>11} {'load CV':>7}"
+    )
+    for name, r in results.items():
+        print(
+            f"{name:<8} {r['params']:>10,} {r['val_loss']:>8.3f} {r['bpc']:>6.3f} "
+            f"{r['tokens_per_s']:>7,.0f} {r['rss_mb']:>11,.0f} {r['load_cv']:>7.3f}"
+        )
+    dense, moe, lb0 = results["dense"], results["moe"], results["moe-lb0"]
+    ratio = lb0["load_cv"] / moe["load_cv"] if moe["load_cv"] else float("inf")
+    slower = dense["tokens_per_s"] / moe["tokens_per_s"]
+    print(
+        f"headline: val loss moe {moe['val_loss']:.3f} vs dense {dense['val_loss']:.3f} "
+        f"({moe['val_loss'] - dense['val_loss']:+.3f}); load CV without/with balancing "
+        f"{ratio:.2f}x; step time moe/dense {slower:.2f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()
