@@ -102,8 +102,50 @@ def test_the_router_and_every_used_expert_get_gradients():
     moe(torch.randn(2, 16, 8)).square().mean().backward()
     assert moe.router.weight.grad is not None and moe.router.weight.grad.abs().sum() > 0
     used = moe.last_stats["fraction"] > 0
-    for e, expert in enumerate(moe.experts):
-        assert (expert.down_proj.weight.grad is not None) == bool(used[e])
+    for e, expert in enumerate(moe.experts):  # every expert has a gradient, zero if unused
+        grad = expert.down_proj.weight.grad
+        assert grad is not None and bool(grad.abs().sum() > 0) == bool(used[e])
+
+
+def test_an_expert_without_tokens_still_gets_a_zero_gradient():
+    """So DDP (find_unused_parameters off) and the hand-made all-reduce see every parameter."""
+    torch.manual_seed(2)
+    moe = MoEFeedForward(8, 12, num_experts=3, top_k=1)
+    with torch.no_grad():
+        moe.router.weight[2] = -100.0  # on positive inputs expert 2 never wins
+    x = torch.randn(4, 8, 8).abs()
+    moe(x).square().mean().backward()
+    assert moe.last_stats["fraction"][2] == 0
+    assert torch.count_nonzero(moe.experts[2].down_proj.weight.grad) == 0
+
+
+def test_one_choice_keeps_its_probability_so_the_router_learns_from_the_lm_loss():
+    torch.manual_seed(3)
+    moe = MoEFeedForward(8, 12, num_experts=4, top_k=1)
+    moe(torch.randn(2, 8, 8)).square().mean().backward()  # no router loss at all
+    assert moe.router.weight.grad.abs().sum() > 0
+
+
+def test_the_load_balance_term_reaches_the_router():
+    from stackwise.model.moe import router_loss
+
+    torch.manual_seed(4)
+    moe = MoEFeedForward(8, 12, num_experts=4, top_k=2, loss_coefs=(1.0, 0.0, 0.0))
+    moe(torch.randn(2, 8, 8))
+    router_loss([moe]).backward()
+    assert moe.router.weight.grad.abs().sum() > 0
+
+
+def test_capacity_drops_only_in_training():
+    """Evaluation and generation route every choice, whatever the batch holds."""
+    torch.manual_seed(5)
+    moe = MoEFeedForward(16, 24, num_experts=4, top_k=2, capacity_factor=0.5).eval()
+    x = torch.randn(3, 10, 16)
+    want, _ = reference(moe, x, None)
+    assert torch.allclose(moe(x), want, atol=1e-5)
+    assert moe.last_stats["dropped"].item() == 0
+    alone = moe(x[:1])  # the first row's output does not depend on the other rows
+    assert torch.allclose(alone, want[:1], atol=1e-5)
 
 
 def test_top_k_above_the_experts_is_refused():
@@ -208,6 +250,17 @@ def test_router_and_experts_train_in_the_blocks_group(tiny):
         ({"moe": {"top_k": 1}}, {}, "needs experts"),
         ({"moe": {"num_experts": 4}}, {"lora": {"enabled": True}}, "lora.enabled"),
         ({"moe": {"num_experts": 4, "capacity_factor": 0}}, {}, "capacity_factor"),
+        ({"moe": {"num_experts": 4}}, {"train": {"compile": True}}, "train.compile"),
+        (
+            {"moe": {"num_experts": 4}},
+            {"progressive": {"end_to_end_scope": "stackwise"}},
+            "end_to_end_scope stackwise",
+        ),
+        (
+            {"moe": {"num_experts": 4, "stacks": [1]}},
+            {"progressive": {"strategy": "progressive", "building_mode": "prepend"}},
+            "building_mode prepend",
+        ),
     ],
 )
 def test_moe_settings_that_cannot_work_are_refused(model, sections, words):

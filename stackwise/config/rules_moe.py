@@ -35,6 +35,15 @@ def moe(cfg: Config) -> Iterator[str]:
         f"new_stack_precision {p.new_stack_precision}": p.new_stack_precision
         in (*QUANT_FORMATS, "qlora"),
         "trunk_strategy qlora": p.trunk_strategy == "qlora",
+        "train.compile (routing picks sizes at run time, so graphs would recompile)": (
+            cfg.train.compile
+        ),
+        "end_to_end_scope stackwise (its local losses carry no router loss)": (
+            p.strategy == "end_to_end" and p.end_to_end_scope == "stackwise"
+        ),
+        "building_mode prepend with model.moe.stacks (a saved rack is rebuilt by position)": (
+            p.strategy == "progressive" and p.building_mode == "prepend" and m.stacks is not None
+        ),
     }
     for what, on in unsupported.items():
         if on:

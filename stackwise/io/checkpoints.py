@@ -190,6 +190,12 @@ def check_resume_config(path: Path, config: Config, step: int = 0) -> str | None
         for f in SHAPE_FIELDS
         if getattr(saved.model, f) != getattr(config.model, f)
     ]
+    was, now = saved.model.moe, config.model.moe  # what the experts are and how they route
+    changed += [
+        f"model.moe.{f} {getattr(was, f)} -> {getattr(now, f)}"
+        for f in ("num_experts", "top_k", "expert_hidden", "shared_expert", "stacks")
+        if getattr(was, f) != getattr(now, f)
+    ]
     if saved.objective.name != config.objective.name:
         changed.append(f"objective.name {saved.objective.name} -> {config.objective.name}")
     check_stream(path, saved, config)

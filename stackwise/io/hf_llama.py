@@ -39,6 +39,11 @@ def export_config(config: Any, rack: Any, tokenizer: Any) -> Any:
 
 
 def check_exportable(config: Any, rack: Any) -> None:
+    if config.model.moe.num_experts:
+        raise StackWiseError(
+            "This rack has mixture-of-experts layers (model.moe), which the Llama format "
+            "cannot hold; only dense racks export to Hugging Face."
+        )
     if rack.time_embed is not None:
         raise StackWiseError(
             f"This rack is time-conditioned (model.time_conditioning: "

@@ -5,8 +5,10 @@ Experts run batched: the (token, choice) pairs are sorted by expert and each exp
 on all of its tokens, so the Python loop is over experts, never over tokens. With a capacity
 factor c an expert takes at most ceil(c * N * k / E) of the N tokens' N * k choices, in token
 order; the rest are dropped (that token keeps its other choices and the residual stream) and
-counted. Router jitter multiplies the router's input by uniform noise in [1 - j, 1 + j] while
-training. Each forward leaves its router statistics in `last_stats` for the router losses.
+counted. Capacity applies in training only: evaluation and generation route every choice, so
+a token's output never depends on the other tokens in its batch. Router jitter multiplies the
+router's input by uniform noise in [1 - j, 1 + j] while training. Each forward leaves its
+router statistics in `last_stats` for the router losses.
 """
 
 from __future__ import annotations
@@ -70,7 +72,9 @@ class MoEFeedForward(nn.Module):
             scores_in = flat * noise
         logits = self.router(scores_in)
         weights, chosen = logits.float().softmax(-1).topk(self.top_k, dim=-1)
-        weights = (weights / weights.sum(-1, keepdim=True)).to(flat.dtype)
+        if self.top_k > 1:  # renormalized over the chosen; one choice keeps its probability,
+            weights = weights / weights.sum(-1, keepdim=True)  # or the router gets no gradient
+        weights = weights.to(flat.dtype)
         out, dropped = self._dispatch(flat, chosen, weights)
         if self.shared is not None:
             out = out + self.shared(flat)
@@ -84,7 +88,7 @@ class MoEFeedForward(nn.Module):
         expert_of = chosen.flatten()  # (N * k,): choice j of token t sits at t * k + j
         order = torch.argsort(expert_of, stable=True)  # by expert, in token order within one
         counts = torch.bincount(expert_of, minlength=len(self.experts)).tolist()
-        cap = self.capacity(flat.shape[0])
+        cap = self.capacity(flat.shape[0]) if self.training else None  # eval: all tokens
         out = torch.zeros_like(flat)
         dropped, start = 0, 0
         for e, count in enumerate(counts):
@@ -93,11 +97,11 @@ class MoEFeedForward(nn.Module):
             if cap is not None and count > cap:
                 dropped += count - cap
                 pairs = pairs[:cap]
-            if pairs.numel() == 0:
-                continue
+            # an expert without tokens still runs (on none): its parameters get a zero
+            # gradient, not None, so DDP and the hand-made all-reduce see every one each step
             tokens = pairs // self.top_k
             y = self.experts[e](flat[tokens]) * weights.flatten()[pairs].unsqueeze(-1)
-            out = out.index_add(0, tokens, y)
+            out = out.index_add(0, tokens, y.to(out.dtype))
         return out, dropped
 
 
@@ -106,14 +110,21 @@ def moe_layers(model: nn.Module) -> list[MoEFeedForward]:
 
 
 def router_loss(layers: list[MoEFeedForward]) -> Tensor:
-    """The weighted router loss of the layers' last forward, averaged over layers."""
-    return compute_router_auxiliary_loss([m.last_stats for m in layers], *layers[0].loss_coefs)
+    """The weighted router loss of the layers' last forward, averaged over the layers that ran
+    and train (a frozen trunk's routers neither learn nor dilute the coefficients)."""
+    live = [m for m in layers if m.last_stats and m.router.weight.requires_grad]
+    if not live:
+        return torch.zeros((), device=layers[0].router.weight.device)
+    return compute_router_auxiliary_loss([m.last_stats for m in live], *live[0].loss_coefs)
 
 
 def router_metrics(layers: list[MoEFeedForward]) -> dict[str, float]:
     """What the last step's routing looked like, for the logs: the router loss, its entropy,
     the expert load's coefficient of variation and the dropped share (means over layers), and
     each layer's load CV."""
+    layers = [m for m in layers if m.last_stats]  # the ones that ran
+    if not layers:
+        return {}
     loads = [m.last_stats["fraction"] for m in layers]
     cvs = [float(f.std(correction=0) / f.mean()) for f in loads]
     dropped = [float(m.last_stats["dropped"]) for m in layers]

@@ -41,9 +41,12 @@ class ModelAdapter(ABC):
         t = prep.t if uses_time else None
         # a cache-aware model (progressive stages) also takes the batch's stable keys
         extra = {"cache_key": batch["cache_key"]} if "cache_key" in batch else {}
+        routers = moe_layers(model)  # model.moe: what this forward routes adds its loss
+        for layer in routers:
+            layer.last_stats = {}
         logits = model(prep.inputs, prep.attention_mask, t, **extra)
         loss = objective.loss(logits, prep)
-        if model.training and (routers := moe_layers(model)):  # model.moe: its router loss
+        if model.training and routers:
             loss = loss + router_loss(routers)
         return loss
 
