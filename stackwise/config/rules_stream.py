@@ -45,7 +45,11 @@ def streaming(cfg: Config) -> Iterator[str]:
             "a stream is read in order by one reader: data.num_workers 1 moves it off the "
             "training process; more would each read the whole stream. Set 0 or 1"
         )
-    epochs = [k for k in ("train.num_train_epochs", "progressive.epochs_per_stack") if _set(cfg, k)]
+    budgets = {
+        "train.num_train_epochs": cfg.train.num_train_epochs,
+        "progressive.epochs_per_stack": p.epochs_per_stack,
+    }
+    epochs = [k for k, v in budgets.items() if v is not None]
     epochs += [f"progressive.stacks.{k}.epochs" for k, s in p.stacks.items() if s.epochs]
     if epochs:
         yield (
@@ -63,8 +67,3 @@ def streaming(cfg: Config) -> Iterator[str]:
             "progressive.cache keys the trunk's outputs by sample index, which a stream "
             "does not have; disable progressive.cache or data.streaming"
         )
-
-
-def _set(cfg: Config, dotted: str) -> bool:
-    section, name = dotted.split(".")
-    return getattr(getattr(cfg, section), name) is not None

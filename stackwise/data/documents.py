@@ -18,7 +18,7 @@ from typing import Any
 
 from stackwise.config import DataConfig
 from stackwise.data.corpus import shakespeare_dir
-from stackwise.data.sources import check_utf8, data_files, load_file_rows, no_text, rows_to_text
+from stackwise.data.sources import check_utf8, data_files, file_texts, no_text
 from stackwise.data.tokenize import word_cut
 
 READ_CHARS = 1 << 20
@@ -107,12 +107,8 @@ class Corpus:
             if pending is not None and found:
                 yield pending, True
         else:
-            first = 0
-            for batch in load_file_rows(path, fmt, self.fields):
-                texts = rows_to_text(batch, self.fields, path, first)
-                first += len(batch)
-                for text in texts:
-                    found = True
-                    yield text, True
+            for text in file_texts(path, fmt, self.fields):
+                found = True
+                yield text, True
         if not found:
             raise no_text(path, self.fields)

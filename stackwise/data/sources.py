@@ -184,15 +184,7 @@ def hub_rows(cfg: DataConfig, batch: int = 512) -> Iterator[tuple[str, bool]]:
             f"Dataset '{cfg.dataset_name}' has no field {missing[0]!r} (it has "
             f"{', '.join(ds.column_names)}). Point data.text_field at its text."
         )
-    first = 0
-    for rows in ds.iter(batch_size=batch):
-        n = len(next(iter(rows.values())))
-        cols = {f: rows.get(f) or [None] * n for f in fields}
-        texts = rows_to_text(
-            [{f: cols[f][i] for f in fields} for i in range(n)], fields, name, first
-        )
-        first += n
-        yield from ((text, True) for text in texts)
+    yield from ((text, True) for text in row_texts(ds, fields, name, batch))
 
 
 def hub_files(cfg: DataConfig) -> list[tuple[Path, str]]:
@@ -217,14 +209,22 @@ def _table(path: Path, fmt: str) -> Any:
     return open_saved(path) if fmt == "saved" else _open_dataset(path, fmt)
 
 
-def load_file_rows(path: Path, fmt: str, fields: list[str], batch: int = 512) -> Iterator[list]:
-    """A json/jsonl/parquet file's, a saved dataset's or an Arrow file's rows (the `fields`
-    only), a batch at a time."""
-    table = _table(path, fmt)
-    ds = _checked_fields(table, path, fields)
+def row_texts(ds: Any, fields: list[str], where: Path, batch: int = 512) -> Iterator[str]:
+    """The text of each row of a dataset (a table or a stream), read a batch at a time; a row
+    is named by its place in `where` when it is not text."""
+    first = 0
     for columns in ds.iter(batch_size=batch):
-        n = len(columns[fields[0]])
-        yield [{f: columns[f][i] for f in fields} for i in range(n)]
+        n = len(next(iter(columns.values())))
+        cols = {f: columns.get(f) or [None] * n for f in fields}
+        yield from rows_to_text(
+            [{f: cols[f][i] for f in fields} for i in range(n)], fields, where, first
+        )
+        first += n
+
+
+def file_texts(path: Path, fmt: str, fields: list[str]) -> Iterator[str]:
+    """A json/jsonl/parquet file's, a saved dataset's or an Arrow file's row texts."""
+    yield from row_texts(_checked_fields(_table(path, fmt), path, fields), fields, path)
 
 
 def _load_file(path: Path, fmt: str, fields: list[str]) -> list[str]:

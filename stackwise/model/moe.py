@@ -36,6 +36,8 @@ class Expert(nn.Module):
 
 
 class MoEFeedForward(nn.Module):
+    built = 0  # layers made in this process, so dense runs can skip looking for them
+
     def __init__(
         self,
         d: int,
@@ -53,6 +55,7 @@ class MoEFeedForward(nn.Module):
             raise ValueError(f"top_k {top_k} must be within 1..num_experts ({num_experts})")
         self.top_k, self.capacity_factor, self.jitter = top_k, capacity_factor, jitter
         self.loss_coefs = loss_coefs
+        MoEFeedForward.built += 1
         self.router = nn.Linear(d, num_experts, bias=False)
         self.experts = nn.ModuleList(Expert(d, hidden) for _ in range(num_experts))
         self.shared = Expert(d, hidden) if shared_expert else None
@@ -106,6 +109,10 @@ class MoEFeedForward(nn.Module):
 
 
 def moe_layers(model: nn.Module) -> list[MoEFeedForward]:
+    """The model's MoE layers; without a walk over its modules while none was ever built in
+    this process (the training loss asks every step, and most racks are dense)."""
+    if not MoEFeedForward.built:
+        return []
     return [m for m in model.modules() if isinstance(m, MoEFeedForward)]
 
 
