@@ -1,24 +1,27 @@
-"""Mixture of experts against a dense rack at an equal token budget, on the default corpus.
+"""Mixture of experts and routed memory against a dense rack at an equal token budget, on the
+default corpus.
 
 Run from the repository root:
 
     .venv/bin/python benchmarks/moe_memory.py            # 300 steps a run, several minutes
     .venv/bin/python benchmarks/moe_memory.py --quick    # 30 steps, a smoke run
 
-Three racks of the tiny-clm preset's shape (d_model 128, 2x2 blocks, seq 128, batch 16, BPE
+Four racks of the tiny-clm preset's shape (d_model 128, 2x2 blocks, seq 128, batch 16, BPE
 2,048), each trained for the same steps (so the same tokens) with the same seed, data and
 schedule, each in a fresh forked child:
 
   dense    tiny-clm: one SwiGLU of width 344 per block;
   moe      configs/tiny-moe.yaml: 8 experts of width 172, top-2, capacity 1.25, so a token
            runs through as many FFN weights as in dense (equal active parameters);
-  moe-lb0  the same with model.moe.load_balance_coef 0 (no balancing pressure).
+  moe-lb0  the same with model.moe.load_balance_coef 0 (no balancing pressure);
+  memory   configs/tiny-memory.yaml: dense plus memory layers after blocks 1 and 3 (8
+           chapters of 16 slots, top-2, gates starting closed).
 
 Reported: the final validation loss and bits per character, training tokens/s (the median of
 the logged windows, every 20 steps; evaluation falls outside them), the child's peak RSS, and
-the expert-load coefficient of variation (std/mean of the share of routed choices per expert,
-averaged over layers) at the last logged training step.
-The routed memory layer of issue 16 is not built yet, so its rows are not here.
+the load coefficient of variation (std/mean of the share of routed choices per expert or
+chapter, averaged over layers) at the last logged training step. The headline compares each
+with dense: val loss, and step time as the ratio of tokens/s.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "dense": ("tiny-clm", {}),
     "moe": ("tiny-moe", {}),
     "moe-lb0": ("tiny-moe", {"model.moe.load_balance_coef": 0.0}),
+    "memory": ("tiny-memory", {}),
 }
 
 
@@ -64,7 +68,8 @@ def run(name: str, steps: int, workdir: Path) -> dict[str, float]:
     final = result.state.history[-1]
     rows = [json.loads(line) for line in (workdir / name / "metrics.jsonl").open()]
     logged = [r for r in rows if "train/tokens_per_s" in r]  # each log window's training rate
-    cv = logged[-1].get("train/expert_load_cv", float("nan"))  # the last logged training step
+    last = logged[-1]  # the last logged training step
+    cv = last.get("train/expert_load_cv", last.get("train/chapter_load_cv", float("nan")))
     return {
         "val_loss": final["loss"],
         "bpc": final.get("bpc", float("nan")),
@@ -98,13 +103,13 @@ def main() -> None:
             f"{name:<8} {r['params']:>10,} {r['val_loss']:>8.3f} {r['bpc']:>6.3f} "
             f"{r['tokens_per_s']:>7,.0f} {r['rss_mb']:>11,.0f} {r['load_cv']:>7.3f}"
         )
-    dense, moe, lb0 = results["dense"], results["moe"], results["moe-lb0"]
+    dense, moe, lb0, mem = (results[n] for n in ("dense", "moe", "moe-lb0", "memory"))
     ratio = lb0["load_cv"] / moe["load_cv"] if moe["load_cv"] else float("inf")
-    slower = dense["tokens_per_s"] / moe["tokens_per_s"]
     print(
-        f"headline: val loss moe {moe['val_loss']:.3f} vs dense {dense['val_loss']:.3f} "
-        f"({moe['val_loss'] - dense['val_loss']:+.3f}); load CV without/with balancing "
-        f"{ratio:.2f}x; step time moe/dense {slower:.2f}x"
+        f"headline: val loss moe {moe['val_loss']:.3f}, memory {mem['val_loss']:.3f} vs dense "
+        f"{dense['val_loss']:.3f}; load CV without/with balancing {ratio:.2f}x; step time "
+        f"moe/dense {dense['tokens_per_s'] / moe['tokens_per_s']:.2f}x, memory/dense "
+        f"{dense['tokens_per_s'] / mem['tokens_per_s']:.2f}x"
     )
 
 

@@ -26,6 +26,8 @@ _EXPORTS = {
     "stackwise.io.merge": ("merge_checkpoint",),
     "stackwise.model": ("Block", "Rack", "Stack"),
     "stackwise.model.hf": ("export_llama",),
+    "stackwise.model.memory": ("MemoryLayer",),
+    "stackwise.hf.memory": ("MemoryAdapter",),
     "stackwise.model.moe": ("MoEFeedForward",),
     "stackwise.model.routing": ("compute_router_auxiliary_loss",),
     "stackwise.objectives": ("Objective", "Specials", "build_objective"),
@@ -71,9 +73,11 @@ if TYPE_CHECKING:  # static tools see the real names
     from stackwise.data import PreparedData, build_data  # noqa: F401
     from stackwise.errors import StackWiseError  # noqa: F401
     from stackwise.generate import sample_texts  # noqa: F401
+    from stackwise.hf.memory import MemoryAdapter  # noqa: F401
     from stackwise.io.merge import merge_checkpoint  # noqa: F401
     from stackwise.model import Block, Rack, Stack  # noqa: F401
     from stackwise.model.hf import export_llama  # noqa: F401
+    from stackwise.model.memory import MemoryLayer  # noqa: F401
     from stackwise.model.moe import MoEFeedForward  # noqa: F401
     from stackwise.model.routing import compute_router_auxiliary_loss  # noqa: F401
     from stackwise.objectives import Objective, Specials, build_objective  # noqa: F401

@@ -188,6 +188,16 @@ CUSTOM = {
     "model.moe.load_balance_coef",
     "model.moe.auxiliary_coef",
     "model.moe.z_loss_coef",
+    # tested in test_memory.py: memory layers train on racks and HF models, each setting
+    # reaches them, the memory LR its group, and misplaced settings are refused
+    "memory.chapters",
+    "memory.slots_per_chapter",
+    "memory.top_k",
+    "memory.layers",
+    "memory.load_balance_coef",
+    "memory.auxiliary_coef",
+    "memory.z_loss_coef",
+    "train.group_lr.memory",
     # tested in test_progressive.py: modes (shape and joint tuning), the custom depth table,
     # and disk storage (which must train exactly like memory, so a fingerprint cannot differ)
     "progressive.mode",

@@ -292,7 +292,7 @@ def test_hf_keys_on_a_rack_and_bad_combinations_are_refused(hf, tmp_path):
 
     with pytest.raises(StackWiseError, match=r"model\.load_in_4bit only applies to Hugging Face"):
         from_dict({"model": {"load_in_4bit": True}})
-    with pytest.raises(StackWiseError, match="only LoRA can train"):
+    with pytest.raises(StackWiseError, match=r"only LoRA \(or memory\) can train"):
         hf_config(
             hf["llama"],
             hf["chat"],

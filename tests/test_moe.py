@@ -127,7 +127,7 @@ def test_one_choice_keeps_its_probability_so_the_router_learns_from_the_lm_loss(
 
 
 def test_the_load_balance_term_reaches_the_router():
-    from stackwise.model.moe import router_loss
+    from stackwise.model.routing import router_loss
 
     torch.manual_seed(4)
     moe = MoEFeedForward(8, 12, num_experts=4, top_k=2, loss_coefs=(1.0, 0.0, 0.0))
@@ -191,7 +191,8 @@ def test_an_moe_rack_trains_logs_its_routing_and_reloads(tiny, tmp_path):
 
 
 def test_the_router_loss_joins_the_training_loss_only(tiny):
-    from stackwise.model.moe import moe_layers, router_loss
+    from stackwise.model.moe import moe_layers
+    from stackwise.model.routing import router_loss
     from stackwise.objectives import Specials, build_objective
     from stackwise.train import build_rack
     from stackwise.train.adapters import RackAdapter

@@ -36,6 +36,9 @@ _SEED_KEYS: dict[str, str] = {
     "progressive_qlora_rank": "lora.trunk_rank",
     "progressive_qlora_alpha": "lora.trunk_alpha",
     "lora_lr": "train.group_lr.lora",
+    "memory_lr": "train.group_lr.memory",
+    "base_model_lr": "train.group_lr.base",
+    "enabled_extensions": "train.enabled_extensions",
     "eval_steps": "train.eval_every",
     "log_to_wandb": "logging.log_to_wandb",
 }

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from stackwise.config.base import CROSS_RULES, Section, joined, problems_of
 from stackwise.config.growth import LoraConfig, ProgressiveConfig, QuantConfig
+from stackwise.config.moe import MemoryConfig
 from stackwise.config.sections import (
     DataConfig,
     LoggingConfig,
@@ -31,6 +32,12 @@ class Config(Section):
     lora: LoraConfig = Field(default_factory=LoraConfig)
     quant: QuantConfig = Field(default_factory=QuantConfig)
     progressive: ProgressiveConfig = Field(default_factory=ProgressiveConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
+
+    @property
+    def memory_on(self) -> bool:
+        """train.enabled_extensions lists memory: the memory section is built."""
+        return "memory" in self.train.enabled_extensions
 
     @model_validator(mode="before")
     @classmethod

@@ -141,10 +141,10 @@ def hf_lora(cfg: Config) -> Iterator[str]:
     if cfg.model.source != "hf":
         return
     m, lora = cfg.model, cfg.lora
-    if (m.load_in_4bit or m.load_in_8bit) and not lora.enabled:
+    if (m.load_in_4bit or m.load_in_8bit) and not lora.enabled and not cfg.memory_on:
         yield (
-            "a quantized base (model.load_in_4bit/8bit) is frozen, so only LoRA can train: set "
-            "lora.enabled: true"
+            "a quantized base (model.load_in_4bit/8bit) is frozen, so only LoRA (or memory) can "
+            "train: set lora.enabled: true"
         )
     for name in LORA_RACK:
         if lora.changed(name):

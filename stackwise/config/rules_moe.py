@@ -1,4 +1,5 @@
-"""Rules for model.moe: what an MoE rack can be, and what does not handle experts yet."""
+"""Rules for the routed layers: what an MoE rack can be, where memory layers can sit, and what
+does not handle them yet."""
 
 from __future__ import annotations
 
@@ -51,3 +52,61 @@ def moe(cfg: Config) -> Iterator[str]:
                 f"model.moe keeps every expert in full precision and trains it whole; {what} "
                 "does not handle experts yet. Remove one of them"
             )
+
+
+@cross_rule
+def memory(cfg: Config) -> Iterator[str]:
+    """The memory section is read only when the memory extension is on; its shape, and where a
+    memory layer can sit."""
+    mem, gl = cfg.memory, cfg.train.group_lr
+    if not cfg.memory_on:
+        changed = [k for k in type(mem).model_fields if mem.changed(k)]
+        if changed:
+            yield (
+                f"memory.{changed[0]} is read only when the memory extension is on: add memory "
+                "to train.enabled_extensions (or remove the memory section)"
+            )
+        if gl.memory is not None:
+            yield "train.group_lr.memory (the memory_lr) needs memory in train.enabled_extensions"
+        return
+    if mem.top_k > mem.chapters:
+        yield f"memory.top_k {mem.top_k} exceeds memory.chapters {mem.chapters}: lower top_k"
+    if cfg.model.source == "hf":
+        yield from _hf_memory(cfg)
+        return
+    n = cfg.model.n_layers
+    bad = [i for i in mem.layers if not -n <= i < n]
+    if bad:
+        yield f"memory.layers names block {bad[0]}; this rack has blocks 0..{n - 1} (or -{n}..-1)"
+    elif len({i % n for i in mem.layers}) != len(mem.layers):
+        yield "memory.layers names one block twice (a negative index counts from the end)"
+    p = cfg.progressive
+    unsupported = {
+        "progressive growth (it freezes, caches or quantizes the stacks a memory layer sits "
+        "in): use progressive.strategy: end_to_end": p.strategy != "end_to_end",
+        "end_to_end_scope stackwise (its local losses carry no router loss)": (
+            p.end_to_end_scope == "stackwise"
+        ),
+        "lora.enabled": cfg.lora.enabled,
+        "quant.enabled": cfg.quant.enabled,
+        "train.compile (routing picks sizes at run time, so graphs would recompile)": (
+            cfg.train.compile
+        ),
+    }
+    for what, on in unsupported.items():
+        if on:
+            yield f"memory on a rack trains with the whole rack in full precision; {what}"
+
+
+def _hf_memory(cfg: Config) -> Iterator[str]:
+    """A Hugging Face base under memory is frozen: the memory (and LoRA, if on) train."""
+    if cfg.train.group_lr.base is not None and not cfg.lora.enabled:
+        yield (
+            "train.group_lr.base: with memory the Hugging Face base is frozen (only the memory "
+            "trains, and LoRA if on); remove it"
+        )
+    if cfg.lora.enabled and cfg.lora.save_merged:
+        yield (
+            "lora.save_merged: a merged model has no memory layers, so it would not be the "
+            "model you trained; remove it (the run saves the adapter and memory.safetensors)"
+        )

@@ -263,6 +263,9 @@ class GroupLR(Section):
         description="progressive, trunk_strategy full: the stacks grown before the current "
         "stage's new one (a lower LR keeps growth from undoing them).",
     )
+    memory: PositiveFloat | None = Field(
+        None, description="The memory layers (the memory_lr), routers included."
+    )
 
 
 class TrainConfig(Section):

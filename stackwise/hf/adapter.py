@@ -13,6 +13,9 @@ from stackwise.config import Config
 from stackwise.errors import StackWiseError
 from stackwise.hf import loss as hf_loss
 from stackwise.hf.load import ADAPTER_WEIGHTS, FULL_WEIGHTS, device_now
+from stackwise.hf.memory import describe_memory, load_memory, save_memory
+from stackwise.model.memory import memory_layers, memory_metrics
+from stackwise.model.routing import router_loss
 from stackwise.objectives.base import Objective
 from stackwise.train.adapters import ModelAdapter, register_model_adapter
 
@@ -45,7 +48,11 @@ class HFAdapter(ModelAdapter):
         self.config = config
         model = load_base(config, device_now())
         if config.lora.enabled:
-            return attach_lora(model, config)
+            model = attach_lora(model, config)
+        if config.memory_on:
+            from stackwise.hf.memory import attach_memory_hf
+
+            attach_memory_hf(model, config)
         return model
 
     def loss(
@@ -56,8 +63,16 @@ class HFAdapter(ModelAdapter):
         gen: torch.Generator,
         uses_time: bool,
     ) -> torch.Tensor:
+        routers = memory_layers(model)
+        for layer in routers:
+            layer.last_stats = {}
         nll, _ = hf_loss.target_sums(hf_loss.forward_logits(model, batch), batch["labels"])
+        if model.training and routers:  # a mean per target, as the summed NLL is scaled
+            nll = nll + router_loss(routers) * hf_loss.target_count(batch)
         return nll
+
+    def step_metrics(self, model: nn.Module) -> dict[str, float]:
+        return memory_metrics(memory_layers(model))
 
     def micro_scales(self, micros: list[dict[str, torch.Tensor]], acc: Any) -> list[float]:
         """1 / (targets in the step's micro-batches on every rank), times the world size that
@@ -96,15 +111,22 @@ class HFAdapter(ModelAdapter):
         m = config.model
         quant = "4-bit " if m.load_in_4bit else "8-bit " if m.load_in_8bit else ""
         how = "LoRA" if config.lora.enabled else "full fine-tuning"
+        if config.memory_on and not config.lora.enabled:
+            how = "a frozen base"
         return (
-            f"{quant}{Path(m.model_name_or_path or '').name or m.model_name_or_path} with {how}, "
-            f"{trained:,} of {total:,} parameters trained"
+            f"{quant}{Path(m.model_name_or_path or '').name or m.model_name_or_path} with {how}"
+            f"{describe_memory(model)}, {trained:,} of {total:,} parameters trained"
         )
 
     def save(self, model: nn.Module, folder: Path) -> None:
         """PEFT's own format (adapter_config.json + adapter_model.safetensors), or the whole
         model's save_pretrained; both safetensors."""
         folder.mkdir(parents=True, exist_ok=True)
+        assert self.config is not None
+        if self.config.memory_on:  # the frozen base is not saved again, the memory apart
+            save_memory(model, folder)
+            if not self.config.lora.enabled:
+                return
         model.save_pretrained(str(folder), safe_serialization=True)
 
     def load_weights(self, model: nn.Module, folder: Path) -> None:
@@ -119,6 +141,11 @@ class HFAdapter(ModelAdapter):
     def _load_weights(self, model: nn.Module, folder: Path) -> None:
         from safetensors.torch import load_file
 
+        assert self.config is not None
+        if self.config.memory_on:
+            load_memory(model, folder)
+            if not self.config.lora.enabled:
+                return
         if (folder / ADAPTER_WEIGHTS).is_file():
             from peft import set_peft_model_state_dict
 

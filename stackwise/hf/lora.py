@@ -66,13 +66,21 @@ def attach_lora(model: nn.Module, config: Any) -> nn.Module:
 
 
 def named_groups(model: nn.Module, config: Any) -> dict[str, list[tuple[str, nn.Parameter]]]:
-    """lora (A and DoRA magnitudes), lora_B (its own group for LoRA+), base (the rest that
-    trains: modules_to_save, or everything in full fine-tuning)."""
-    groups: dict[str, list[tuple[str, nn.Parameter]]] = {"lora": [], "lora_B": [], "base": []}
+    """lora (A and DoRA magnitudes), lora_B (its own group for LoRA+), memory (the memory
+    layers, routers included), base (the rest that trains: modules_to_save, or everything in
+    full fine-tuning)."""
+    groups: dict[str, list[tuple[str, nn.Parameter]]] = {
+        "lora": [],
+        "lora_B": [],
+        "memory": [],
+        "base": [],
+    }
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        if ".lora_B." in name and config.lora.loraplus_lr_ratio:
+        if "stackwise_memory." in name:
+            groups["memory"].append((name, p))
+        elif ".lora_B." in name and config.lora.loraplus_lr_ratio:
             groups["lora_B"].append((name, p))
         elif ".lora_" in name:
             groups["lora"].append((name, p))
@@ -82,7 +90,8 @@ def named_groups(model: nn.Module, config: Any) -> dict[str, list[tuple[str, nn.
 
 
 def group_lr(name: str, tc: Any, config: Any) -> float:
-    """The LR of a group: train.group_lr.lora / base over train.lr; LoRA+ multiplies B's."""
+    """The LR of a group: train.group_lr.lora / memory / base over train.lr; LoRA+ multiplies
+    B's."""
     if name == "lora_B":
         return (tc.group_lr.lora or tc.lr) * config.lora.loraplus_lr_ratio
     return getattr(tc.group_lr, name, None) or tc.lr

@@ -62,6 +62,12 @@ def merge_run(
 
     if config is None:
         config, model, tokenizer = load_finetuned(run, trust_remote_code)
+    if config.memory_on:
+        raise StackWiseError(
+            f"'{run}' trained memory layers beside its base; a merged Hugging Face model has "
+            "no place for them, so it would not be the model you trained. Use the run folder "
+            "itself (stackwise sample / eval load base, adapter and memory.safetensors)."
+        )
     if not config.lora.enabled:
         raise StackWiseError(
             f"'{run}' fine-tuned the whole model (lora.enabled: false): there is no adapter "
@@ -116,6 +122,8 @@ def load_finetuned(folder: Path, trust_remote_code: bool = False) -> tuple[Any, 
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(load_base(config, device_now()), str(folder))
+    elif config.memory_on and not config.lora.enabled:  # the base as it was, and the memory
+        model = load_base(config, device_now())
     elif (folder / "config.json").is_file():
         model = AutoModelForCausalLM.from_pretrained(
             str(folder), trust_remote_code=trust_remote_code
@@ -125,5 +133,10 @@ def load_finetuned(folder: Path, trust_remote_code: bool = False) -> tuple[Any, 
             f"'{folder}' holds neither a LoRA adapter nor a model. Pass the folder a finished "
             "fine-tuning run wrote, or one of its checkpoint-N folders."
         )
+    if config.memory_on:
+        from stackwise.hf.memory import attach_memory_hf, load_memory
+
+        attach_memory_hf(model, config)
+        load_memory(model, folder)
     model.eval()
     return config, model, tokenizer

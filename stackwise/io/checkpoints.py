@@ -196,6 +196,16 @@ def check_resume_config(path: Path, config: Config, step: int = 0) -> str | None
         for f in ("num_experts", "top_k", "expert_hidden", "shared_expert", "stacks")
         if getattr(was, f) != getattr(now, f)
     ]
+    mem = ("chapters", "slots_per_chapter", "top_k", "layers")
+    if saved.memory_on != config.memory_on:
+        on = {True: "on", False: "off"}
+        changed.append(f"memory layers {on[saved.memory_on]} -> {on[config.memory_on]}")
+    elif config.memory_on:
+        changed += [
+            f"memory.{f} {getattr(saved.memory, f)} -> {getattr(config.memory, f)}"
+            for f in mem
+            if getattr(saved.memory, f) != getattr(config.memory, f)
+        ]
     if saved.objective.name != config.objective.name:
         changed.append(f"objective.name {saved.objective.name} -> {config.objective.name}")
     check_stream(path, saved, config)

@@ -44,6 +44,11 @@ def check_exportable(config: Any, rack: Any) -> None:
             "This rack has mixture-of-experts layers (model.moe), which the Llama format "
             "cannot hold; only dense racks export to Hugging Face."
         )
+    if config.memory_on:
+        raise StackWiseError(
+            "This rack has memory layers (train.enabled_extensions: memory), which the Llama "
+            "format cannot hold; only racks without them export to Hugging Face."
+        )
     if rack.time_embed is not None:
         raise StackWiseError(
             f"This rack is time-conditioned (model.time_conditioning: "

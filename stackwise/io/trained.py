@@ -83,8 +83,15 @@ def not_a_run(folder: Path) -> str:
     )
 
 
-def build_rack(config: Config, vocab_size: int) -> Rack:
-    return Rack(config.model, vocab_size, config.objective.causal, config.masking.num_time_steps)
+def build_rack(config: Config, vocab_size: int, memory: bool = True) -> Rack:
+    """The rack of `config`; with its memory layers (memory extension) unless `memory` is
+    False (weights imported first: model.init_from_hf)."""
+    rack = Rack(config.model, vocab_size, config.objective.causal, config.masking.num_time_steps)
+    if memory and config.memory_on:
+        from stackwise.model.memory import attach_memory
+
+        attach_memory(rack, config)
+    return rack
 
 
 def load_weights(model: nn.Module, path: Path) -> None:

@@ -145,7 +145,7 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm layer: x + attn(norm(x)), then x + ffn(norm(x))."""
+    """Pre-norm layer: x + attn(norm(x)), then x + ffn(norm(x)), then the memory's gated read."""
 
     def __init__(self, cfg: ModelConfig, causal: bool, moe: bool = False) -> None:
         super().__init__()
@@ -154,12 +154,14 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ffn: nn.Module = moe_ffn(cfg) if moe else SwiGLU(cfg)
         self.drop = nn.Dropout(cfg.dropout)
+        self.memory: nn.Module | None = None  # a routed memory layer (model.memory.attach_memory)
 
     def forward(
         self, x: Tensor, rope: Rope, mask: Tensor | None, cache: KVCache | None = None
     ) -> Tensor:
         x = x + self.drop(self.attn(self.attn_norm(x), rope, mask, cache))
-        return x + self.drop(self.ffn(self.ffn_norm(x)))
+        x = x + self.drop(self.ffn(self.ffn_norm(x)))
+        return x if self.memory is None else self.memory(x)
 
 
 class Stack(nn.Module):

@@ -222,17 +222,21 @@ class Rack(nn.Module):
         return self.logits(h)
 
     def param_groups(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
-        """Named groups for per-group learning rates: embeddings, time, blocks, head, lora."""
+        """Named groups for per-group learning rates: embeddings, time, blocks, head, lora and
+        memory (every memory layer, its router included)."""
         groups: dict[str, list[tuple[str, nn.Parameter]]] = {
             "embeddings": [],
             "time": [],
             "blocks": [],
             "head": [],
             "lora": [],
+            "memory": [],
         }
         for name, p in self.named_parameters():
             if "lora_" in name:
                 groups["lora"].append((name, p))
+            elif ".memory." in name:
+                groups["memory"].append((name, p))
             elif name.startswith("embed_tokens"):
                 groups["embeddings"].append((name, p))
             elif name.startswith("time_embed"):

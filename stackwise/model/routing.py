@@ -16,10 +16,10 @@ Layers are averaged, not summed, so a coefficient means the same at every depth.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 TERMS = ("load_balance", "auxiliary", "z_loss")
 
@@ -70,3 +70,75 @@ def compute_router_auxiliary_loss(
     if not totals:
         return torch.zeros(())
     return torch.stack([torch.as_tensor(t) for t in totals]).mean()
+
+
+def dispatch(
+    flat: Tensor,
+    chosen: Tensor,
+    weights: Tensor,
+    runs: Sequence[Callable[[Tensor], Tensor]],
+    capacity: int | None = None,
+) -> tuple[Tensor, int]:
+    """Each choice's `runs[c]` on the tokens routed to it, weighted and summed back per token;
+    returns (out, dropped). The (token, choice) pairs are sorted by choice, so each runs once
+    on all of its tokens: the Python loop is over choices, never over tokens. Past `capacity`
+    a choice keeps its first tokens (in token order) and the rest are dropped and counted."""
+    top_k = chosen.shape[-1]
+    choice_of = chosen.flatten()  # (N * k,): choice j of token t sits at t * k + j
+    order = torch.argsort(choice_of, stable=True)
+    counts = torch.bincount(choice_of, minlength=len(runs)).tolist()
+    out = torch.zeros_like(flat)
+    dropped, start = 0, 0
+    for run, count in zip(runs, counts, strict=True):
+        pairs = order[start : start + count]
+        start += count
+        if capacity is not None and count > capacity:
+            dropped += count - capacity
+            pairs = pairs[:capacity]
+        # a choice without tokens still runs (on none): its parameters get a zero gradient,
+        # not None, so DDP and the hand-made all-reduce see every one each step
+        tokens = pairs // top_k
+        y = run(flat[tokens]) * weights.flatten()[pairs].unsqueeze(-1)
+        out = out.index_add(0, tokens, y.to(out.dtype))
+    return out, dropped
+
+
+def route(logits: Tensor, top_k: int) -> tuple[Tensor, Tensor]:
+    """(weights, chosen): the top-k choices by router probability, their weights renormalized
+    over the chosen; a single choice keeps its probability, or the router gets no gradient."""
+    weights, chosen = logits.float().softmax(-1).topk(top_k, dim=-1)
+    if top_k > 1:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights, chosen
+
+
+def router_loss(layers: Sequence[nn.Module]) -> Tensor:
+    """The weighted router loss of routed layers' last forward (their `last_stats`), averaged
+    over the layers that ran and train (a frozen router neither learns nor dilutes the
+    coefficients), with the `loss_coefs` of the first."""
+    live = [m for m in layers if m.last_stats and m.router.weight.requires_grad]
+    if not live:
+        return torch.zeros((), device=layers[0].router.weight.device)
+    return compute_router_auxiliary_loss([m.last_stats for m in live], *live[0].loss_coefs)
+
+
+def router_metrics(layers: Sequence[nn.Module], unit: str, prefix: str = "") -> dict[str, float]:
+    """What the last step's routing looked like, for the logs: the router loss and entropy,
+    the load's coefficient of variation over the `unit`s (experts, chapters) and, where tokens
+    can be dropped, the dropped share (means over layers), and each layer's load CV."""
+    layers = [m for m in layers if m.last_stats]  # the ones that ran
+    if not layers:
+        return {}
+    loads = [m.last_stats["fraction"] for m in layers]
+    cvs = [float(f.std(correction=0) / f.mean()) for f in loads]
+    entropy = [float(m.last_stats["entropy"]) for m in layers]
+    out = {
+        f"train/{prefix}router_entropy": sum(entropy) / len(entropy),
+        f"train/{prefix}router_loss": float(router_loss(layers).detach()),
+        f"train/{unit}_load_cv": sum(cvs) / len(cvs),
+    }
+    if "dropped" in layers[0].last_stats:
+        dropped = [float(m.last_stats["dropped"]) for m in layers]
+        out["train/dropped_fraction"] = sum(dropped) / len(dropped)
+    out |= {f"train/{unit}_load_cv/layer{i}": cv for i, cv in enumerate(cvs)}
+    return out

@@ -102,6 +102,20 @@ def data_line(data: PreparedData, config: Config) -> str:
     )
 
 
+def routed(config: Config) -> str:
+    """The rack's routed layers, for the header: experts, memory chapters."""
+    out, moe, mem = "", config.model.moe, config.memory
+    if moe.num_experts:
+        out += f", {moe.num_experts} experts (top-{moe.top_k})"
+    if config.memory_on:
+        where = ", ".join(map(str, mem.layers))
+        out += (
+            f", memory after block(s) {where} ({mem.chapters} chapters x "
+            f"{mem.slots_per_chapter} slots, top-{mem.top_k})"
+        )
+    return out
+
+
 def header(
     config: Config,
     data: PreparedData,
@@ -113,7 +127,7 @@ def header(
     """The run's first line: model, data, device, precision, where it saves."""
     what = adapter.describe(model, config) or (
         f"{config.objective.name} {adapter.name}, {count_parameters(model):,} parameters, "
-        f"{config.model.n_stacks}x{config.model.blocks_per_stack} blocks{note}"
+        f"{config.model.n_stacks}x{config.model.blocks_per_stack} blocks{note}{routed(config)}"
     )
     rows = data_line(data, config)
     return (

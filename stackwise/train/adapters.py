@@ -16,7 +16,9 @@ from torch import nn
 
 from stackwise.config import Config
 from stackwise.errors import StackWiseError
-from stackwise.model.moe import moe_layers, router_loss, router_metrics
+from stackwise.model.memory import attach_memory, memory_layers, memory_metrics
+from stackwise.model.moe import moe_layers
+from stackwise.model.routing import router_loss, router_metrics
 from stackwise.objectives.base import IGNORE, Objective
 from stackwise.registry import Registry
 
@@ -41,19 +43,16 @@ class ModelAdapter(ABC):
         t = prep.t if uses_time else None
         # a cache-aware model (progressive stages) also takes the batch's stable keys
         extra = {"cache_key": batch["cache_key"]} if "cache_key" in batch else {}
-        routers = moe_layers(model)  # model.moe: what this forward routes adds its loss
-        for layer in routers:
+        families = routed_families(model)  # what this forward routes adds its router loss
+        for layer in (m for layers in families for m in layers):
             layer.last_stats = {}
         logits = model(prep.inputs, prep.attention_mask, t, **extra)
-        loss = objective.loss(logits, prep)
-        if model.training and routers:
-            loss = loss + router_loss(routers)
-        return loss
+        return objective.loss(logits, prep) + routing_loss(model, families)
 
     def step_metrics(self, model: nn.Module) -> dict[str, float]:
-        """Extra train/* values logged with the loss (the last step's): routing, for MoE."""
-        routers = moe_layers(model)
-        return router_metrics(routers) if routers else {}
+        """Extra train/* values logged with the loss (the last step's): routing, for MoE
+        experts and memory chapters."""
+        return routing_metrics(model)
 
     def micro_scales(self, micros: list[dict[str, torch.Tensor]], acc: Any) -> list[float]:
         """What each micro-batch's loss is multiplied by before backward: by default the mean
@@ -123,6 +122,25 @@ class ModelAdapter(ABC):
         )
 
 
+def routed_families(model: nn.Module) -> list[list[nn.Module]]:
+    """The model's routed layers by kind (MoE, memory); each kind has its own coefficients."""
+    return [layers for layers in (moe_layers(model), memory_layers(model)) if layers]
+
+
+def routing_loss(model: nn.Module, families: list[list[nn.Module]]) -> torch.Tensor | float:
+    """The router losses of the last forward, one average per kind, in training only."""
+    if not model.training or not families:
+        return 0.0
+    return sum((router_loss(layers) for layers in families), torch.zeros(()))
+
+
+def routing_metrics(model: nn.Module) -> dict[str, float]:
+    """train/* routing values: experts (router_loss, expert_load_cv ...) and memory chapters
+    (memory_router_loss, chapter_load_cv ...), per layer too."""
+    out = router_metrics(moe_layers(model), "expert")
+    return out | memory_metrics(memory_layers(model))
+
+
 ADAPTERS: Registry[ModelAdapter] = Registry("model adapter", "register_model_adapter")
 MODEL_ADAPTERS = ADAPTERS.entries
 # `@register_model_adapter(name)` makes `train_from_config(..., adapter=name)` work.
@@ -137,11 +155,14 @@ class RackAdapter(ModelAdapter):
     def build(self, config: Config, vocab_size: int) -> nn.Module:
         from stackwise.io.trained import build_rack
 
-        rack = build_rack(config, vocab_size)
-        if config.model.init_from_hf:
+        imported = config.model.init_from_hf
+        rack = build_rack(config, vocab_size, memory=not imported)
+        if imported:
             from stackwise.io.hf_llama import load_llama_weights
 
-            load_llama_weights(rack, config.model.init_from_hf)
+            load_llama_weights(rack, imported)
+            if config.memory_on:  # gates at zero: the imported model's function, unchanged
+                attach_memory(rack, config)
         return rack
 
     def micro_scales(self, micros: list[dict[str, torch.Tensor]], acc: Any) -> list[float]:

@@ -71,7 +71,9 @@ class RunInfo:
         extensions: Sequence[Any],
         control: Control,
         note: Callable[[str], None],
+        model: Callable[[], Any] = lambda: None,
     ) -> None:
+        self._model = model
         self._config, self._state, self._output_dir = config, state, output_dir
         self._is_main, self._greater = is_main, greater_is_better
         self._stage, self._extensions = stage, tuple(extensions)
@@ -86,6 +88,8 @@ class RunInfo:
     stack_index = property(lambda self: self._stage.index)
     progress_desc = property(lambda self: self._stage.label)
     progressive = property(lambda self: self._stage.progressive)
+    # the model being trained, unwrapped (no DDP): read its state, do not swap its parameters
+    model = property(lambda self: self._model())
 
     @property
     def resumed_from(self) -> Path | None:

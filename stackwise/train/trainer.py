@@ -33,6 +33,7 @@ from stackwise.train.evaluation import eval_generator, evaluate_model
 from stackwise.train.extensions import HOOKS, Extension, build_extensions, builtin_extensions
 from stackwise.train.hardware import average_gradients, keep_freed_memory, make_accelerator
 from stackwise.train.interrupts import StopSignals, TrainingInterrupted, any_rank_signalled
+from stackwise.train.memory_use import MemoryUse  # noqa: F401  (registers "memory")
 from stackwise.train.metrics import LossWindow, logging_extensions
 from stackwise.train.optim import (
     build_optimizer,
@@ -103,6 +104,7 @@ class Trainer:
             self.extensions,
             self.control,
             self.logger_note,
+            lambda: self.raw_model,
         )
         self.defer_finish = False  # see train()
         self.gen = torch.Generator(device=acc.device)

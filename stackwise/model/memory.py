@@ -1,0 +1,120 @@
+"""A routed memory layer: C chapters of learned key/value slots beside a block.
+
+A router scores the chapters for each token (from the normalized hidden state) and keeps the
+top k; the token's query attends over each chosen chapter's S slots, and the chapters' reads
+are mixed by the router's (renormalized) weights. The read is added to the residual stream
+through a per-channel gate that starts at zero, so inserting memory layers into a trained model
+leaves its function unchanged until the gate learns to open. Chapters run batched per chapter
+(routing.dispatch), as experts do; there is no capacity, so nothing is dropped. Each forward
+leaves its router statistics in `last_stats` for the router losses.
+
+`attach_memory` puts one after chosen blocks of a rack; `stackwise.hf.memory` hooks them onto a
+Hugging Face model's decoder layers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import partial
+
+import torch
+from torch import Tensor, nn
+
+from stackwise.config import Config
+from stackwise.model.routing import dispatch, route, router_metrics, router_statistics
+
+
+class MemoryLayer(nn.Module):
+    built = 0  # layers made in this process, so runs without memory skip looking for them
+
+    def __init__(
+        self,
+        d: int,
+        chapters: int,
+        slots: int,
+        top_k: int,
+        eps: float = 1e-6,
+        loss_coefs: tuple[float, float, float] = (0.01, 0.0, 0.001),
+    ) -> None:
+        """`loss_coefs`: (load balance, auxiliary, z-loss) weights for routing.router_loss."""
+        super().__init__()
+        if not 1 <= top_k <= chapters:
+            raise ValueError(f"top_k {top_k} must be within 1..chapters ({chapters})")
+        MemoryLayer.built += 1
+        self.top_k, self.loss_coefs, self.eps = top_k, loss_coefs, eps
+        self.norm_weight = nn.Parameter(torch.ones(d))
+        self.router = nn.Linear(d, chapters, bias=False)
+        self.query = nn.Linear(d, d, bias=False)
+        # keys at unit scale against queries of about unit norm: the slots start distinct
+        self.keys = nn.Parameter(torch.randn(chapters, slots, d) / math.sqrt(d))
+        self.values = nn.Parameter(torch.randn(chapters, slots, d) * 0.02)
+        self.gate = nn.Parameter(torch.zeros(d))  # closed: the residual stream as it was
+        nn.init.normal_(self.router.weight, std=0.02)
+        nn.init.normal_(self.query.weight, std=1.0 / math.sqrt(d))
+        self.last_stats: dict[str, Tensor] = {}
+
+    @property
+    def chapters(self) -> int:
+        return self.keys.shape[0]
+
+    def _chapter(self, c: int, q: Tensor) -> Tensor:
+        """Chapter c's read for queries q: softmax over its slots of q . key, times values."""
+        keys, values = self.keys[c].to(q.dtype), self.values[c].to(q.dtype)
+        return (q @ keys.T).softmax(-1) @ values
+
+    def read(self, h: Tensor) -> Tensor:
+        """The memory's contribution for hidden states h, before the gate."""
+        flat = h.reshape(-1, h.shape[-1])
+        w = self.norm_weight  # in its own dtype: a bf16 stream under autocast meets fp32 weights
+        x = torch.nn.functional.rms_norm(flat.to(w.dtype), (flat.shape[-1],), w, self.eps)
+        logits = self.router(x)
+        weights, chosen = route(logits, self.top_k)
+        q = self.query(x)
+        runs = [partial(self._chapter, c) for c in range(self.chapters)]
+        out, _ = dispatch(q, chosen, weights.to(q.dtype), runs)
+        self.last_stats = router_statistics(logits, chosen)
+        return out.view(*h.shape[:-1], -1)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return h + (self.gate * self.read(h)).to(h.dtype)
+
+
+def memory_layers(model: nn.Module) -> list[MemoryLayer]:
+    """The model's memory layers (none, without a walk, while none was built in this process)."""
+    if not MemoryLayer.built:
+        return []
+    return [m for m in model.modules() if isinstance(m, MemoryLayer)]
+
+
+def memory_metrics(layers: Sequence[MemoryLayer]) -> dict[str, float]:
+    """The chapters' routing (memory_router_loss, chapter_load_cv ...) and how far the gates
+    opened (mean |gate|: 0 until the memory starts to speak)."""
+    out = router_metrics(layers, "chapter", prefix="memory_")
+    if out:
+        gates = [m.gate.detach().abs().mean() for m in layers]
+        out["train/memory_gate"] = float(torch.stack(gates).mean())
+    return out
+
+
+def chosen_indices(layers: Sequence[int], n: int, what: str) -> list[int]:
+    """`layers` (negative from the end) as indices into n; out of range is a ValueError."""
+    bad = [i for i in layers if not -n <= i < n]
+    if bad:
+        raise ValueError(f"memory.layers names {what} {bad[0]}; there are {n} (0..{n - 1})")
+    return sorted({i % n for i in layers})
+
+
+def new_memory(d: int, config: Config) -> MemoryLayer:
+    """A memory layer of width d from the `memory` config section."""
+    m = config.memory
+    return MemoryLayer(d, m.chapters, m.slots_per_chapter, m.top_k, loss_coefs=m.coefs())
+
+
+def attach_memory(rack: nn.Module, config: Config) -> list[int]:
+    """A memory layer after each block named by memory.layers; returns their indices."""
+    blocks = [b for stack in rack.stacks for b in stack.blocks]  # type: ignore[union-attr]
+    where = chosen_indices(config.memory.layers, len(blocks), "block")
+    for i in where:
+        blocks[i].memory = new_memory(config.model.d_model, config)
+    return where

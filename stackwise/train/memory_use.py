@@ -1,0 +1,60 @@
+"""The `memory` extension: `train.enabled_extensions: [memory]` builds the memory layers (the
+adapters read the switch) and this follows how the run uses their chapters.
+
+Each step it adds every memory layer's chapter shares (of this process's last micro-batch) to
+a running total, kept in the extension's checkpointed state, so a resumed run goes on counting.
+trainer_state.json reports each layer's mean chapter shares over the run, and the end of the
+run says how evenly they were used and which chapters no token read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stackwise.model.memory import memory_layers
+from stackwise.train.extensions import Extension, register_extension
+from stackwise.train.state import RunInfo
+
+
+@register_extension("memory")
+class MemoryUse(Extension):
+    name = "memory"
+
+    def __init__(self) -> None:
+        self.totals: list[list[float]] = []  # per memory layer, per chapter: summed shares
+        self.steps = 0
+
+    def on_step_end(self, run: RunInfo) -> None:
+        layers = [m for m in memory_layers(run.model) if m.last_stats] if run.model else []
+        if not layers:
+            return
+        shares = [m.last_stats["fraction"].tolist() for m in layers]
+        if not self.totals:
+            self.totals = [[0.0] * len(s) for s in shares]
+        for total, share in zip(self.totals, shares, strict=True):
+            total[:] = [a + b for a, b in zip(total, share, strict=True)]
+        self.steps += 1
+
+    def shares(self) -> list[list[float]]:
+        """Each layer's mean chapter shares over the steps counted so far."""
+        return [[t / max(self.steps, 1) for t in total] for total in self.totals]
+
+    def on_train_end(self, run: RunInfo) -> None:
+        for i, share in enumerate(self.shares()):
+            mean = sum(share) / len(share)
+            cv = (sum((s - mean) ** 2 for s in share) / len(share)) ** 0.5 / mean
+            unused = [c for c, s in enumerate(share) if s == 0.0]
+            run.note(
+                f"memory layer {i}: chapter load CV {cv:.2f} over {self.steps} steps, "
+                + (f"chapters never read: {unused}" if unused else "every chapter read")
+            )
+
+    def report(self) -> dict[str, Any]:
+        return {"memory_chapter_shares": self.shares()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"totals": self.totals, "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.totals = [list(map(float, t)) for t in state.get("totals", [])]
+        self.steps = int(state.get("steps", 0))
