@@ -14,8 +14,8 @@ schedule, each in a fresh forked child:
   moe      configs/tiny-moe.yaml: 8 experts of width 172, top-2, capacity 1.25, so a token
            runs through as many FFN weights as in dense (equal active parameters);
   moe-lb0  the same with model.moe.load_balance_coef 0 (no balancing pressure);
-  memory   configs/tiny-memory.yaml: dense plus memory layers after blocks 1 and 3 (8
-           chapters of 16 slots, top-2, gates starting closed).
+  memory   configs/tiny-memory.yaml: dense plus a memory layer after block 1 (8 chapters
+           of 16 slots, top-2, its gate starting closed).
 
 Reported: the final validation loss and bits per character, training tokens/s (the median of
 the logged windows, every 20 steps; evaluation falls outside them), the child's peak RSS, and

@@ -44,6 +44,7 @@ def test_a_closed_gate_leaves_the_stream_as_it_was_and_still_learns_to_open():
 def test_each_token_reads_its_top_chapters_as_a_direct_computation_says():
     torch.manual_seed(1)
     layer = MemoryLayer(8, chapters=5, slots=3, top_k=2)
+    open_gates([layer], 1.0)
     h = torch.randn(7, 8)
     got = layer.read(h)
     x = torch.nn.functional.rms_norm(h, (8,), layer.norm_weight, layer.eps)
@@ -58,6 +59,24 @@ def test_each_token_reads_its_top_chapters_as_a_direct_computation_says():
         assert torch.allclose(got[t], want, atol=1e-5)
     fraction = layer.last_stats["fraction"]
     assert fraction.sum().item() == pytest.approx(1.0) and fraction.numel() == 5
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_the_router_learns_from_the_lm_loss_alone_once_the_gate_is_open(top_k):
+    torch.manual_seed(2)
+    layer = MemoryLayer(16, chapters=4, slots=8, top_k=top_k, loss_coefs=(0.0, 0.0, 0.0))
+    open_gates([layer])
+    layer(torch.randn(3, 6, 16)).square().sum().backward()
+    for p in (layer.router.weight, layer.query.weight, layer.keys, layer.values, layer.gate):
+        assert p.grad is not None and p.grad.abs().sum() > 0
+
+
+def test_an_empty_batch_and_chapters_without_tokens_still_give_every_gradient():
+    layer = MemoryLayer(8, chapters=6, slots=2, top_k=1)
+    open_gates([layer])
+    layer(torch.randn(1, 2, 8)).sum().backward()  # 2 tokens: most chapters get none
+    assert all(p.grad is not None for p in layer.parameters())
+    assert layer(torch.randn(0, 8)).shape == (0, 8)
 
 
 def test_inserting_memory_into_a_trained_rack_keeps_its_function(tiny):
@@ -197,8 +216,10 @@ def test_a_memory_rack_does_not_export_to_llama(tiny, tmp_path):
         ({"on": True, "memory": {"layers": [4]}}, "names block 4"),
         ({"on": True, "memory": {"layers": [-5]}}, "names block -5"),
         ({"on": True, "memory": {"layers": [3, -1]}}, "one block twice"),
-        ({"on": True, "memory": {"layers": []}}, "layers"),
-        ({"on": True, "memory": {"chapters": 0}}, "chapters"),
+        ({"on": True, "memory": {"layers": []}}, r"memory\.layers.*at least 1"),
+        ({"on": True, "memory": {"chapters": 0}}, r"memory\.chapters.*greater than 0"),
+        ({"on": True, "progressive": {"end_to_end_scope": "stackwise"}}, "scope stackwise"),
+        ({"on": True, "lora": {"enabled": True}}, "lora.enabled"),
         ({"on": True, "progressive": {"strategy": "progressive"}}, "strategy: end_to_end"),
         ({"on": True, "train": {"compile": True}}, "train.compile"),
         ({"on": True, "quant": {"enabled": True}}, "quant.enabled"),
@@ -270,7 +291,16 @@ def test_memory_hooked_onto_a_hf_model_keeps_its_function_and_names(hf_files, tm
     trained = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trained and all("lora_" in n or "stackwise_memory" in n for n in trained)
     assert any("stackwise_memory" in n for n in trained)
-    assert not any(".layer." in n for n in model.state_dict())  # hooks, not wrappers
+    own = {k for k in model.state_dict() if "stackwise_memory." not in k}
+    from peft import get_peft_model_state_dict  # hooks, not wrappers: the names PEFT saves
+
+    assert all(k.split(".lora_")[0] in str(own) for k in get_peft_model_state_dict(model))
+    plain_names = {f"base_model.model.{k}" for k in plain.state_dict()}
+    assert {k.replace(".base_layer", "") for k in own if ".lora_" not in k} == plain_names
+    with pytest.raises(ValueError, match="already"):
+        from stackwise.hf.memory import attach_memory_hf
+
+        attach_memory_hf(model, hf_config(hf_files, tmp_path / "o"))
 
 
 def test_hf_groups_take_the_memory_lora_and_base_lrs_by_their_seed_names(hf_files, tmp_path):
@@ -351,3 +381,51 @@ def test_hf_memory_refusals(hf_files, tmp_path):
     cfg = hf_config(hf_files, tmp_path, memory={"layers": [2]})
     with pytest.raises(StackWiseError, match="names decoder layer 2; there are 2"):
         HFAdapter().build(cfg, 0)
+
+
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "memory-only"])
+def test_a_saved_hf_memory_run_reloads_to_the_same_outputs(hf_files, tmp_path, lora):
+    from stackwise.hf.outputs import load_finetuned
+    from stackwise.pipeline import train_from_config
+
+    cfg = hf_config(hf_files, tmp_path / "r", lora={"enabled": lora}, train={"lr": 1e-2})
+    model = train_from_config(cfg, quiet=True).trainer.raw_model.eval()
+    _, again, _ = load_finetuned(tmp_path / "r")
+    ids = torch.randint(4, 200, (2, 12))
+    with torch.no_grad():
+        assert torch.allclose(model(input_ids=ids).logits, again(input_ids=ids).logits)
+    assert len(memory_layers(again)) == 2 and all(
+        m.gate.abs().sum() > 0 for m in memory_layers(again)
+    )
+
+
+def test_memory_only_on_a_4bit_bf16_base(hf_files, tmp_path):
+    from stackwise.pipeline import train_from_config
+
+    cfg = hf_config(
+        hf_files,
+        tmp_path / "q",
+        lora={"enabled": False},
+        model={"load_in_4bit": True, "dtype": "bf16"},
+        train={"lr": 1e-2},
+    )
+    result = train_from_config(cfg, quiet=True)
+    model = result.trainer.raw_model
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained and all("stackwise_memory." in n for n in trained)
+    history = [h["loss"] for h in result.state.history if "loss" in h]
+    assert all(math.isfinite(x) for x in history)
+    assert all(m.gate.abs().sum() > 0 for m in memory_layers(model))
+
+
+def test_a_memory_rack_saved_as_stacks_only_reloads(tiny, tmp_path):
+    from stackwise.pipeline import train_from_config
+    from stackwise.train import load_trained
+
+    out = tmp_path / "stacks"
+    cfg = with_memory(tiny, train={"output_dir": str(out)}, progressive={"save_rack": False})
+    result = train_from_config(cfg, quiet=True)
+    assert not (out / "model.safetensors").exists()
+    _, again, _ = load_trained(out)
+    ids = torch.randint(4, 60, (2, 16))
+    assert torch.equal(result.rack.eval()(ids), again(ids))

@@ -58,7 +58,8 @@ def run_summary(result: Any, seconds: float) -> str:
         lines += [
             f"  stackwise generate --checkpoint {out} --chat 'Hello!'",
         ]
-        if result.config.model.source == "hf" and result.config.lora.enabled:
+        cfg = result.config
+        if cfg.model.source == "hf" and cfg.lora.enabled and not cfg.memory_on:
             lines.append(
                 f"  stackwise merge-lora {out} {shlex.quote(str(result.output_dir) + '-merged')}"
             )

@@ -170,7 +170,7 @@ def hf_lora(cfg: Config) -> Iterator[str]:
         if getattr(cfg.train.group_lr, group) is not None:
             yield (
                 f"train.group_lr.{group} names a rack parameter group; a Hugging Face model has "
-                "the groups lora and base"
+                "the groups lora, base and memory"
             )
 
 

@@ -105,6 +105,11 @@ def _hf_memory(cfg: Config) -> Iterator[str]:
             "train.group_lr.base: with memory the Hugging Face base is frozen (only the memory "
             "trains, and LoRA if on); remove it"
         )
+    if cfg.train.compile:
+        yield (
+            "train.compile with memory layers: their routing picks sizes at run time, so the "
+            "graphs would recompile every step; remove one of them"
+        )
     if cfg.lora.enabled and cfg.lora.save_merged:
         yield (
             "lora.save_merged: a merged model has no memory layers, so it would not be the "

@@ -73,6 +73,8 @@ class MemoryAdapter(nn.Module):
 def attach_memory_hf(model: nn.Module, config: Config) -> MemoryAdapter:
     """Memory layers after the decoder layers named by memory.layers, on the model's device;
     without LoRA the base is frozen (with it, PEFT froze it and left LoRA's weights on)."""
+    if memory_of(model) is not None:
+        raise ValueError("this model has its memory layers already; attach them once")
     if not config.lora.enabled:
         model.requires_grad_(False)
     decoder = decoder_layers(model)

@@ -47,6 +47,14 @@ def _plain_base(config: Any) -> nn.Module:
     return base
 
 
+def _memory_merge(run: Path) -> StackWiseError:
+    return StackWiseError(
+        f"'{run}' trained memory layers beside its base; a merged Hugging Face model has no "
+        "place for them, so it would not be the model you trained. Use the run folder itself: "
+        "`stackwise generate --checkpoint RUN --chat ...` loads base, adapter and memory."
+    )
+
+
 def merge_run(
     run: Path,
     out: Path,
@@ -61,13 +69,13 @@ def merge_run(
     from peft import PeftModel
 
     if config is None:
+        from stackwise.config import load_config
+
+        if (run / "config.yaml").is_file() and load_config(run / "config.yaml").memory_on:
+            raise _memory_merge(run)
         config, model, tokenizer = load_finetuned(run, trust_remote_code)
     if config.memory_on:
-        raise StackWiseError(
-            f"'{run}' trained memory layers beside its base; a merged Hugging Face model has "
-            "no place for them, so it would not be the model you trained. Use the run folder "
-            "itself (stackwise sample / eval load base, adapter and memory.safetensors)."
-        )
+        raise _memory_merge(run)
     if not config.lora.enabled:
         raise StackWiseError(
             f"'{run}' fine-tuned the whole model (lora.enabled: false): there is no adapter "

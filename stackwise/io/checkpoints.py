@@ -177,6 +177,14 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
 SHAPE_FIELDS = RACK_SHAPE_FIELDS
 
 
+def _memory_value(config: Config, name: str) -> object:
+    """memory.<name>; a rack's layers as the blocks they name ([-1] is [3] of 4 blocks)."""
+    value = getattr(config.memory, name)
+    if name == "layers" and config.model.source == "rack":
+        return sorted(i % config.model.n_layers for i in value)
+    return value
+
+
 def check_resume_config(path: Path, config: Config, step: int = 0) -> str | None:
     """Refuse a checkpoint whose model differs from this run's, or that is already past the
     step budget; return a note when the budget differs (the LR schedule follows the new one)."""
@@ -204,7 +212,7 @@ def check_resume_config(path: Path, config: Config, step: int = 0) -> str | None
         changed += [
             f"memory.{f} {getattr(saved.memory, f)} -> {getattr(config.memory, f)}"
             for f in mem
-            if getattr(saved.memory, f) != getattr(config.memory, f)
+            if _memory_value(saved, f) != _memory_value(config, f)
         ]
     if saved.objective.name != config.objective.name:
         changed.append(f"objective.name {saved.objective.name} -> {config.objective.name}")

@@ -113,6 +113,10 @@ def rack_from_stacks(
     for meta in metas:
         stack = Stack(config.model, config.objective.causal, meta["n_blocks"], meta["growth_index"])
         rack.stacks.append(restructure_stack(stack, meta))
+    if config.memory_on:  # the memory layers sit in the stacks' blocks, and in their files
+        from stackwise.model.memory import attach_memory
+
+        attach_memory(rack, config)
     try:
         if weights is not None:
             load_quantized_state(rack, _load(weights))

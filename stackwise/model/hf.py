@@ -72,6 +72,11 @@ def llama_state_dict(rack: Rack) -> dict[str, torch.Tensor]:
     layer = 0
     for stack in rack.stacks:
         for block in stack.blocks:
+            if block.memory is not None:
+                raise StackWiseError(
+                    "This rack has memory layers (train.enabled_extensions: memory), which a "
+                    "Llama checkpoint cannot hold; only racks without them export."
+                )
             state = block.state_dict()
             if any(name not in names_of(rack) for name in state):
                 raise StackWiseError(

@@ -4,8 +4,9 @@ A router scores the chapters for each token (from the normalized hidden state) a
 top k; the token's query attends over each chosen chapter's S slots, and the chapters' reads
 are mixed by the router's (renormalized) weights. The read is added to the residual stream
 through a per-channel gate that starts at zero, so inserting memory layers into a trained model
-leaves its function unchanged until the gate learns to open. Chapters run batched per chapter
-(routing.dispatch), as experts do; there is no capacity, so nothing is dropped. Each forward
+leaves its function unchanged until the gate learns to open. Chapters run batched: the tokens
+are grouped by chapter (routing.grouped) and two batched matmuls score and read every chapter's
+slots at once, with no Python loop; there is no capacity, so nothing is dropped. Each forward
 leaves its router statistics in `last_stats` for the router losses.
 
 `attach_memory` puts one after chosen blocks of a rack; `stackwise.hf.memory` hooks them onto a
@@ -16,13 +17,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import partial
 
 import torch
 from torch import Tensor, nn
 
 from stackwise.config import Config
-from stackwise.model.routing import dispatch, route, router_metrics, router_statistics
+from stackwise.model.routing import grouped, route, router_metrics, router_statistics
 
 
 class MemoryLayer(nn.Module):
@@ -58,26 +58,33 @@ class MemoryLayer(nn.Module):
     def chapters(self) -> int:
         return self.keys.shape[0]
 
-    def _chapter(self, c: int, q: Tensor) -> Tensor:
-        """Chapter c's read for queries q: softmax over its slots of q . key, times values."""
-        keys, values = self.keys[c].to(q.dtype), self.values[c].to(q.dtype)
-        return (q @ keys.T).softmax(-1) @ values
-
     def read(self, h: Tensor) -> Tensor:
-        """The memory's contribution for hidden states h, before the gate."""
+        """The memory's gated contribution for hidden states h (zero while the gate is)."""
         flat = h.reshape(-1, h.shape[-1])
+        if flat.shape[0] == 0:  # nothing to read for
+            self.last_stats = {}
+            return torch.zeros_like(h)
         w = self.norm_weight  # in its own dtype: a bf16 stream under autocast meets fp32 weights
         x = torch.nn.functional.rms_norm(flat.to(w.dtype), (flat.shape[-1],), w, self.eps)
         logits = self.router(x)
         weights, chosen = route(logits, self.top_k)
         q = self.query(x)
-        runs = [partial(self._chapter, c) for c in range(self.chapters)]
-        out, _ = dispatch(q, chosen, weights.to(q.dtype), runs)
+        pairs, valid = grouped(chosen, self.chapters)  # (C, G): each chapter's tokens, padded
+        tokens = pairs // self.top_k
+        # index_select, whose backward is an index_add (indexing's is a slower index_put)
+        queries = q.index_select(0, tokens.flatten()).view(*tokens.shape, -1)
+        scores = torch.bmm(queries, self.keys.to(q.dtype).transpose(1, 2))  # (C, G, S)
+        mix = (weights.flatten()[pairs] * valid).unsqueeze(-1)  # router weight; padding 0
+        # the router weight scales the slot weights and the gate the values: both are small
+        # tensors, where scaling the (C, G, d) reads and (N, d) output would cost more
+        attn = (scores.float().softmax(-1) * mix).to(q.dtype)
+        reads = torch.bmm(attn, (self.values * self.gate).to(q.dtype))  # (C, G, d)
+        out = torch.zeros_like(q).index_add(0, tokens.flatten(), reads.flatten(0, 1))
         self.last_stats = router_statistics(logits, chosen)
         return out.view(*h.shape[:-1], -1)
 
     def forward(self, h: Tensor) -> Tensor:
-        return h + (self.gate * self.read(h)).to(h.dtype)
+        return h + self.read(h).to(h.dtype)
 
 
 def memory_layers(model: nn.Module) -> list[MemoryLayer]:
@@ -102,7 +109,9 @@ def chosen_indices(layers: Sequence[int], n: int, what: str) -> list[int]:
     bad = [i for i in layers if not -n <= i < n]
     if bad:
         raise ValueError(f"memory.layers names {what} {bad[0]}; there are {n} (0..{n - 1})")
-    return sorted({i % n for i in layers})
+    if len({i % n for i in layers}) != len(layers):
+        raise ValueError(f"memory.layers names one {what} twice (negatives count from the end)")
+    return sorted(i % n for i in layers)
 
 
 def new_memory(d: int, config: Config) -> MemoryLayer:

@@ -30,12 +30,13 @@ def router_statistics(logits: Tensor, chosen: Tensor) -> dict[str, Tensor]:
     n_choices = logits.shape[-1]
     counts = torch.bincount(chosen.flatten(), minlength=n_choices).to(torch.float32)
     logp = logits.float().log_softmax(-1)
+    with torch.no_grad():  # not a loss: how sure the router is (log C when uniform), for logs
+        entropy = -(logp.exp() * logp).sum(-1).mean()
     return {
         "fraction": counts / max(chosen.numel(), 1),
         "probability": logp.exp().mean(0),
         "z": torch.logsumexp(logits.float(), -1).square().mean(),
-        # not a loss: how sure the router is (log C when uniform), for the logs
-        "entropy": -(logp.exp() * logp).sum(-1).mean().detach(),
+        "entropy": entropy,
     }
 
 
@@ -103,6 +104,24 @@ def dispatch(
     return out, dropped
 
 
+def grouped(chosen: Tensor, n_choices: int) -> tuple[Tensor, Tensor]:
+    """The (token, choice) pairs grouped by choice, each group padded to the largest: (pairs,
+    valid), both (n_choices, width); pairs index chosen.flatten() (token = pair // k), valid
+    marks the real ones. One batched matmul then serves every choice, with no Python loop."""
+    choice_of = chosen.flatten()
+    order = torch.argsort(choice_of, stable=True)
+    counts = torch.bincount(choice_of, minlength=n_choices)
+    first = torch.cumsum(counts, 0) - counts  # where each choice's pairs start in `order`
+    sorted_choice = choice_of[order]
+    slot = torch.arange(order.numel(), device=order.device) - first[sorted_choice]
+    width = max(int(counts.max()) if order.numel() else 0, 1)
+    pairs = torch.zeros(n_choices, width, dtype=torch.long, device=order.device)
+    valid = torch.zeros(n_choices, width, dtype=torch.bool, device=order.device)
+    pairs[sorted_choice, slot] = order
+    valid[sorted_choice, slot] = True
+    return pairs, valid
+
+
 def route(logits: Tensor, top_k: int) -> tuple[Tensor, Tensor]:
     """(weights, chosen): the top-k choices by router probability, their weights renormalized
     over the chosen; a single choice keeps its probability, or the router gets no gradient."""
@@ -125,7 +144,8 @@ def router_loss(layers: Sequence[nn.Module]) -> Tensor:
 def router_metrics(layers: Sequence[nn.Module], unit: str, prefix: str = "") -> dict[str, float]:
     """What the last step's routing looked like, for the logs: the router loss and entropy,
     the load's coefficient of variation over the `unit`s (experts, chapters) and, where tokens
-    can be dropped, the dropped share (means over layers), and each layer's load CV."""
+    can be dropped, the dropped share (means over layers), and each layer's load CV and
+    entropy."""
     layers = [m for m in layers if m.last_stats]  # the ones that ran
     if not layers:
         return {}
@@ -141,4 +161,5 @@ def router_metrics(layers: Sequence[nn.Module], unit: str, prefix: str = "") -> 
         dropped = [float(m.last_stats["dropped"]) for m in layers]
         out["train/dropped_fraction"] = sum(dropped) / len(dropped)
     out |= {f"train/{unit}_load_cv/layer{i}": cv for i, cv in enumerate(cvs)}
+    out |= {f"train/{prefix}router_entropy/layer{i}": e for i, e in enumerate(entropy)}
     return out
