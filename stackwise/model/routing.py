@@ -114,7 +114,9 @@ def grouped(chosen: Tensor, n_choices: int) -> tuple[Tensor, Tensor]:
     first = torch.cumsum(counts, 0) - counts  # where each choice's pairs start in `order`
     sorted_choice = choice_of[order]
     slot = torch.arange(order.numel(), device=order.device) - first[sorted_choice]
-    width = max(int(counts.max()) if order.numel() else 0, 1)
+    # rounded up to a multiple of 64: widths then repeat from step to step, and the CPU
+    # allocator reuses their blocks (exact widths grew a memory run's peak RSS 2.2x)
+    width = -(-max(int(counts.max()) if order.numel() else 0, 1) // 64) * 64
     pairs = torch.zeros(n_choices, width, dtype=torch.long, device=order.device)
     valid = torch.zeros(n_choices, width, dtype=torch.bool, device=order.device)
     pairs[sorted_choice, slot] = order
