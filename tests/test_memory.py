@@ -79,6 +79,23 @@ def test_an_empty_batch_and_chapters_without_tokens_still_give_every_gradient():
     assert layer(torch.randn(0, 8)).shape == (0, 8)
 
 
+def test_padding_tokens_count_neither_in_the_router_losses_nor_the_load():
+    from stackwise.model.routing import router_statistics, routing_scope
+
+    torch.manual_seed(3)
+    layer = MemoryLayer(8, chapters=4, slots=2, top_k=1)
+    h = torch.randn(2, 6, 8)
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0]])
+    with routing_scope([layer], mask):
+        layer(h)
+    assert layer.token_mask is None  # for this forward only
+    x = torch.nn.functional.rms_norm(h.reshape(-1, 8), (8,), layer.norm_weight, layer.eps)
+    logits = layer.router(x)[mask.flatten().bool()]
+    want = router_statistics(logits, logits.softmax(-1).topk(1).indices)
+    for key in ("fraction", "probability", "z"):
+        assert torch.allclose(layer.last_stats[key], want[key])
+
+
 def test_inserting_memory_into_a_trained_rack_keeps_its_function(tiny):
     from stackwise.model.memory import attach_memory
     from stackwise.pipeline import train_from_config
@@ -99,7 +116,8 @@ def test_a_memory_rack_trains_logs_its_chapters_and_reloads(tiny, tmp_path):
     from stackwise.train import load_trained
 
     out = tmp_path / "mem"
-    cfg = with_memory(tiny, train={"max_steps": 8, "output_dir": str(out), "save_steps": 4})
+    train = {"max_steps": 8, "output_dir": str(out), "save_steps": 4}
+    cfg = with_memory(tiny, train=train, logging={"tensorboard": True})
     result = train_from_config(cfg, quiet=True)
     layers = memory_layers(result.rack)
     assert [m.chapters for m in layers] == [4, 4]
@@ -113,6 +131,12 @@ def test_a_memory_rack_trains_logs_its_chapters_and_reloads(tiny, tmp_path):
         and r["train/memory_gate"] > 0
         for r in logged
     )
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(out / "tensorboard"))
+    board.Reload()
+    want = {"train/chapter_load_cv/layer1", "train/memory_router_entropy/layer0"}
+    assert want | {"train/memory_gate"} <= set(board.Tags()["scalars"])
     state = json.loads((out / "checkpoint-8" / "trainer_state.json").read_text())
     shares = state["memory_chapter_shares"]
     assert len(shares) == 2 and all(sum(s) == pytest.approx(1.0) for s in shares)

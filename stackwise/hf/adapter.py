@@ -15,7 +15,7 @@ from stackwise.hf import loss as hf_loss
 from stackwise.hf.load import ADAPTER_WEIGHTS, FULL_WEIGHTS, device_now
 from stackwise.hf.memory import describe_memory, load_memory, save_memory
 from stackwise.model.memory import memory_layers, memory_metrics
-from stackwise.model.routing import router_loss
+from stackwise.model.routing import router_loss, routing_scope
 from stackwise.objectives.base import Objective
 from stackwise.train.adapters import ModelAdapter, register_model_adapter
 
@@ -64,9 +64,9 @@ class HFAdapter(ModelAdapter):
         uses_time: bool,
     ) -> torch.Tensor:
         routers = memory_layers(model)
-        for layer in routers:
-            layer.last_stats = {}
-        nll, _ = hf_loss.target_sums(hf_loss.forward_logits(model, batch), batch["labels"])
+        with routing_scope(routers, batch.get("attention_mask")):
+            logits = hf_loss.forward_logits(model, batch)
+        nll, _ = hf_loss.target_sums(logits, batch["labels"])
         if model.training and routers:  # a mean per target, as the summed NLL is scaled
             nll = nll + router_loss(routers) * hf_loss.target_count(batch)
         return nll

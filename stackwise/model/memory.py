@@ -53,6 +53,7 @@ class MemoryLayer(nn.Module):
         nn.init.normal_(self.router.weight, std=0.02)
         nn.init.normal_(self.query.weight, std=1.0 / math.sqrt(d))
         self.last_stats: dict[str, Tensor] = {}
+        self.token_mask: Tensor | None = None  # (N,) real tokens, set by the adapter's loss
 
     @property
     def chapters(self) -> int:
@@ -80,7 +81,7 @@ class MemoryLayer(nn.Module):
         attn = (scores.float().softmax(-1) * mix).to(q.dtype)
         reads = torch.bmm(attn, (self.values * self.gate).to(q.dtype))  # (C, G, d)
         out = torch.zeros_like(q).index_add(0, tokens.flatten(), reads.flatten(0, 1))
-        self.last_stats = router_statistics(logits, chosen)
+        self.last_stats = router_statistics(logits, chosen, self.token_mask)
         return out.view(*h.shape[:-1], -1)
 
     def forward(self, h: Tensor) -> Tensor:

@@ -60,6 +60,7 @@ class MoEFeedForward(nn.Module):
         self.experts = nn.ModuleList(Expert(d, hidden) for _ in range(num_experts))
         self.shared = Expert(d, hidden) if shared_expert else None
         self.last_stats: dict[str, Tensor] = {}
+        self.token_mask: Tensor | None = None  # (N,) real tokens, set by the adapter's loss
 
     def capacity(self, n_tokens: int) -> int | None:
         if self.capacity_factor is None:
@@ -80,7 +81,7 @@ class MoEFeedForward(nn.Module):
         out, dropped = dispatch(flat, chosen, weights.to(flat.dtype), runs, cap)
         if self.shared is not None:
             out = out + self.shared(flat)
-        stats = router_statistics(logits, chosen)
+        stats = router_statistics(logits, chosen, self.token_mask)
         stats["dropped"] = torch.tensor(dropped / max(chosen.numel(), 1))
         self.last_stats = stats
         return out.view_as(x)

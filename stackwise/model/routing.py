@@ -16,7 +16,8 @@ Layers are averaged, not summed, so a coefficient means the same at every depth.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -24,9 +25,14 @@ from torch import Tensor, nn
 TERMS = ("load_balance", "auxiliary", "z_loss")
 
 
-def router_statistics(logits: Tensor, chosen: Tensor) -> dict[str, Tensor]:
+def router_statistics(
+    logits: Tensor, chosen: Tensor, keep: Tensor | None = None
+) -> dict[str, Tensor]:
     """A router's raw statistics: `logits` (N, C) for N tokens, `chosen` (N, k) the indices
-    each token was sent to."""
+    each token was sent to; with `keep` (N,) only the tokens it marks (padding is routed like
+    any token, but must not count in the balance losses or the load)."""
+    if keep is not None and keep.numel() == logits.shape[0]:
+        logits, chosen = logits[keep], chosen[keep]
     n_choices = logits.shape[-1]
     counts = torch.bincount(chosen.flatten(), minlength=n_choices).to(torch.float32)
     logp = logits.float().log_softmax(-1)
@@ -131,6 +137,21 @@ def route(logits: Tensor, top_k: int) -> tuple[Tensor, Tensor]:
     if top_k > 1:
         weights = weights / weights.sum(-1, keepdim=True)
     return weights, chosen
+
+
+@contextmanager
+def routing_scope(layers: Sequence[nn.Module], attention_mask: Tensor | None) -> Iterator[None]:
+    """Around a training forward: the routers forget their last statistics and learn which
+    tokens are real (attention_mask (B, L), 1 for a token; None: all are) for this forward
+    only, so no later forward (evaluation, generation) reads a stale mask."""
+    keep = attention_mask.flatten().bool() if attention_mask is not None else None
+    for layer in layers:
+        layer.last_stats, layer.token_mask = {}, keep
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.token_mask = None
 
 
 def router_loss(layers: Sequence[nn.Module]) -> Tensor:

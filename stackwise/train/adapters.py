@@ -18,7 +18,7 @@ from stackwise.config import Config
 from stackwise.errors import StackWiseError
 from stackwise.model.memory import attach_memory, memory_layers, memory_metrics
 from stackwise.model.moe import moe_layers
-from stackwise.model.routing import router_loss, router_metrics
+from stackwise.model.routing import router_loss, router_metrics, routing_scope
 from stackwise.objectives.base import IGNORE, Objective
 from stackwise.registry import Registry
 
@@ -44,9 +44,8 @@ class ModelAdapter(ABC):
         # a cache-aware model (progressive stages) also takes the batch's stable keys
         extra = {"cache_key": batch["cache_key"]} if "cache_key" in batch else {}
         families = routed_families(model)  # what this forward routes adds its router loss
-        for layer in (m for layers in families for m in layers):
-            layer.last_stats = {}
-        logits = model(prep.inputs, prep.attention_mask, t, **extra)
+        with routing_scope([m for layers in families for m in layers], prep.attention_mask):
+            logits = model(prep.inputs, prep.attention_mask, t, **extra)
         return objective.loss(logits, prep) + routing_loss(model, families)
 
     def step_metrics(self, model: nn.Module) -> dict[str, float]:
