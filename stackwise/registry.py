@@ -4,6 +4,7 @@ class decorator adds one under a name, and the name is what configs and calls us
 from __future__ import annotations
 
 from collections.abc import Callable
+from difflib import get_close_matches
 from typing import Any, Generic, TypeVar
 
 from stackwise.errors import StackWiseError
@@ -41,8 +42,10 @@ class Registry(Generic[T]):
                 if where
                 else f"No {self.what} is registered as '{name}'"
             )
+            near = get_close_matches(name, list(self.entries), n=1)
+            hint = f" Did you mean '{near[0]}'?" if near else ""
             raise StackWiseError(
-                f"{asked}. Known: {self.known()}. Register yours with "
+                f"{asked}.{hint} Known: {self.known()}. Register yours with "
                 f"@stackwise.{self.decorator}('name') before training."
             )
         return self.entries[name]()

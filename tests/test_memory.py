@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -194,6 +195,11 @@ def test_the_memory_lr_reaches_the_memory_and_the_router_trains_with_it(tiny):
     result = train_from_config(cfg, quiet=True)
     lrs = {g["name"]: g["initial_lr"] for g in result.trainer.optimizer.param_groups}
     assert lrs["memory"] == 5e-3 and lrs["memory.no_decay"] == 5e-3 and lrs["blocks"] == 1e-3
+    out = cfg.train.output_dir
+    rows = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in rows if "train/lr/memory" in r]
+    assert logged
+    assert all(r["train/lr/memory"] == pytest.approx(5 * r["train/lr/blocks"]) for r in logged)
     seed_names = from_dict({"memory_lr": 1e-4, "train": {"enabled_extensions": ["memory"]}})
     assert seed_names.train.group_lr.memory == 1e-4
 
@@ -357,9 +363,12 @@ def test_a_memory_adapter_on_a_tiny_llama_trains_from_the_cli(hf_files, tmp_path
     ]  # fmt: skip
     assert main(flags) == 0
     printed = capsys.readouterr().out
-    assert "a frozen base + memory after decoder layer(s) 1 (4 chapters)" in printed
+    assert (
+        "a frozen base + memory after decoder layer(s) 1 (4 chapters x 16 slots, top-2)" in printed
+    )
     assert "memory layer 0: chapter load CV" in printed
     assert (out / "memory.safetensors").is_file() and not (out / "model.safetensors").exists()
+    assert "memory.safetensors" in (out / "README.md").read_text()
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r["val/loss"] for r in rows if "val/loss" in r]
     assert evals[-1] < evals[0]  # only the memory trained, and it helped
@@ -393,6 +402,23 @@ def test_memory_on_a_4bit_base_trains_with_lora(hf_files, tmp_path, bnb_cpu_path
     assert len(layers) == 2 and all(m.gate.abs().sum() > 0 for m in layers)
     assert (tmp_path / "q" / "memory.safetensors").is_file()
     assert (tmp_path / "q" / "adapter_model.safetensors").is_file()
+
+
+def test_a_typo_of_the_memory_extension_is_named():
+    from stackwise.config import from_dict
+
+    with pytest.raises(StackWiseError, match="lists 'memroy': did you mean memory"):
+        from_dict({"train": {"enabled_extensions": ["memroy"]}, "memory": {"chapters": 4}})
+
+
+def test_hf_resume_accepts_the_same_layers_named_from_the_end(hf_files, tmp_path):
+    from stackwise.config import save_config
+    from stackwise.io.checkpoints import check_resume_config
+
+    save_config(hf_config(hf_files, tmp_path, memory={"layers": [-1]}), tmp_path / "config.yaml")
+    assert (
+        check_resume_config(tmp_path, hf_config(hf_files, tmp_path, memory={"layers": [1]})) is None
+    )
 
 
 def test_hf_memory_refusals(hf_files, tmp_path):

@@ -17,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "stackwise"
 MAX_MODULE, MAX_FUNCTION = 400, 60
 LAYERS = {  # first dotted parts -> layer, higher is further up
+    "__main__": 9,
     "cli": 9,
     "pipeline": 8,
     "evaluate": 8,

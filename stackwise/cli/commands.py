@@ -139,7 +139,8 @@ def cmd_export_hf(ns: argparse.Namespace) -> int:
         raise StackWiseError(
             f"'{ns.run}' is a fine-tuned Hugging Face model: its folder already holds a PEFT "
             f"adapter in the Hugging Face format. `stackwise merge-lora {ns.run} OUT` writes "
-            "base + adapter as one model."
+            "base + adapter as one model (not for runs with memory layers, which no Hugging "
+            "Face checkpoint holds: use the run folder itself)."
         )
     out = export_hf(ns.run, ns.out)
     config = json.loads((out / "config.json").read_text(encoding="utf-8"))

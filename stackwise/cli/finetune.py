@@ -44,6 +44,8 @@ FLAGS: dict[str, str] = {
     "lora_dropout": "lora.dropout",
     "lora_target_modules": "lora.target_modules",
     "lora_lr": "train.group_lr.lora",
+    "memory_lr": "train.group_lr.memory",
+    "base_model_lr": "train.group_lr.base",
     "loraplus_lr_ratio": "lora.loraplus_lr_ratio",
     "use_dora": "lora.use_dora",
     "use_rslora": "lora.use_rslora",

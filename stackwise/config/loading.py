@@ -121,8 +121,9 @@ def format_validation(err: ValidationError, origin: str) -> str:
         shown = "" if isinstance(given, dict) else f" (got {given!r})"
         if isinstance(given, bool):
             shown += f" ({QUOTE_HINT})"
-        parts.append(f"{loc or 'config'}: {msg}{shown}")
-    return f"Invalid config in {origin}: " + "; ".join(parts) + ". Fix the value and rerun."
+        parts.append(f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}")
+    where = "" if origin == "config" else f" in {origin}"
+    return f"Invalid config{where}: " + "; ".join(parts) + ". Fix the value and rerun."
 
 
 def from_dict(data: Any, origin: str = "config") -> Config:

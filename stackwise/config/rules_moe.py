@@ -4,6 +4,7 @@ does not handle them yet."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from difflib import get_close_matches
 
 from stackwise.config.base import cross_rule
 from stackwise.config.root import Config
@@ -59,6 +60,9 @@ def memory(cfg: Config) -> Iterator[str]:
     """The memory section is read only when the memory extension is on; its shape, and where a
     memory layer can sit."""
     mem, gl = cfg.memory, cfg.train.group_lr
+    near = get_close_matches("memory", cfg.train.enabled_extensions, n=1, cutoff=0.7)
+    if near and not cfg.memory_on:
+        yield f"train.enabled_extensions lists '{near[0]}': did you mean memory?"
     if not cfg.memory_on:
         changed = [k for k in type(mem).model_fields if mem.changed(k)]
         if changed:
@@ -87,15 +91,19 @@ def memory(cfg: Config) -> Iterator[str]:
         "end_to_end_scope stackwise (its local losses carry no router loss)": (
             p.end_to_end_scope == "stackwise"
         ),
-        "lora.enabled": cfg.lora.enabled,
-        "quant.enabled": cfg.quant.enabled,
+        "lora.enabled (the memory trains with the whole rack, not beside adapters)": (
+            cfg.lora.enabled
+        ),
+        "quant.enabled (the memory trains with the whole rack in full precision)": (
+            cfg.quant.enabled
+        ),
         "train.compile (routing picks sizes at run time, so graphs would recompile)": (
             cfg.train.compile
         ),
     }
     for what, on in unsupported.items():
         if on:
-            yield f"memory on a rack trains with the whole rack in full precision; {what}"
+            yield f"memory layers on a rack do not work with {what}"
 
 
 def _hf_memory(cfg: Config) -> Iterator[str]:

@@ -117,6 +117,27 @@ def load_memory(model: nn.Module, folder: Path) -> None:
         ) from None
 
 
+MODEL_CARD_NOTE = """
+## Memory layers
+
+This run also trained routed memory layers beside the base, saved in `memory.safetensors`.
+Loading only the base (and the LoRA adapter, with `PeftModel.from_pretrained`) leaves them
+out, which is not the model that was trained. Load the whole of it with StackWise:
+`stackwise generate --checkpoint <this folder> --chat ...`, or in Python
+`stackwise.hf.outputs.load_finetuned(Path("<this folder>"))`.
+"""
+
+
+def note_memory(folder: Path) -> None:
+    """Say in the run's model card (PEFT's README.md, or a new one) how to load the memory."""
+    from stackwise.io.files import write_atomic
+
+    card = folder / "README.md"
+    text = card.read_text(encoding="utf-8") if card.is_file() else "# StackWise run\n"
+    if MODEL_CARD_NOTE not in text:
+        write_atomic(card, text.rstrip("\n") + "\n" + MODEL_CARD_NOTE)
+
+
 def describe_memory(model: nn.Module) -> str:
     adapter = memory_of(model)
     if adapter is None:
@@ -124,4 +145,8 @@ def describe_memory(model: nn.Module) -> str:
     first = next(iter(adapter.layers.values()))
     assert isinstance(first, MemoryLayer)
     where = ", ".join(adapter.layers.keys())
-    return f" + memory after decoder layer(s) {where} ({first.chapters} chapters)"
+    slots = first.keys.shape[1]
+    return (
+        f" + memory after decoder layer(s) {where} ({first.chapters} chapters x {slots} slots, "
+        f"top-{first.top_k})"
+    )

@@ -31,6 +31,10 @@ def generation_config(model: nn.Module, tokenizer: Any) -> Any:
 def final_files(folder: Path, model: nn.Module, tokenizer: Any, config: Any) -> None:
     tokenizer.save_pretrained(str(folder))  # beside the adapter, where PEFT users look
     generation_config(model, tokenizer).save_pretrained(str(folder))
+    if config.memory_on:
+        from stackwise.hf.memory import note_memory
+
+        note_memory(folder)
     if config.lora.enabled and config.lora.save_merged:
         merge_run(folder, folder / MERGED, model=model, tokenizer=tokenizer, config=config)
 
@@ -51,7 +55,8 @@ def _memory_merge(run: Path) -> StackWiseError:
     return StackWiseError(
         f"'{run}' trained memory layers beside its base; a merged Hugging Face model has no "
         "place for them, so it would not be the model you trained. Use the run folder itself: "
-        "`stackwise generate --checkpoint RUN --chat ...` loads base, adapter and memory."
+        "`stackwise generate --checkpoint RUN --chat ...` loads the base, its memory and any "
+        "LoRA adapter."
     )
 
 

@@ -178,9 +178,13 @@ SHAPE_FIELDS = RACK_SHAPE_FIELDS
 
 
 def _memory_value(config: Config, name: str) -> object:
-    """memory.<name>; a rack's layers as the blocks they name ([-1] is [3] of 4 blocks)."""
+    """memory.<name>; a rack's layers as the blocks they name ([-1] is [3] of 4 blocks). A
+    Hugging Face model's layer count is unknown here: its memory.safetensors, keyed by the
+    layers' indices, refuses other layers when it loads."""
     value = getattr(config.memory, name)
-    if name == "layers" and config.model.source == "rack":
+    if name == "layers":
+        if config.model.source != "rack":
+            return None
         return sorted(i % config.model.n_layers for i in value)
     return value
 

@@ -109,7 +109,9 @@ def chosen_indices(layers: Sequence[int], n: int, what: str) -> list[int]:
     """`layers` (negative from the end) as indices into n; out of range is a ValueError."""
     bad = [i for i in layers if not -n <= i < n]
     if bad:
-        raise ValueError(f"memory.layers names {what} {bad[0]}; there are {n} (0..{n - 1})")
+        raise ValueError(
+            f"memory.layers names {what} {bad[0]}; there are {n} (0..{n - 1}, or -{n}..-1)"
+        )
     if len({i % n for i in layers}) != len(layers):
         raise ValueError(f"memory.layers names one {what} twice (negatives count from the end)")
     return sorted(i % n for i in layers)

@@ -1,4 +1,5 @@
 from stackwise.io.trained import build_rack, load_trained, save_model
+from stackwise.train import memory_use  # noqa: F401  (registers the "memory" extension)
 from stackwise.train.optim import build_optimizer, build_param_groups, build_scheduler, lr_factor
 from stackwise.train.sampler import EpochSampler
 from stackwise.train.state import TrainState

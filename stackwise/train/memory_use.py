@@ -44,9 +44,14 @@ class MemoryUse(Extension):
             mean = sum(share) / len(share)
             cv = (sum((s - mean) ** 2 for s in share) / len(share)) ** 0.5 / mean
             unused = [c for c, s in enumerate(share) if s == 0.0]
+            listed = ", ".join(map(str, unused[:8])) + (", ..." if len(unused) > 8 else "")
             run.note(
                 f"memory layer {i}: chapter load CV {cv:.2f} over {self.steps} steps, "
-                + (f"chapters never read: {unused}" if unused else "every chapter read")
+                + (
+                    f"{len(unused)} of {len(share)} chapters never read ({listed})"
+                    if unused
+                    else "every chapter read"
+                )
             )
 
     def report(self) -> dict[str, Any]:

@@ -83,3 +83,16 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 
 def build_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig) -> LambdaLR:
     return LambdaLR(opt, lambda step: lr_factor(step, cfg))
+
+
+def logged_lrs(optimizer: torch.optim.Optimizer, scheduler: LambdaLR) -> dict[str, float]:
+    """train/lr (the first group's), and train/lr/<group> for each group when their LRs
+    differ (train.group_lr), so every rate that trains something is in the logs."""
+    rates = scheduler.get_last_lr()
+    out = {"train/lr": rates[0]}
+    if len(set(rates)) > 1:
+        for group, rate in zip(optimizer.param_groups, rates, strict=True):
+            name = str(group.get("name", "")).removesuffix(".no_decay")
+            if name:
+                out[f"train/lr/{name}"] = rate
+    return out

@@ -33,12 +33,12 @@ from stackwise.train.evaluation import eval_generator, evaluate_model
 from stackwise.train.extensions import HOOKS, Extension, build_extensions, builtin_extensions
 from stackwise.train.hardware import average_gradients, keep_freed_memory, make_accelerator
 from stackwise.train.interrupts import StopSignals, TrainingInterrupted, any_rank_signalled
-from stackwise.train.memory_use import MemoryUse  # noqa: F401  (registers "memory")
 from stackwise.train.metrics import LossWindow, logging_extensions
 from stackwise.train.optim import (
     build_optimizer,
     build_param_groups,
     build_scheduler,
+    logged_lrs,
 )
 from stackwise.train.run_dir import claim_output_dir, run_dir_of
 from stackwise.train.sampler import batch_stream, epoch_loader, stream_loader, training_sampler
@@ -305,8 +305,11 @@ class Trainer:
             if (step % lc.log_every == 0 or step == tc.max_steps) and window.steps:
                 mean, tps = window.close(self.state.tokens_seen)
                 self.state.last_train_loss = mean
-                lr = self.scheduler.get_last_lr()[0]
-                metrics = {"train/loss": mean, "train/lr": lr, "train/tokens_per_s": tps}
+                metrics = {
+                    "train/loss": mean,
+                    **logged_lrs(self.optimizer, self.scheduler),
+                    "train/tokens_per_s": tps,
+                }
                 metrics |= self.adapter.step_metrics(self.raw_model)
                 if self.state.skipped_steps:
                     metrics["train/skipped_steps"] = self.state.skipped_steps
