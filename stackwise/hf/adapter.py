@@ -112,7 +112,7 @@ class HFAdapter(ModelAdapter):
         quant = "4-bit " if m.load_in_4bit else "8-bit " if m.load_in_8bit else ""
         how = "LoRA" if config.lora.enabled else "full fine-tuning"
         if config.memory_on and not config.lora.enabled:
-            how = "a frozen base"
+            how = "its weights frozen"
         return (
             f"{quant}{Path(m.model_name_or_path or '').name or m.model_name_or_path} with {how}"
             f"{describe_memory(model)}, {trained:,} of {total:,} parameters trained"

@@ -108,7 +108,7 @@ def routed(config: Config) -> str:
     if moe.num_experts:
         out += f", {moe.num_experts} experts (top-{moe.top_k})"
     if config.memory_on:
-        where = ", ".join(map(str, mem.layers))
+        where = ", ".join(str(i % config.model.n_layers) for i in mem.layers)
         out += (
             f", memory after block(s) {where} ({mem.chapters} chapters x "
             f"{mem.slots_per_chapter} slots, top-{mem.top_k})"
