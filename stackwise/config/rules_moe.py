@@ -60,15 +60,14 @@ def memory(cfg: Config) -> Iterator[str]:
     """The memory section is read only when the memory extension is on; its shape, and where a
     memory layer can sit."""
     mem, gl = cfg.memory, cfg.train.group_lr
-    near = get_close_matches("memory", cfg.train.enabled_extensions, n=1, cutoff=0.7)
-    if near and not cfg.memory_on:
-        yield f"train.enabled_extensions lists '{near[0]}': did you mean memory?"
     if not cfg.memory_on:
         changed = [k for k in type(mem).model_fields if mem.changed(k)]
+        near = get_close_matches("memory", cfg.train.enabled_extensions, n=1, cutoff=0.7)
+        typo = f" (it lists '{near[0]}': a typo of memory?)" if near else ""
         if changed:
             yield (
                 f"memory.{changed[0]} is read only when the memory extension is on: add memory "
-                "to train.enabled_extensions (or remove the memory section)"
+                f"to train.enabled_extensions{typo}, or remove the memory section"
             )
         if gl.memory is not None:
             yield "train.group_lr.memory (the memory_lr) needs memory in train.enabled_extensions"

@@ -84,6 +84,8 @@ def attach_memory_hf(model: nn.Module, config: Config) -> MemoryAdapter:
         raise StackWiseError(f"{err}. Pick memory.layers within this model's layers.") from None
     text = getattr(_base(model).config, "get_text_config", lambda: _base(model).config)()
     adapter = MemoryAdapter({i: new_memory(text.hidden_size, config) for i in where})
+    for i, layer in adapter.layers.items():
+        layer.where = int(i)
     adapter.to(next(model.parameters()).device)
     _base(model).add_module(ATTRIBUTE, adapter)
     adapter.hook(decoder)

@@ -7,7 +7,7 @@ through a per-channel gate that starts at zero, so inserting memory layers into 
 leaves its function unchanged until the gate learns to open. Chapters run batched: the tokens
 are grouped by chapter (routing.grouped) and two batched matmuls score and read every chapter's
 slots at once, with no Python loop; there is no capacity, so nothing is dropped. Each forward
-leaves its router statistics in `last_stats` for the router losses.
+records its routing for the router losses (routing.RoutingRecord: `last_stats`).
 
 `attach_memory` puts one after chosen blocks of a rack; `stackwise.hf.memory` hooks them onto a
 Hugging Face model's decoder layers.
@@ -22,10 +22,10 @@ import torch
 from torch import Tensor, nn
 
 from stackwise.config import Config
-from stackwise.model.routing import grouped, route, router_metrics, router_statistics
+from stackwise.model.routing import RoutingRecord, grouped, route, router_metrics
 
 
-class MemoryLayer(nn.Module):
+class MemoryLayer(RoutingRecord, nn.Module):
     built = 0  # layers made in this process, so runs without memory skip looking for them
 
     def __init__(
@@ -52,8 +52,7 @@ class MemoryLayer(nn.Module):
         self.gate = nn.Parameter(torch.zeros(d))  # closed: the residual stream as it was
         nn.init.normal_(self.router.weight, std=0.02)
         nn.init.normal_(self.query.weight, std=1.0 / math.sqrt(d))
-        self.last_stats: dict[str, Tensor] = {}
-        self.token_mask: Tensor | None = None  # (N,) real tokens, set by the adapter's loss
+        self.where: int | None = None  # the block / decoder layer it follows, for the logs
 
     @property
     def chapters(self) -> int:
@@ -63,7 +62,6 @@ class MemoryLayer(nn.Module):
         """The memory's gated contribution for hidden states h (zero while the gate is)."""
         flat = h.reshape(-1, h.shape[-1])
         if flat.shape[0] == 0:  # nothing to read for
-            self.last_stats = {}
             return torch.zeros_like(h)
         w = self.norm_weight  # in its own dtype: a bf16 stream under autocast meets fp32 weights
         x = torch.nn.functional.rms_norm(flat.to(w.dtype), (flat.shape[-1],), w, self.eps)
@@ -77,11 +75,16 @@ class MemoryLayer(nn.Module):
         scores = torch.bmm(queries, self.keys.to(q.dtype).transpose(1, 2))  # (C, G, S)
         mix = (weights.flatten()[pairs] * valid).unsqueeze(-1)  # router weight; padding 0
         # the router weight scales the slot weights and the gate the values: both are small
-        # tensors, where scaling the (C, G, d) reads and (N, d) output would cost more
+        # tensors, where scaling the (C, G, d) reads and (N, d) output would cost more; but
+        # fp16 would flush a nearly closed gate's products to zero, so there it comes last
         attn = (scores.float().softmax(-1) * mix).to(q.dtype)
-        reads = torch.bmm(attn, (self.values * self.gate).to(q.dtype))  # (C, G, d)
+        fp16 = q.dtype == torch.float16
+        values = self.values if fp16 else self.values * self.gate
+        reads = torch.bmm(attn, values.to(q.dtype))  # (C, G, d)
         out = torch.zeros_like(q).index_add(0, tokens.flatten(), reads.flatten(0, 1))
-        self.last_stats = router_statistics(logits, chosen, self.token_mask)
+        if fp16:
+            out = out.float() * self.gate
+        self.record(logits, chosen)
         return out.view(*h.shape[:-1], -1)
 
     def forward(self, h: Tensor) -> Tensor:
@@ -128,5 +131,6 @@ def attach_memory(rack: nn.Module, config: Config) -> list[int]:
     blocks = [b for stack in rack.stacks for b in stack.blocks]  # type: ignore[union-attr]
     where = chosen_indices(config.memory.layers, len(blocks), "block")
     for i in where:
-        blocks[i].memory = new_memory(config.model.d_model, config)
+        blocks[i].memory = layer = new_memory(config.model.d_model, config)
+        layer.where = i
     return where

@@ -8,7 +8,7 @@ order; the rest are dropped (that token keeps its other choices and the residual
 counted. Capacity applies in training only: evaluation and generation route every choice, so
 a token's output never depends on the other tokens in its batch. Router jitter multiplies the
 router's input by uniform noise in [1 - j, 1 + j] while training. Each forward leaves its
-router statistics in `last_stats` for the router losses.
+routing for the router losses (routing.RoutingRecord: `last_stats`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from stackwise.model.routing import dispatch, route, router_statistics
+from stackwise.model.routing import RoutingRecord, dispatch, route
 
 
 class Expert(nn.Module):
@@ -35,7 +35,7 @@ class Expert(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class MoEFeedForward(nn.Module):
+class MoEFeedForward(RoutingRecord, nn.Module):
     built = 0  # layers made in this process, so dense runs can skip looking for them
 
     def __init__(
@@ -59,8 +59,6 @@ class MoEFeedForward(nn.Module):
         self.router = nn.Linear(d, num_experts, bias=False)
         self.experts = nn.ModuleList(Expert(d, hidden) for _ in range(num_experts))
         self.shared = Expert(d, hidden) if shared_expert else None
-        self.last_stats: dict[str, Tensor] = {}
-        self.token_mask: Tensor | None = None  # (N,) real tokens, set by the adapter's loss
 
     def capacity(self, n_tokens: int) -> int | None:
         if self.capacity_factor is None:
@@ -81,9 +79,7 @@ class MoEFeedForward(nn.Module):
         out, dropped = dispatch(flat, chosen, weights.to(flat.dtype), runs, cap)
         if self.shared is not None:
             out = out + self.shared(flat)
-        stats = router_statistics(logits, chosen, self.token_mask)
-        stats["dropped"] = torch.tensor(dropped / max(chosen.numel(), 1))
-        self.last_stats = stats
+        self.record(logits, chosen, dropped=torch.tensor(dropped / max(chosen.numel(), 1)))
         return out.view_as(x)
 
 

@@ -79,6 +79,37 @@ def compute_router_auxiliary_loss(
     return torch.stack([torch.as_tensor(t) for t in totals]).mean()
 
 
+class RoutingRecord:
+    """Mixin of a routed layer: its last routing, kept raw (router logits, choices, which
+    tokens are real), and the statistics computed from it on demand (`last_stats`).
+
+    Inside `routing_scope` only the first forward records: a replay of that forward under
+    gradient checkpointing, in backward, computes the same routing and must neither replace it
+    nor run other operations than the first run did (the checkpoint would refuse it)."""
+
+    last_routing: dict[str, Tensor] | None = None
+    token_mask: Tensor | None = None  # (N,) real tokens, for the forward in routing_scope
+    recording = ""  # "open": inside a scope, nothing recorded yet; "done": recorded
+
+    def record(self, logits: Tensor, chosen: Tensor, **extra: Tensor) -> None:
+        if self.recording == "done":
+            return
+        self.last_routing = {"logits": logits, "chosen": chosen, **extra}
+        self.last_routing["keep"] = self.token_mask  # type: ignore[assignment]
+        if self.recording == "open":
+            self.recording = "done"
+
+    @property
+    def last_stats(self) -> dict[str, Tensor]:
+        """router_statistics of the last routing (real tokens only), plus the layer's extras
+        (`dropped`, for experts); {} before any forward."""
+        raw = self.last_routing
+        if raw is None:
+            return {}
+        stats = router_statistics(raw["logits"], raw["chosen"], raw["keep"])
+        return stats | {k: v for k, v in raw.items() if k not in ("logits", "chosen", "keep")}
+
+
 def dispatch(
     flat: Tensor,
     chosen: Tensor,
@@ -146,7 +177,7 @@ def routing_scope(layers: Sequence[nn.Module], attention_mask: Tensor | None) ->
     only, so no later forward (evaluation, generation) reads a stale mask."""
     keep = attention_mask.flatten().bool() if attention_mask is not None else None
     for layer in layers:
-        layer.last_stats, layer.token_mask = {}, keep
+        layer.last_routing, layer.token_mask, layer.recording = None, keep, "open"
     try:
         yield
     finally:
@@ -158,7 +189,7 @@ def router_loss(layers: Sequence[nn.Module]) -> Tensor:
     """The weighted router loss of routed layers' last forward (their `last_stats`), averaged
     over the layers that ran and train (a frozen router neither learns nor dilutes the
     coefficients), with the `loss_coefs` of the first."""
-    live = [m for m in layers if m.last_stats and m.router.weight.requires_grad]
+    live = [m for m in layers if m.last_routing is not None and m.router.weight.requires_grad]
     if not live:
         return torch.zeros((), device=layers[0].router.weight.device)
     return compute_router_auxiliary_loss([m.last_stats for m in live], *live[0].loss_coefs)
@@ -169,20 +200,24 @@ def router_metrics(layers: Sequence[nn.Module], unit: str, prefix: str = "") -> 
     the load's coefficient of variation over the `unit`s (experts, chapters) and, where tokens
     can be dropped, the dropped share (means over layers), and each layer's load CV and
     entropy."""
-    layers = [m for m in layers if m.last_stats]  # the ones that ran
+    layers = [m for m in layers if m.last_routing is not None]  # the ones that ran
     if not layers:
         return {}
-    loads = [m.last_stats["fraction"] for m in layers]
-    cvs = [float(f.std(correction=0) / f.mean()) for f in loads]
-    entropy = [float(m.last_stats["entropy"]) for m in layers]
+    stats = [m.last_stats for m in layers]
+    cvs = [float(s["fraction"].std(correction=0) / s["fraction"].mean()) for s in stats]
+    entropy = [float(s["entropy"]) for s in stats]
     out = {
         f"train/{prefix}router_entropy": sum(entropy) / len(entropy),
         f"train/{prefix}router_loss": float(router_loss(layers).detach()),
         f"train/{unit}_load_cv": sum(cvs) / len(cvs),
     }
-    if "dropped" in layers[0].last_stats:
-        dropped = [float(m.last_stats["dropped"]) for m in layers]
+    if "dropped" in stats[0]:
+        dropped = [float(s["dropped"]) for s in stats]
         out["train/dropped_fraction"] = sum(dropped) / len(dropped)
-    out |= {f"train/{unit}_load_cv/layer{i}": cv for i, cv in enumerate(cvs)}
-    out |= {f"train/{prefix}router_entropy/layer{i}": e for i, e in enumerate(entropy)}
+    names = [getattr(m, "where", None) for m in layers]  # a memory layer's block / decoder layer
+    names = [i if n is None else n for i, n in enumerate(names)]
+    out |= {f"train/{unit}_load_cv/layer{n}": cv for n, cv in zip(names, cvs, strict=True)}
+    out |= {
+        f"train/{prefix}router_entropy/layer{n}": e for n, e in zip(names, entropy, strict=True)
+    }
     return out

@@ -22,15 +22,18 @@ class MemoryUse(Extension):
 
     def __init__(self) -> None:
         self.totals: list[list[float]] = []  # per memory layer, per chapter: summed shares
+        self.where: list[int | None] = []  # the block / decoder layer each follows
         self.steps = 0
 
     def on_step_end(self, run: RunInfo) -> None:
-        layers = [m for m in memory_layers(run.model) if m.last_stats] if run.model else []
+        model = run.model
+        layers = [m for m in memory_layers(model) if m.last_routing is not None] if model else []
         if not layers:
             return
         shares = [m.last_stats["fraction"].tolist() for m in layers]
         if not self.totals:
             self.totals = [[0.0] * len(s) for s in shares]
+            self.where = [m.where for m in layers]
         for total, share in zip(self.totals, shares, strict=True):
             total[:] = [a + b for a, b in zip(total, share, strict=True)]
         self.steps += 1
@@ -40,13 +43,14 @@ class MemoryUse(Extension):
         return [[t / max(self.steps, 1) for t in total] for total in self.totals]
 
     def on_train_end(self, run: RunInfo) -> None:
-        for i, share in enumerate(self.shares()):
+        names = self.where if len(self.where) == len(self.totals) else range(len(self.totals))
+        for i, share in zip(names, self.shares(), strict=True):
             mean = sum(share) / len(share)
             cv = (sum((s - mean) ** 2 for s in share) / len(share)) ** 0.5 / mean
             unused = [c for c, s in enumerate(share) if s == 0.0]
             listed = ", ".join(map(str, unused[:8])) + (", ..." if len(unused) > 8 else "")
             run.note(
-                f"memory layer {i}: chapter load CV {cv:.2f} over {self.steps} steps, "
+                f"memory after layer {i}: chapter load CV {cv:.2f} over {self.steps} steps, "
                 + (
                     f"{len(unused)} of {len(share)} chapters never read ({listed})"
                     if unused
@@ -58,8 +62,9 @@ class MemoryUse(Extension):
         return {"memory_chapter_shares": self.shares()}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"totals": self.totals, "steps": self.steps}
+        return {"totals": self.totals, "where": self.where, "steps": self.steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.totals = [list(map(float, t)) for t in state.get("totals", [])]
+        self.where = list(state.get("where", []))
         self.steps = int(state.get("steps", 0))

@@ -90,7 +90,7 @@ def logged_lrs(optimizer: torch.optim.Optimizer, scheduler: LambdaLR) -> dict[st
     differ (train.group_lr), so every rate that trains something is in the logs."""
     rates = scheduler.get_last_lr()
     out = {"train/lr": rates[0]}
-    if len(set(rates)) > 1:
+    if len({g["initial_lr"] for g in optimizer.param_groups}) > 1:  # not only when they differ now
         for group, rate in zip(optimizer.param_groups, rates, strict=True):
             name = str(group.get("name", "")).removesuffix(".no_decay")
             if name:
