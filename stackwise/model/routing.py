@@ -12,6 +12,11 @@ statistics into the three losses and weighs them with the run's coefficients:
 - z-loss        the mean over tokens of logsumexp(router logits)^2: keeps logits small.
 
 Layers are averaged, not summed, so a coefficient means the same at every depth.
+
+Also here, what every routed layer shares: picking the top k (`route`), running each choice on
+its tokens (`dispatch`, a loop over choices; `grouped`, for one batched matmul), recording the
+routing (`RoutingRecord`) and the scope of a training forward (`routing_scope`), and the loss
+and log values of a set of layers (`router_loss`, `router_metrics`).
 """
 
 from __future__ import annotations
