@@ -356,6 +356,25 @@ def test_memory_hooked_onto_a_hf_model_keeps_its_function_and_names(hf_files, tm
         attach_memory_hf(model, hf_config(hf_files, tmp_path / "o"))
 
 
+def test_packed_hf_batches_route_their_end_padding_without_counting_it(hf_files, tmp_path):
+    from stackwise.chat.data import ChatRows
+    from stackwise.hf.adapter import HFAdapter
+
+    adapter = HFAdapter()
+    model = adapter.build(hf_config(hf_files, tmp_path / "o"), 0).train()
+    rows = [
+        {"input_ids": torch.arange(4, 4 + n), "labels": torch.arange(4, 4 + n),
+         "position_ids": torch.arange(n)}
+        for n in (9, 5)
+    ]  # fmt: skip
+    batch = ChatRows(rows, 0, packed=True).collate(rows)
+    assert batch["real_tokens"].sum() == 14 and "attention_mask" not in batch
+    adapter.loss(model, None, batch, torch.Generator(), False)
+    for layer in memory_layers(model):
+        assert int(layer.last_routing["keep"].sum()) == 14
+        assert layer.last_stats["fraction"].sum().item() == pytest.approx(1.0)
+
+
 def test_hf_groups_take_the_memory_lora_and_base_lrs_by_their_seed_names(hf_files, tmp_path):
     from stackwise.hf.adapter import HFAdapter
     from stackwise.train.optim import build_param_groups

@@ -89,8 +89,9 @@ class ChatRows(Dataset):
             if packed:
                 out["position_ids"][r, :k] = it["position_ids"]
                 out["position_ids"][r, k:] = torch.arange(width - k)
-        if not packed:
-            out["attention_mask"] = (torch.arange(width)[None] < lengths[:, None]).long()
+        real = (torch.arange(width)[None] < lengths[:, None]).long()
+        # packed rows attend by position_ids; their end padding is still marked, for routers
+        out["real_tokens" if packed else "attention_mask"] = real
         return out
 
 

@@ -64,7 +64,8 @@ class HFAdapter(ModelAdapter):
         uses_time: bool,
     ) -> torch.Tensor:
         routers = memory_layers(model)
-        with routing_scope(routers, batch.get("attention_mask")):
+        real = batch.get("attention_mask", batch.get("real_tokens"))  # packed: no mask
+        with routing_scope(routers, real):
             logits = hf_loss.forward_logits(model, batch)
         nll, _ = hf_loss.target_sums(logits, batch["labels"])
         if model.training and routers:  # a mean per target, as the summed NLL is scaled
