@@ -19,6 +19,8 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +179,27 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
 SHAPE_FIELDS = RACK_SHAPE_FIELDS
 
 
+def differences(
+    section: str,
+    saved: Config,
+    config: Config,
+    fields: Sequence[str],
+    value: Callable[[Config, str], object] | None = None,
+) -> list[str]:
+    """`section.field saved -> now` for each field that differs between the configs, compared
+    by `value(config, field)` (default: the field's own value)."""
+
+    def plain(c: Config, f: str) -> object:
+        return getattr(attrgetter(section)(c), f)
+
+    key = value or plain
+    return [
+        f"{section}.{f} {plain(saved, f)} -> {plain(config, f)}"
+        for f in fields
+        if key(saved, f) != key(config, f)
+    ]
+
+
 def _memory_value(config: Config, name: str) -> object:
     """memory.<name>; a rack's layers as the blocks they name ([-1] is [3] of 4 blocks). A
     Hugging Face model's layer count is unknown here: its memory.safetensors, keyed by the
@@ -197,27 +220,16 @@ def check_resume_config(path: Path, config: Config, step: int = 0) -> str | None
     if not saved_path.is_file():
         return None
     saved = load_config(saved_path)
-    changed = [
-        f"model.{f} {getattr(saved.model, f)} -> {getattr(config.model, f)}"
-        for f in SHAPE_FIELDS
-        if getattr(saved.model, f) != getattr(config.model, f)
-    ]
-    was, now = saved.model.moe, config.model.moe  # what the experts are and how they route
-    changed += [
-        f"model.moe.{f} {getattr(was, f)} -> {getattr(now, f)}"
-        for f in ("num_experts", "top_k", "expert_hidden", "shared_expert", "stacks")
-        if getattr(was, f) != getattr(now, f)
-    ]
-    mem = ("chapters", "slots_per_chapter", "top_k", "layers")
+    changed = differences("model", saved, config, SHAPE_FIELDS)
+    # what the experts are and how they route
+    moe = ("num_experts", "top_k", "expert_hidden", "shared_expert", "stacks")
+    changed += differences("model.moe", saved, config, moe)
     if saved.memory_on != config.memory_on:
         on = {True: "on", False: "off"}
         changed.append(f"memory layers {on[saved.memory_on]} -> {on[config.memory_on]}")
     elif config.memory_on:
-        changed += [
-            f"memory.{f} {getattr(saved.memory, f)} -> {getattr(config.memory, f)}"
-            for f in mem
-            if _memory_value(saved, f) != _memory_value(config, f)
-        ]
+        memory = ("chapters", "slots_per_chapter", "top_k", "layers")
+        changed += differences("memory", saved, config, memory, _memory_value)
     if saved.objective.name != config.objective.name:
         changed.append(f"objective.name {saved.objective.name} -> {config.objective.name}")
     check_stream(path, saved, config)
@@ -259,11 +271,7 @@ def check_stream(path: Path, saved: Config, config: Config) -> None:
     tokens and blocks of that data (a token store notices an edit itself; a stream cannot)."""
     if not (saved.data.streaming or config.data.streaming):
         return
-    changed = [
-        f"data.{f} {getattr(saved.data, f)} -> {getattr(config.data, f)}"
-        for f in STREAM_FIELDS
-        if getattr(saved.data, f) != getattr(config.data, f)
-    ]
+    changed = differences("data", saved, config, STREAM_FIELDS)
     if changed:
         raise StackWiseError(
             f"The checkpoint '{path}' was reading its data as another stream "

@@ -204,11 +204,10 @@ def moe_ffn(cfg: ModelConfig) -> nn.Module:
     from stackwise.model.moe import MoEFeedForward
 
     m = cfg.moe
-    coefs = (m.load_balance_coef, m.auxiliary_coef, m.z_loss_coef)
     hidden = m.expert_hidden or cfg.ffn_width
     return MoEFeedForward(
         cfg.d_model, hidden, m.num_experts, m.top_k, m.capacity_factor, m.shared_expert,
-        m.router_jitter, coefs,
+        m.router_jitter, m.coefs(),
     )  # fmt: skip
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from stackwise.model.memory import memory_layers
 from stackwise.train.extensions import Extension, register_extension
 from stackwise.train.state import RunInfo
@@ -21,7 +23,9 @@ class MemoryUse(Extension):
     name = "memory"
 
     def __init__(self) -> None:
-        self.totals: list[list[float]] = []  # per memory layer, per chapter: summed shares
+        # per memory layer, per chapter: summed shares, kept where the model runs (no device
+        # sync each step); read back when saved, reported or summed up
+        self.sums: list[torch.Tensor] = []
         self.where: list[int | None] = []  # the block / decoder layer each follows
         self.steps = 0
 
@@ -30,20 +34,23 @@ class MemoryUse(Extension):
         layers = [m for m in memory_layers(model) if m.last_routing is not None] if model else []
         if not layers:
             return
-        shares = [m.last_stats["fraction"].tolist() for m in layers]
-        if not self.totals:
-            self.totals = [[0.0] * len(s) for s in shares]
+        shares = [m.last_stats["fraction"].detach() for m in layers]
+        if not self.sums:
+            self.sums = [torch.zeros_like(s) for s in shares]
             self.where = [m.where for m in layers]
-        for total, share in zip(self.totals, shares, strict=True):
-            total[:] = [a + b for a, b in zip(total, share, strict=True)]
+        self.sums = [t.to(s.device) + s for t, s in zip(self.sums, shares, strict=True)]
         self.steps += 1
+
+    @property
+    def totals(self) -> list[list[float]]:
+        return [s.tolist() for s in self.sums]
 
     def shares(self) -> list[list[float]]:
         """Each layer's mean chapter shares over the steps counted so far."""
         return [[t / max(self.steps, 1) for t in total] for total in self.totals]
 
     def on_train_end(self, run: RunInfo) -> None:
-        names = self.where if len(self.where) == len(self.totals) else range(len(self.totals))
+        names = self.where if len(self.where) == len(self.sums) else range(len(self.sums))
         for i, share in zip(names, self.shares(), strict=True):
             mean = sum(share) / len(share)
             cv = (sum((s - mean) ** 2 for s in share) / len(share)) ** 0.5 / mean
@@ -65,6 +72,6 @@ class MemoryUse(Extension):
         return {"totals": self.totals, "where": self.where, "steps": self.steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.totals = [list(map(float, t)) for t in state.get("totals", [])]
+        self.sums = [torch.tensor(t, dtype=torch.float32) for t in state.get("totals", [])]
         self.where = list(state.get("where", []))
         self.steps = int(state.get("steps", 0))
