@@ -1,4 +1,5 @@
-"""What the benchmarks share: forked runs, quiet run sections, the clm resets, the --quick flag.
+"""What the benchmarks share: forked runs, quiet run sections, the clm resets, the --quick flag,
+thread pinning and the machine line that heads a table.
 
 A repetition runs in a forked child of the (imports-only) parent, so every run starts from the
 same clean process state (heap, allocator thresholds, caches), as a real training run would,
@@ -9,10 +10,19 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
+import platform
+import warnings
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
+
+# set on import, before stackwise, transformers or datasets read them: the hubs are not reached
+# (benchmarks build their data locally), and tokenizers' threads would fight the forked runs
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 T = TypeVar("T")
 
@@ -81,3 +91,25 @@ def benchmark_parser(doc: str | None, quick: str = "a short smoke run") -> argpa
 def quick_flag(doc: str | None) -> argparse.Namespace:
     """The command line of a benchmark that only takes --quick."""
     return benchmark_parser(doc).parse_args()
+
+
+def pin_threads() -> None:
+    """One torch thread for compute and one for inter-op, so timings of runs side by side on a
+    shared machine compare; library warnings would interleave with the table."""
+    import torch
+
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    warnings.filterwarnings("ignore")
+
+
+def machine_line(precision: str = "fp32 (mixed_precision no)") -> str:
+    """What a table was measured on: versions, cores, torch threads, precision, CPU kernels."""
+    import torch
+
+    threads = torch.get_num_threads()
+    return (
+        f"torch {torch.__version__}, python {platform.python_version()}, {os.cpu_count()} CPU "
+        f"cores, {threads} torch thread{'s' if threads > 1 else ''}, {precision}, CPU "
+        f"capability {torch.backends.cpu.get_cpu_capability()}"
+    )

@@ -35,9 +35,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-
 import torch
 from _common import benchmark_parser, fresh_output, in_fork, quiet_logging
 

@@ -54,22 +54,22 @@ each other). The last line printed is the headline.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import tempfile
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 import torch
-from _common import benchmark_parser, fresh_output, in_fork, quiet_logging
+from _common import (
+    benchmark_parser,
+    fresh_output,
+    in_fork,
+    machine_line,
+    pin_threads,
+    quiet_logging,
+)
 from accelerate.utils import set_seed
 
 from stackwise.config import Config, from_dict
@@ -374,18 +374,12 @@ def main(argv: list[str] | None = None) -> None:
         variants += CLM
     if args.only:
         variants = [v for v in variants if v.name in args.only]
-    torch.set_num_threads(1)
-    torch.set_num_interop_threads(1)
-    warnings.filterwarnings("ignore")
+    pin_threads()
 
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="stackwise-bench-") as tmp:
         data = build_data(make_config(plan, MAIN[0], Path(tmp)).data)
-        print(
-            f"torch {torch.__version__}, python {platform.python_version()}, {os.cpu_count()} CPU "
-            f"cores, 1 torch thread, fp32 (mixed_precision no), CPU capability "
-            f"{torch.backends.cpu.get_cpu_capability()}"
-        )
+        print(machine_line())
         print(
             f"model: {plan.n_stacks} stacks x 1 block, d_model {plan.d_model}, {plan.n_heads} "
             f"heads, vocab {len(data.tokenizer)}, seq {plan.seq_len}, batch {plan.batch_size}; "

@@ -43,24 +43,24 @@ ratio of the two settings' wall-clock step times. The last line printed is the h
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
-import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 import torch
-from _common import benchmark_parser, fresh_output, in_fork, quiet_logging
+from _common import (
+    benchmark_parser,
+    fresh_output,
+    in_fork,
+    machine_line,
+    pin_threads,
+    quiet_logging,
+)
 
 import stackwise.progressive.stage_cache as prog_stage_cache
 import stackwise.progressive.trainer as prog_trainer
@@ -306,17 +306,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     if plan.epochs < 2 or plan.samples % plan.batch_size or plan.n_stacks < 2:
         sys.exit("need epochs >= 2, samples a multiple of the batch size, and >= 2 stacks")
-    torch.set_num_threads(1)
-    torch.set_num_interop_threads(1)
-    warnings.filterwarnings("ignore")
+    pin_threads()
 
     with tempfile.TemporaryDirectory(prefix="stackwise-bench-") as tmp:
         data = build_data(make_config(plan, False, Path(tmp)).data)
-        print(
-            f"torch {torch.__version__}, python {platform.python_version()}, {os.cpu_count()} CPU "
-            f"cores, 1 torch thread, fp32 (mixed_precision no), CPU capability "
-            f"{torch.backends.cpu.get_cpu_capability()}"
-        )
+        print(machine_line())
         print(
             f"model: {plan.n_stacks} stacks x 1 block, d_model {plan.d_model}, {plan.n_heads} "
             f"heads, vocab {len(data.tokenizer)}, seq {plan.seq_len}, batch {plan.batch_size}; "

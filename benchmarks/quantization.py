@@ -31,14 +31,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch

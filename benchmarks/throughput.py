@@ -61,10 +61,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 import torch
 import torch.nn.functional as F
 from _common import benchmark_parser, fresh_output, in_fork, quiet_logging

@@ -134,13 +134,15 @@ def generate(
     config: Config,
     rack: Rack,
     tokenizer: PreTrainedTokenizerBase,
+    *,
     prompt: str | None = None,
-    n: int | None = None,
     seed: int = 0,
+    n: int | None = None,
     stream: Callable[[str], None] | None = None,
     **overrides: object,
 ) -> Samples:
-    """`n` samples with the settings of config.sample (any of them overridable by keyword).
+    """`n` samples with the settings of config.sample (any of them overridable by keyword; every
+    option is a keyword, so a value is never taken for the wrong one).
     With `stream`, the first sample's text is passed to it piece by piece as it is made:
     token by token from a causal rack, block by block (sample.block_length) from a masked one."""
     from stackwise.data.pack import specials_of
@@ -235,7 +237,7 @@ def chat_reply(
     from stackwise.chat.template import render
 
     prompt = render(tokenizer, messages, generation_prompt=True)
-    out = generate(config, rack, tokenizer, prompt, 1, seed, **overrides)
+    out = generate(config, rack, tokenizer, prompt=prompt, n=1, seed=seed, **overrides)
     return tokenizer.decode(out.ids[0, out.prompt_len :].tolist(), skip_special_tokens=True)
 
 

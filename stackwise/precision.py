@@ -29,6 +29,12 @@ FLOAT_STORAGE = ("full", "bf16", "fp16")  # a cast: the stack still trains in it
 PACKED = {"nf4": "nf4", "fp8": "fp8", "nvfp4": "nvfp4", "qlora": "nf4"}
 
 
+def storage_of(precision: str) -> str:
+    """What a new stack of `precision` is stored as, in quant.type's words (full is fp32 and
+    qlora nf4), so the two settings can be compared."""
+    return {"full": "fp32", "qlora": "nf4"}.get(precision, precision)
+
+
 def torch_dtype(name: str) -> torch.dtype:
     """The floating dtype of `full`/`fp32`, `bf16` or `fp16`."""
     import torch

@@ -27,12 +27,12 @@ IGNORE = -100
 
 @dataclass
 class ChatStats:
+    format: str = ""
     examples: int = 0
     truncated: int = 0
     dropped: int = 0
     tokens: int = 0
     supervised: int = 0
-    format: str = ""
     prompts: list[list[dict]] = field(default_factory=list)  # a few, to sample replies to
 
     def line(self) -> str:

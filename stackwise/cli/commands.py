@@ -81,7 +81,14 @@ def cmd_generate(ns: argparse.Namespace) -> int:
 
     try:
         texts = generate(
-            config, rack, tok, ns.prompt, ns.num_samples, ns.seed, stream=stream, **overrides
+            config,
+            rack,
+            tok,
+            prompt=ns.prompt,
+            n=ns.num_samples,
+            seed=ns.seed,
+            stream=stream,
+            **overrides,
         ).texts
     except StackWiseError as err:  # say it in the flags the user typed, not config keys
         message = str(err)

@@ -109,6 +109,10 @@ class Section(BaseModel):
         return getattr(self, name) != field.get_default(call_default_factory=True)
 
 
-def changed_fields(section: Section, names: Iterable[str]) -> Iterator[str]:
-    """The names among `names` that `section` sets away from their defaults."""
-    return (n for n in names if section.changed(n))
+def set_while_off(section: Section, path: str) -> Iterator[str]:
+    """Each setting of a switched-off section (its `enabled` false) that differs from its
+    default: it would do nothing, so it is a problem."""
+    if not getattr(section, "enabled"):  # noqa: B009 (only switched sections have it)
+        for name in type(section).model_fields:
+            if name != "enabled" and section.changed(name):
+                yield f"{path}.{name} needs {path}.enabled: true"

@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from stackwise.config.base import section_rule
+from stackwise.config.base import section_rule, set_while_off
 from stackwise.config.growth import (
     LoraConfig,
     ProgressiveConfig,
@@ -97,6 +97,12 @@ def data_sources(s: DataConfig) -> Iterator[str]:
 
 @section_rule("MaskingConfig")
 def masking_table(s: MaskingConfig) -> Iterator[str]:
+    """The time grid: eps, and the per-step fractions of schedule 'table'."""
+    if s.num_time_steps is not None and s.schedule != "loglinear" and s.changed("eps"):
+        yield (
+            "masking.eps bounds continuous t; with num_time_steps t lies on a grid, so eps "
+            "has no effect (except in the loglinear schedule); remove it"
+        )
     table = s.time_step_mask_fractions
     if s.schedule == "table":
         if not table or s.num_time_steps is None:
@@ -115,11 +121,6 @@ def masking_table(s: MaskingConfig) -> Iterator[str]:
             yield "time_step_mask_fractions must not decrease with the step"
     elif table is not None:
         yield "time_step_mask_fractions needs schedule: table"
-    if s.num_time_steps is not None and s.schedule != "loglinear" and s.changed("eps"):
-        yield (
-            "masking.eps bounds continuous t; with num_time_steps t lies on a grid, so eps "
-            "has no effect (except in the loglinear schedule); remove it"
-        )
 
 
 @section_rule("TrainConfig")
@@ -193,10 +194,7 @@ def logging_wandb(s: LoggingConfig) -> Iterator[str]:
 
 @section_rule("LoraConfig")
 def lora_relevance(s: LoraConfig) -> Iterator[str]:
-    if not s.enabled:
-        for name in type(s).model_fields:
-            if name != "enabled" and s.changed(name):
-                yield f"lora.{name} needs lora.enabled: true"
+    yield from set_while_off(s, "lora")
     if s.strategy != "progressive":
         for name in ("rank_pattern", "alpha_pattern"):
             if s.changed(name):
@@ -213,10 +211,7 @@ def lora_relevance(s: LoraConfig) -> Iterator[str]:
 
 @section_rule("QuantConfig")
 def quant_relevance(s: QuantConfig) -> Iterator[str]:
-    if not s.enabled:
-        for name in type(s).model_fields:
-            if name != "enabled" and s.changed(name):
-                yield f"quant.{name} needs quant.enabled: true"
+    yield from set_while_off(s, "quant")
     if s.type != "nf4" and s.changed("double_quant"):
         yield "quant.double_quant applies to type nf4 only"
 
@@ -315,6 +310,7 @@ def progressive_depth_keys(s: ProgressiveConfig) -> Iterator[str]:
 def progressive_cache(s: ProgressiveConfig) -> Iterator[str]:
     """The activation cache's settings and what it needs."""
     c = s.cache
+    yield from set_while_off(c, "progressive.cache")
     if c.enabled:
         if s.building_mode != "append" or s.trunk_strategy != "frozen":
             yield (
@@ -328,10 +324,6 @@ def progressive_cache(s: ProgressiveConfig) -> Iterator[str]:
                 "with head_policy 'always' the embeddings keep training, so cached trunk "
                 "activations would go stale; use train_first or frozen, or disable the cache"
             )
-    else:
-        for name in type(c).model_fields:
-            if name != "enabled" and c.changed(name):
-                yield f"progressive.cache.{name} needs progressive.cache.enabled"
     if c.storage != "disk" and c.changed("dir"):
         yield "progressive.cache.dir needs cache.storage: disk"
     if c.max_bytes is None and c.changed("on_full"):

@@ -102,7 +102,6 @@ def relevance_objective(cfg: Config) -> Iterator[str]:
 @cross_rule
 def relevance_run(cfg: Config) -> Iterator[str]:
     """Output folder, resume, best-model metric and sequence length."""
-    name = cfg.objective.name
     if cfg.train.output_dir is not None and cfg.logging.run_name is not None:
         yield (
             "logging.run_name names the default output dir outputs/<run_name>; with "
@@ -130,7 +129,7 @@ def relevance_run(cfg: Config) -> Iterator[str]:
             "train.resume_from_checkpoint 'latest' looks in the run's output dir; set "
             "train.output_dir (or logging.run_name) to the run to resume"
         )
-    metric = cfg.train.metric_for_best
+    metric, name = cfg.train.metric_for_best, cfg.objective.name
     diffusion_only = metric in ("nelbo", "ppl_bound")
     if (diffusion_only and name != "diffusion") or (metric == "ppl" and name == "diffusion"):
         yield (

@@ -12,7 +12,7 @@ from stackwise.config.derive import stack_config
 from stackwise.config.growth import QUANTIZED
 from stackwise.config.root import Config
 from stackwise.errors import StackWiseError
-from stackwise.precision import QUANT_FORMATS
+from stackwise.precision import QUANT_FORMATS, storage_of
 
 if TYPE_CHECKING:
     from stackwise.config.growth import LoraConfig, ProgressiveConfig, QuantConfig
@@ -81,7 +81,6 @@ def growth_budget(cfg: Config) -> Iterator[str]:
 def growth_precision(cfg: Config) -> Iterator[str]:
     """New-stack precisions and the adapters they need."""
     p, lo, q = _growth(cfg)
-    name = cfg.objective.name
     prec = p.new_stack_precision
     if prec in QUANTIZED and not lo.enabled:
         yield (
@@ -123,7 +122,6 @@ def growth_precision(cfg: Config) -> Iterator[str]:
 def growth_adapters(cfg: Config) -> Iterator[str]:
     """Trunk adapters, random lengths and the cache."""
     p, lo, q = _growth(cfg)
-    prec = p.new_stack_precision
     if p.cache.enabled and cfg.objective.random_length_ratio > 0:
         yield (
             "objective.random_length_ratio cuts sequences at random, but the activation cache "
@@ -146,7 +144,7 @@ def growth_adapters(cfg: Config) -> Iterator[str]:
         q.enabled
         and not q.backbone_quantized
         and p.trunk_strategy != "qlora"
-        and (prec not in QUANT_FORMATS)
+        and p.new_stack_precision not in QUANT_FORMATS
     ):
         yield (
             "quant.enabled with backbone_quantized: false quantizes nothing here; "
@@ -158,9 +156,14 @@ def growth_adapters(cfg: Config) -> Iterator[str]:
 @rack_rule
 def growth_storage(cfg: Config) -> Iterator[str]:
     """How frozen stacks are stored."""
-    p, _, q = _growth(cfg)
-    prec = p.new_stack_precision
-    new_storage = {"full": "fp32", "qlora": "nf4"}.get(prec, prec)
+    p, q = cfg.progressive, cfg.quant
+    if p.trunk_strategy == "qlora" and q.enabled and not q.backbone_quantized:
+        yield (
+            "trunk_strategy 'qlora' stores the trunk quantized by definition, so "
+            "quant.backbone_quantized: false contradicts it; for an unquantized trunk "
+            "adapted by LoRA use trunk_strategy: frozen with lora.trunk_adapters: true"
+        )
+    new_storage = storage_of(p.new_stack_precision)
     if q.enabled and q.backbone_quantized and p.strategy == "progressive":
         if new_storage in QUANT_FORMATS and q.type != new_storage:
             yield (
@@ -175,12 +178,6 @@ def growth_storage(cfg: Config) -> Iterator[str]:
                 f"'{q.type}' changes nothing when they freeze; pick another quant.type or "
                 "disable quant"
             )
-    if p.trunk_strategy == "qlora" and q.enabled and not q.backbone_quantized:
-        yield (
-            "trunk_strategy 'qlora' stores the trunk quantized by definition, so "
-            "quant.backbone_quantized: false contradicts it; for an unquantized trunk "
-            "adapted by LoRA use trunk_strategy: frozen with lora.trunk_adapters: true"
-        )
 
 
 @rack_rule

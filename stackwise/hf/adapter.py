@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Generator, nn
 
 from stackwise.config import Config
 from stackwise.errors import StackWiseError
@@ -16,7 +16,7 @@ from stackwise.hf.load import ADAPTER_WEIGHTS, FULL_WEIGHTS, device_now
 from stackwise.hf.memory import describe_memory, load_memory, save_memory
 from stackwise.model.memory import memory_layers, memory_metrics
 from stackwise.model.routing import router_loss, routing_scope
-from stackwise.objectives.base import Objective
+from stackwise.objectives.base import Batch, Objective
 from stackwise.train.adapters import ModelAdapter, register_model_adapter
 
 SHARD_INDEX = "model.safetensors.index.json"
@@ -56,12 +56,7 @@ class HFAdapter(ModelAdapter):
         return model
 
     def loss(
-        self,
-        model: nn.Module,
-        objective: Objective,
-        batch: dict[str, torch.Tensor],
-        gen: torch.Generator,
-        uses_time: bool,
+        self, model: nn.Module, objective: Objective, batch: Batch, gen: Generator, uses_time: bool
     ) -> torch.Tensor:
         routers = memory_layers(model)
         real = batch.get("attention_mask", batch.get("real_tokens"))  # packed: no mask

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 IGNORE = -100
+Batch = dict[str, torch.Tensor]  # a collated batch: input_ids, labels, masks, cache keys
 
 
 @dataclass(frozen=True)

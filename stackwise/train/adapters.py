@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Generator, nn
 
 from stackwise.config import Config
 from stackwise.errors import StackWiseError
 from stackwise.model.memory import attach_memory, memory_layers, memory_metrics
 from stackwise.model.moe import moe_layers
 from stackwise.model.routing import router_loss, router_metrics, routing_scope
-from stackwise.objectives.base import IGNORE, Objective
+from stackwise.objectives.base import IGNORE, Batch, Objective
 from stackwise.registry import Registry
 
 
@@ -31,12 +31,7 @@ class ModelAdapter(ABC):
         """A fresh model for `config` over a vocabulary of `vocab_size` tokens."""
 
     def loss(
-        self,
-        model: nn.Module,
-        objective: Objective,
-        batch: dict[str, torch.Tensor],
-        gen: torch.Generator,
-        uses_time: bool,
+        self, model: nn.Module, objective: Objective, batch: Batch, gen: Generator, uses_time: bool
     ) -> torch.Tensor:
         """The objective corrupts the batch (masks, noise level), the model scores it."""
         prep = objective.prepare(batch, gen)
