@@ -12,6 +12,9 @@ import argparse
 import multiprocessing as mp
 import os
 import platform
+import subprocess
+import tempfile
+import time
 import warnings
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -19,10 +22,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 # set on import, before stackwise, transformers or datasets read them: the hubs are not reached
-# (benchmarks build their data locally), and tokenizers' threads would fight the forked runs
+# (benchmarks build their data locally); child processes inherit them
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 T = TypeVar("T")
 
@@ -94,10 +96,12 @@ def quick_flag(doc: str | None) -> argparse.Namespace:
 
 
 def pin_threads() -> None:
-    """One torch thread for compute and one for inter-op, so timings of runs side by side on a
-    shared machine compare; library warnings would interleave with the table."""
+    """One torch thread for compute and one for inter-op, and no tokenizer threads, so timings
+    of runs side by side on a shared machine compare; library warnings would interleave with
+    the table."""
     import torch
 
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     warnings.filterwarnings("ignore")
@@ -113,3 +117,19 @@ def machine_line(precision: str = "fp32 (mixed_precision no)") -> str:
         f"cores, {threads} torch thread{'s' if threads > 1 else ''}, {precision}, CPU "
         f"capability {torch.backends.cpu.get_cpu_capability()}"
     )
+
+
+def run_child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[str, str, float, float]:
+    """(stdout, stderr, wall seconds, peak RSS in MB) of a child process: waited with wait4,
+    which reports the child's own peak. A failure raises with the end of its stderr."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{' '.join(cmd[:5])} failed:\n{stderr[-3000:]}")
+    return stdout, stderr, wall, usage.ru_maxrss / 1024

@@ -16,13 +16,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _common import benchmark_parser
+from _common import benchmark_parser, run_child
 
 STEPS = 10
 
@@ -44,20 +43,6 @@ def make_corpus(root: Path, copies: int) -> Path:
     return root
 
 
-def child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS MB, stderr) of one child process."""
-    with tempfile.TemporaryFile("w+") as err:
-        start = time.time()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.time() - start
-        err.seek(0)
-        text = err.read()
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise RuntimeError(f"{' '.join(cmd[:5])} failed:\n{text[-2000:]}")
-        return wall, usage.ru_maxrss / 1024, text
-
-
 BUILD = """
 import sys
 from stackwise.config import DataConfig
@@ -74,7 +59,8 @@ def measure(root: Path, copies: int) -> dict[str, float]:
     cache, out = root / f"cache{copies}", root / f"run{copies}"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     pattern = str(corpus / "**" / "*.txt")
-    build_wall, build_rss, err = child([sys.executable, "-c", BUILD, pattern, str(cache)], env)
+    build = [sys.executable, "-c", BUILD, pattern, str(cache)]
+    _, err, build_wall, build_rss = run_child(build, env)
     n_tokens = int(err.strip().splitlines()[-1])
     cmd = [
         sys.executable, "-m", "stackwise.cli", "train", "tiny-clm",
@@ -84,7 +70,7 @@ def measure(root: Path, copies: int) -> dict[str, float]:
         "sample.num_samples=0", f"train.output_dir={out}", "train.overwrite_output_dir=true",
     ]  # fmt: skip
     launched = time.time()
-    _, train_rss, err = child(cmd, env)
+    _, err, _, train_rss = run_child(cmd, env)
     if "building the token store" in err:
         raise RuntimeError("the training run rebuilt the store: the benchmark measures nothing")
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

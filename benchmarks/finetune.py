@@ -19,14 +19,12 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _common import benchmark_parser
+from _common import benchmark_parser, run_child
 
 HERE = Path(__file__).resolve().parent
 HYPER = {"lr": 1e-3, "batch": 4, "rank": 16, "alpha": 32.0, "seq_len": 512}
@@ -78,19 +76,10 @@ def build_inputs(root: Path, n_train: int, n_eval: int) -> tuple[Path, Path, Pat
     return model_dir, train, evals
 
 
-def run_child(cmd: list[str]) -> tuple[str, float, float]:
-    """(stdout, wall seconds, peak RSS in MB): waited with wait4 to read the child's peak."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-        out.seek(0)
-        err.seek(0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise RuntimeError(f"{' '.join(cmd[:4])} failed:\n{err.read()[-3000:]}")
-        return out.read(), wall, usage.ru_maxrss / 1024
+def run_offline(cmd: list[str]) -> tuple[str, float, float]:
+    """(stdout, wall seconds, peak RSS in MB) of a run with W&B offline."""
+    stdout, _, wall, rss = run_child(cmd, {**os.environ, "WANDB_MODE": "offline"})
+    return stdout, wall, rss
 
 
 def ours(
@@ -122,7 +111,7 @@ def ours(
         "--output_dir", str(out), "--config", str(cfg_file),
         "train.overwrite_output_dir=true",
     ]  # fmt: skip
-    _, wall, rss = run_child(cmd)
+    _, wall, rss = run_offline(cmd)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     start = next(r["time"] for r in rows if r["step"] == 0 and "val/loss" in r)
     end = [r["time"] for r in rows if "train/loss" in r][-1]
@@ -139,7 +128,7 @@ def ours(
 def theirs(model: Path, train: Path, evals: Path, out: Path, mode: str, seed: int) -> dict:
     script = str(HERE / "hf_trainer_baseline.py")
     cmd = [sys.executable, script, str(model), str(train), str(evals), str(out), mode, str(seed)]
-    stdout, wall, rss = run_child(cmd)
+    stdout, wall, rss = run_offline(cmd)
     result = json.loads(stdout.strip().splitlines()[-1])
     return {
         "loop": result["train_runtime"],

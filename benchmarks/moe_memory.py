@@ -27,7 +27,6 @@ with dense: val loss, and step time as the ratio of tokens/s.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import statistics
 import sys
@@ -35,8 +34,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import _common as bench
 import torch
-from _common import benchmark_parser, fresh_output, in_fork, quiet_logging
 
 from stackwise.cli.common import resolve_config_path
 from stackwise.config import derive, load_config
@@ -56,8 +55,8 @@ def run(name: str, steps: int, workdir: Path) -> dict[str, float]:
     torch.set_num_threads(1)
     preset, changes = VARIANTS[name]
     config = load_config(resolve_config_path(preset))
-    train = {f"train.{k}": v for k, v in fresh_output(workdir / name).items()}
-    logging = {f"logging.{k}": v for k, v in quiet_logging(jsonl=True).items()}
+    train = {f"train.{k}": v for k, v in bench.fresh_output(workdir / name).items()}
+    logging = {f"logging.{k}": v for k, v in bench.quiet_logging(jsonl=True).items()}
     changes = {**changes, **train, **logging, "train.max_steps": steps}
     changes |= {"train.eval_every": steps, "sample.num_samples": 0, "train.seed": 0}
     config = derive(config, changes, "benchmark")
@@ -78,18 +77,16 @@ def run(name: str, steps: int, workdir: Path) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__, "30 steps a run")
+    parser = bench.benchmark_parser(__doc__, "30 steps a run")
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default 300)")
     args = parser.parse_args()
     steps = args.steps or (30 if args.quick else 300)
-    print(
-        f"torch {torch.__version__}, {os.cpu_count()} CPU cores, 1 torch thread, CPU capability "
-        f"{torch.backends.cpu.get_cpu_capability()}; {steps} steps x 16 x 128 tokens a run"
-    )
+    bench.pin_threads()  # the forked runs inherit it
+    print(f"{bench.machine_line('mixed_precision auto')}; {steps} steps x 16 x 128 tokens a run")
     results = {}
     with tempfile.TemporaryDirectory(prefix="sw-moe-") as tmp:
         for name in VARIANTS:
-            results[name] = in_fork(name, run, name, steps, Path(tmp))
+            results[name] = bench.in_fork(name, run, name, steps, Path(tmp))
             print(f"  {name}: {results[name]}", file=sys.stderr, flush=True)
     print(
         f"{'variant':<8} {'params':>10} {'val loss':>8} {'bpc':>6} {'tok/s':>7} "

@@ -61,15 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _common as bench
 import torch
-from _common import (
-    benchmark_parser,
-    fresh_output,
-    in_fork,
-    machine_line,
-    pin_threads,
-    quiet_logging,
-)
 from accelerate.utils import set_seed
 
 from stackwise.config import Config, from_dict
@@ -176,9 +169,9 @@ def make_config(plan: Plan, v: Variant, output_dir: Path) -> Config:
                 "mixed_precision": "no",
                 "eval_every": plan.steps + 1,  # only the start and end evaluations
                 "eval_batches": plan.eval_batches,
-                **fresh_output(output_dir),
+                **bench.fresh_output(output_dir),
             },
-            "logging": quiet_logging(log_every=50),
+            "logging": bench.quiet_logging(log_every=50),
             "sample": {"num_samples": 0},
             "progressive": prog,
         },
@@ -302,7 +295,7 @@ def run_once(plan: Plan, v: Variant, data: PreparedData, workdir: Path) -> Resul
 
 
 def run_forked(plan: Plan, v: Variant, data: PreparedData, workdir: Path) -> Result:
-    return in_fork(v.name, run_once, plan, v, data, workdir)
+    return bench.in_fork(v.name, run_once, plan, v, data, workdir)
 
 
 def table(results: list[Result]) -> str:
@@ -329,7 +322,7 @@ def table(results: list[Result]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = benchmark_parser(__doc__, "smoke run: 48 steps, main methods only")
+    p = bench.benchmark_parser(__doc__, "smoke run: 48 steps, main methods only")
     p.add_argument("--steps", type=int, default=None, help="total steps per method (default 320)")
     p.add_argument("--joint", type=int, default=None, help="fused: joint steps (default steps/4)")
     p.add_argument(
@@ -374,12 +367,12 @@ def main(argv: list[str] | None = None) -> None:
         variants += CLM
     if args.only:
         variants = [v for v in variants if v.name in args.only]
-    pin_threads()
+    bench.pin_threads()
 
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="stackwise-bench-") as tmp:
         data = build_data(make_config(plan, MAIN[0], Path(tmp)).data)
-        print(machine_line())
+        print(bench.machine_line())
         print(
             f"model: {plan.n_stacks} stacks x 1 block, d_model {plan.d_model}, {plan.n_heads} "
             f"heads, vocab {len(data.tokenizer)}, seq {plan.seq_len}, batch {plan.batch_size}; "

@@ -52,15 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _common as bench
 import torch
-from _common import (
-    benchmark_parser,
-    fresh_output,
-    in_fork,
-    machine_line,
-    pin_threads,
-    quiet_logging,
-)
 
 import stackwise.progressive.stage_cache as prog_stage_cache
 import stackwise.progressive.trainer as prog_trainer
@@ -125,9 +118,9 @@ def make_config(plan: Plan, cache: bool, output_dir: Path) -> Config:
                 "mixed_precision": "no",
                 "eval_every": plan.steps_per_stack + 1,  # only the start/end evals of a stage
                 "eval_batches": 1,
-                **fresh_output(output_dir),
+                **bench.fresh_output(output_dir),
             },
-            "logging": quiet_logging(log_every=plan.steps_per_stack),
+            "logging": bench.quiet_logging(log_every=plan.steps_per_stack),
             "sample": {"num_samples": 0},
             "progressive": prog,
         },
@@ -238,7 +231,7 @@ def run_once(plan: Plan, cache: bool, data: PreparedData, workdir: Path) -> RunR
 
 
 def run_forked(plan: Plan, cache: bool, data: PreparedData, workdir: Path) -> RunResult:
-    return in_fork(f"run (cache {cache})", run_once, plan, cache, data, workdir)
+    return bench.in_fork(f"run (cache {cache})", run_once, plan, cache, data, workdir)
 
 
 # -- report -----------------------------------------------------------------------------------
@@ -277,7 +270,7 @@ def table(on: list[RunResult], off: list[RunResult], plan: Plan) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = benchmark_parser(__doc__, "smoke run: 1 rep, 4 stacks, 2 epochs")
+    p = bench.benchmark_parser(__doc__, "smoke run: 1 rep, 4 stacks, 2 epochs")
     p.add_argument("--reps", type=int, default=None, help="interleaved repetitions (default 5)")
     p.add_argument("--stacks", type=int, default=None, help="stacks to grow (default 8)")
     p.add_argument("--samples", type=int, default=None, help="training sequences (default 64)")
@@ -306,11 +299,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     if plan.epochs < 2 or plan.samples % plan.batch_size or plan.n_stacks < 2:
         sys.exit("need epochs >= 2, samples a multiple of the batch size, and >= 2 stacks")
-    pin_threads()
+    bench.pin_threads()
 
     with tempfile.TemporaryDirectory(prefix="stackwise-bench-") as tmp:
         data = build_data(make_config(plan, False, Path(tmp)).data)
-        print(machine_line())
+        print(bench.machine_line())
         print(
             f"model: {plan.n_stacks} stacks x 1 block, d_model {plan.d_model}, {plan.n_heads} "
             f"heads, vocab {len(data.tokenizer)}, seq {plan.seq_len}, batch {plan.batch_size}; "

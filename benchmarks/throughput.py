@@ -49,21 +49,19 @@ import argparse
 import gc
 import logging
 import os
-import platform
 import resource
 import statistics
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import _common as bench
 import torch
 import torch.nn.functional as F
-from _common import benchmark_parser, fresh_output, in_fork, quiet_logging
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -169,9 +167,9 @@ def make_config(shape: Shape, plan: Plan, output_dir: Path, compile: bool = Fals
                 "mixed_precision": PRECISION,
                 "eval_every": plan.total_steps + 1,
                 "compile": compile,
-                **fresh_output(output_dir),
+                **bench.fresh_output(output_dir),
             },
-            "logging": quiet_logging(),
+            "logging": bench.quiet_logging(),
         },
         origin="benchmark",
     )
@@ -442,7 +440,7 @@ def run_forked(
     method: str, shape: Shape, plan: Plan, workdir: Path, patches: tuple[str, ...]
 ) -> RunResult:
     """One repetition in a fresh forked child (see benchmarks/_forked.py)."""
-    return in_fork(f"{method} run", run_once, method, shape, plan, workdir, patches)
+    return bench.in_fork(f"{method} run", run_once, method, shape, plan, workdir, patches)
 
 
 Results = dict[str, list[RunResult]]
@@ -521,7 +519,7 @@ def headline(all_results: dict[str, Results], shapes: tuple[Shape, ...]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = benchmark_parser(__doc__, "smoke run: 2 reps of 2 + 5 steps")
+    p = bench.benchmark_parser(__doc__, "smoke run: 2 reps of 2 + 5 steps")
     p.add_argument("--reps", type=int, default=None, help="repetitions per method (default 7)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps per rep (default 5)")
     p.add_argument("--steps", type=int, default=None, help="timed steps per rep (default 30)")
@@ -565,9 +563,7 @@ def main(argv: list[str] | None = None) -> None:
     from stackwise.train.hardware import resolve_precision
 
     PRECISION = resolve_precision(args.precision, torch.device("cpu"))
-    torch.set_num_threads(1)
-    torch.set_num_interop_threads(1)
-    warnings.filterwarnings("ignore")
+    bench.pin_threads()
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # an optional-kernel notice
     import transformers
     import transformers.trainer  # the slow import, done once before the runs are forked
@@ -576,11 +572,8 @@ def main(argv: list[str] | None = None) -> None:
 
     malloc_env = " ".join(f"{k}={v}" for k, v in os.environ.items() if k.startswith("MALLOC_"))
     print(
-        f"torch {torch.__version__}, transformers {transformers.__version__}, "
-        f"python {platform.python_version()}, {os.cpu_count()} CPU cores, "
-        f"{torch.get_num_threads()} torch thread; malloc env: {malloc_env or 'default'}; "
-        f"precision {PRECISION} (--precision {args.precision}; CPU capability "
-        f"{torch.backends.cpu.get_cpu_capability()})"
+        f"{bench.machine_line(f'precision {PRECISION} (--precision {args.precision})')}; "
+        f"transformers {transformers.__version__}; malloc env: {malloc_env or 'default'}"
     )
     print(
         f"plan: {plan.reps} interleaved reps x ({plan.warmup} warmup + {plan.steps} timed steps) "
