@@ -19,6 +19,10 @@ QuantType = Literal["nf4", "fp8", "nvfp4", "fp16", "bf16", "fp32"]
 HalfFloat = Literal["bf16", "fp16"]
 # train.mixed_precision: autocast; auto asks the hardware probe
 MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
+# a Hugging Face base's weights or 4-bit matmuls: auto follows the training precision
+ModelDtype = Literal["auto", "fp32", "bf16", "fp16"]
+# a 4-bit base's packed storage: bytes, or a float (FSDP shards floats)
+Storage4bit = Literal["uint8", "bf16", "fp16", "fp32"]
 
 STACK_PRECISIONS: tuple[str, ...] = get_args(StackPrecision)
 QUANT_FORMATS: tuple[str, ...] = get_args(QuantFormat)

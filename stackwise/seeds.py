@@ -50,3 +50,9 @@ def stage(seed: int, index: int) -> int:
 def joint_tuning(seed: int) -> int:
     """The fused mode's joint tuning stage."""
     return (seed + 10_000) % 2**31
+
+
+def mask_key(seed: int, sample: int) -> int:
+    """The key of a cached stage sample's masks and time step: its cache key (`sample`) with the
+    seed folded in above bit 40, so other seeds draw other masks; stays inside int64."""
+    return sample + (seed % (1 << 22)) * (1 << 40)

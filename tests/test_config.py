@@ -11,7 +11,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stackwise.config import Config, from_dict, load_config, parse_override
+from stackwise.config import Config, ModelConfig, from_dict, load_config, parse_override
 from stackwise.errors import StackWiseError
 
 
@@ -315,6 +315,30 @@ def test_every_legacy_name_is_in_the_readme_and_maps_to_a_real_key():
         for old in values:
             assert old in documented, (path, old)
     assert from_dict({"train": {"eval_steps": 7}}).train.eval_every == 7
+
+
+def test_section_and_cross_section_problems_come_in_one_message():
+    """A section's own problem no longer hides the rules across sections: loading and derive
+    run them all, and a nested section (a per-stack override) is checked too."""
+    from stackwise.config import derive
+
+    bad = {
+        "model": {"n_heads": 3},  # a model rule
+        "masking": {"num_time_steps": 10, "eps": 0.01},  # masking rules (and clm relevance)
+        "data": {"seq_len": 4096},  # a cross rule: longer than model.max_seq_len
+        "progressive": {"strategy": "progressive", "stacks": {0: {"steps": 5, "epochs": 1}}},
+    }
+    with pytest.raises(StackWiseError) as err:
+        from_dict(bad)
+    text = str(err.value)
+    for needle in ("must divide d_model", "masking.eps bounds", "exceeds model.max_seq_len"):
+        assert needle in text, needle
+    assert "progressive.stacks.0" in text
+    with pytest.raises(StackWiseError) as err:
+        derive(from_dict({}), {"model.n_heads": 3, "data.seq_len": 4096})
+    assert "must divide d_model" in str(err.value) and "exceeds" in str(err.value)
+    with pytest.raises(ValueError, match="must divide d_model"):  # a section on its own
+        ModelConfig(n_heads=3)
 
 
 def test_all_problems_of_a_config_are_reported_together():

@@ -7,13 +7,28 @@ import importlib.util
 from pathlib import Path
 
 
-def test_the_package_has_no_structure_problems():
+def _checker():
     path = Path(__file__).resolve().parents[1] / "tools" / "structure.py"
     spec = importlib.util.spec_from_file_location("structure", path)
     assert spec is not None and spec.loader is not None
     structure = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(structure)
-    assert structure.find_problems() == []
+    return structure
+
+
+def test_the_package_has_no_structure_problems():
+    assert _checker().find_problems() == []
+
+
+def test_a_module_imported_from_its_package_counts_as_that_module():
+    """`from stackwise import pipeline` inside the model layer is an upward import."""
+    import ast
+
+    structure = _checker()
+    code = "from stackwise import pipeline, seeds\nfrom stackwise.config import Config"
+    found = structure.imports(ast.parse(code), "stackwise.model.rack", False)
+    assert found == {"stackwise.pipeline", "stackwise.seeds", "stackwise.config"}
+    assert structure.layer("stackwise.pipeline") > structure.layer("stackwise.model.rack")
 
 
 def test_the_cli_answers_help_without_loading_torch():

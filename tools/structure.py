@@ -67,8 +67,15 @@ def imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
                 pkg = module.split(".")[: len(module.split(".")) - node.level + is_package]
                 base = ".".join(pkg + ([base] if base else []))
             if base.startswith("stackwise"):
-                found.add(base)
+                # `from stackwise.pkg import module` depends on that module, not just on pkg
+                subs = {f"{base}.{a.name}" for a in node.names if is_module(f"{base}.{a.name}")}
+                found |= subs or {base}
     return found
+
+
+def is_module(name: str) -> bool:
+    path = ROOT.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

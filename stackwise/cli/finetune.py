@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from stackwise.errors import StackWiseError
+from stackwise.precision import HALF_FLOATS
 
 # flag / flat config key -> our config key
 FLAGS: dict[str, str] = {
@@ -70,7 +71,7 @@ FLAGS: dict[str, str] = {
     "wandb_project": "logging.wandb_project",
     "run_name": "logging.run_name",
 }
-PRECISION_FLAGS = ("bf16", "fp16")  # -> train.mixed_precision
+PRECISION_FLAGS = HALF_FLOATS  # --bf16/--fp16 -> train.mixed_precision
 LISTS = {"data.files", "data.eval_files", "lora.target_modules"}
 # flags that mean "true" when given without a value
 SWITCHES = {

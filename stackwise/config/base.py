@@ -1,8 +1,9 @@
 """The base of every config section, and how cross-field rules are run and reported.
 
 A rule is a small named function that yields the problems it finds (one sentence each, saying
-what to change). A section runs its own rules when it is built, the root config runs the rules
-that span sections; every rule runs, and all problems come back in one message.
+what to change). A section built on its own runs its own rules. A whole config (validated with
+the context ALL_RULES, as loading and `derive` do) leaves them to the root, which runs every
+section's rules and the rules that span sections, so all problems come back in one message.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
 
 YAML_TRUE = frozenset({"yes", "on", "true"})
 YAML_FALSE = frozenset({"no", "off", "false"})
@@ -24,6 +25,8 @@ Rule = Callable[[Any], Iterable[str]]
 SECTION_RULES: dict[str, list[Rule]] = {}
 # rules over the whole config, filled by stackwise.config.rules_cross
 CROSS_RULES: list[Rule] = []
+# validation context of a whole config: section rules wait for the root to run them together
+ALL_RULES = {"rules": "at_root"}
 
 
 def section_rule(section: str) -> Callable[[Rule], Rule]:
@@ -42,10 +45,10 @@ def cross_rule(fn: Rule) -> Rule:
     return fn
 
 
-def problems_of(target: Any, rules: Iterable[Rule]) -> list[str]:
-    """Every problem every rule finds. A rule that trips over an earlier problem (its input is
-    already invalid) is skipped rather than reported twice."""
-    found: list[str] = []
+def problems_of(target: Any, rules: Iterable[Rule], found: list[str] | None = None) -> list[str]:
+    """Every problem every rule finds, added to `found`. A rule that trips over an earlier
+    problem (its input is already invalid) is skipped rather than reported twice."""
+    found = [] if found is None else found
     for rule in rules:
         try:
             found.extend(rule(target))
@@ -97,7 +100,9 @@ class Section(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _section_rules(self) -> Section:
+    def _section_rules(self, info: ValidationInfo) -> Section:
+        if at_root(info):
+            return self
         found = problems_of(self, SECTION_RULES.get(type(self).__name__, []))
         if found:
             raise ValueError(joined(found))
@@ -107,6 +112,32 @@ class Section(BaseModel):
         """True when `name` differs from its default (robust to YAML round-trips)."""
         field = type(self).model_fields[name]
         return getattr(self, name) != field.get_default(call_default_factory=True)
+
+
+def at_root(info: ValidationInfo) -> bool:
+    """True while a whole config is validated: the root then runs every rule at once."""
+    return bool(info.context) and info.context.get("rules") == ALL_RULES["rules"]
+
+
+def section_problems(node: Any, path: str = "") -> list[str]:
+    """The problems of every section's own rules in `node` (nested sections, lists and dict
+    values too), each prefixed with where it is."""
+    found: list[str] = []
+    if isinstance(node, Section):
+        own = problems_of(node, SECTION_RULES.get(type(node).__name__, []))
+        found += [p if not path or p.startswith(f"{path}.") else f"{path}: {p}" for p in own]
+        children: Iterable[tuple[str, Any]] = (
+            (k, getattr(node, k)) for k in type(node).model_fields
+        )
+    elif isinstance(node, dict):
+        children = ((str(k), v) for k, v in node.items())
+    elif isinstance(node, list | tuple):
+        children = ((str(i), v) for i, v in enumerate(node))
+    else:
+        return found
+    for key, child in children:
+        found += section_problems(child, f"{path}.{key}" if path else key)
+    return found
 
 
 def set_while_off(section: Section, path: str) -> Iterator[str]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from stackwise.config.base import ALL_RULES
 from stackwise.config.loading import format_validation
 from stackwise.config.root import Config
 from stackwise.errors import StackWiseError
@@ -25,7 +26,7 @@ def derive(config: Config, changes: dict[str, Any], origin: str = "a derived con
             node = node[name]
         node[leaf] = value
     try:
-        return Config.model_validate(data)
+        return Config.model_validate(data, context=ALL_RULES)
     except ValidationError as err:
         raise StackWiseError(format_validation(err, origin)) from None
 

@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from stackwise.config.aliases import apply_aliases
-from stackwise.config.base import QUOTE_HINT
+from stackwise.config.base import ALL_RULES, QUOTE_HINT
 from stackwise.config.root import Config
 from stackwise.errors import StackWiseError
 
@@ -137,7 +137,7 @@ def from_dict(data: Any, origin: str = "config") -> Config:
     data = apply_aliases(data)
     _check_keys(data, Config)
     try:
-        return Config.model_validate(data)
+        return Config.model_validate(data, context=ALL_RULES)
     except ValidationError as err:
         raise StackWiseError(format_validation(err, origin)) from None
 

@@ -5,9 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
-from stackwise.config.base import CROSS_RULES, Section, joined, problems_of
+from stackwise.config.base import (
+    CROSS_RULES,
+    Section,
+    at_root,
+    joined,
+    problems_of,
+    section_problems,
+)
 from stackwise.config.growth import LoraConfig, ProgressiveConfig, QuantConfig
 from stackwise.config.moe import MemoryConfig
 from stackwise.config.sections import (
@@ -63,8 +70,8 @@ class Config(Section):
         return {**data, "model": model}
 
     @model_validator(mode="after")
-    def _cross_rules(self) -> Config:
-        found = problems_of(self, CROSS_RULES)
+    def _cross_rules(self, info: ValidationInfo) -> Config:
+        found = problems_of(self, CROSS_RULES, section_problems(self) if at_root(info) else [])
         if found:
             raise ValueError(joined(found))
         return self

@@ -19,7 +19,7 @@ from pydantic import (
 
 from stackwise.config.base import Section
 from stackwise.config.moe import MoEConfig
-from stackwise.precision import MixedPrecision
+from stackwise.precision import MixedPrecision, ModelDtype, Storage4bit
 
 # the model fields that make a rack's weights a different function
 RACK_SHAPE_FIELDS = (
@@ -74,17 +74,17 @@ class ModelConfig(Section):
     model_name_or_path: str | None = Field(
         None, description="hf: a local model dir (or a hub name where a hub is reachable)."
     )
-    dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+    dtype: ModelDtype = Field(
         "auto", description="hf: the base weights' dtype; auto: bf16 when training in bf16."
     )
     load_in_4bit: bool = Field(False, description="hf: NF4/FP4 base through bitsandbytes.")
     load_in_8bit: bool = Field(False, description="hf: int8 base through bitsandbytes.")
     quant_type_4bit: Literal["nf4", "fp4"] = "nf4"
     double_quant: bool = Field(True, description="4-bit: quantize the block scales too.")
-    compute_dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+    compute_dtype: ModelDtype = Field(
         "auto", description="4-bit: the matmul dtype; auto follows model.dtype."
     )
-    quant_storage: Literal["uint8", "bf16", "fp16", "fp32"] = Field(
+    quant_storage: Storage4bit = Field(
         "uint8", description="4-bit: the packed weights' storage dtype (bf16 for FSDP)."
     )
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"

@@ -14,6 +14,7 @@ from stackwise.errors import StackWiseError
 from stackwise.hf import loss as hf_loss
 from stackwise.hf.load import ADAPTER_WEIGHTS, FULL_WEIGHTS, device_now
 from stackwise.hf.memory import describe_memory, load_memory, save_memory
+from stackwise.io.files import read_tensors
 from stackwise.model.memory import memory_layers, memory_metrics
 from stackwise.model.routing import router_loss, routing_scope
 from stackwise.objectives.base import Batch, Objective
@@ -135,8 +136,7 @@ class HFAdapter(ModelAdapter):
             ) from None
 
     def _load_weights(self, model: nn.Module, folder: Path) -> None:
-        from safetensors.torch import load_file
-
+        fix = "Use another checkpoint of the run, or train it again."
         assert self.config is not None
         if self.config.memory_on:
             load_memory(model, folder)
@@ -145,7 +145,7 @@ class HFAdapter(ModelAdapter):
         if (folder / ADAPTER_WEIGHTS).is_file():
             from peft import set_peft_model_state_dict
 
-            result = set_peft_model_state_dict(model, load_file(str(folder / ADAPTER_WEIGHTS)))
+            result = set_peft_model_state_dict(model, read_tensors(folder / ADAPTER_WEIGHTS, fix))
             unexpected = getattr(result, "unexpected_keys", [])
         elif (folder / FULL_WEIGHTS).is_file() or (folder / SHARD_INDEX).is_file():
             from transformers.modeling_utils import load_sharded_checkpoint
@@ -153,7 +153,9 @@ class HFAdapter(ModelAdapter):
             if (folder / SHARD_INDEX).is_file():  # a big model, saved in shards
                 result = load_sharded_checkpoint(model, str(folder), strict=False)
             else:
-                result = model.load_state_dict(load_file(str(folder / FULL_WEIGHTS)), strict=False)
+                result = model.load_state_dict(
+                    read_tensors(folder / FULL_WEIGHTS, fix), strict=False
+                )
             unexpected = result.unexpected_keys
             tied = _tied_keys(model)
             missing = [k for k in result.missing_keys if k not in tied]

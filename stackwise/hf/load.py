@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from stackwise.errors import StackWiseError
-from stackwise.precision import torch_dtype
+from stackwise.precision import HALF_FLOATS, torch_dtype
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 FULL_WEIGHTS = "model.safetensors"
@@ -46,7 +46,7 @@ def base_dtype(config: Any, device: torch.device) -> torch.dtype:
     name = config.model.dtype
     if name == "auto":
         half = resolve_precision(config.train.mixed_precision, device)
-        name = half if config.lora.enabled and half in ("bf16", "fp16") else "fp32"
+        name = half if config.lora.enabled and half in HALF_FLOATS else "fp32"
     return torch_dtype(name)
 
 

@@ -46,6 +46,14 @@ def fsync_tree(folder: Path) -> None:
     fsync_dir(folder)
 
 
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Rename a finished folder into place: its files are fsynced before the rename and the
+    parent after it, so a crash leaves no folder or the whole new one, never a part of it."""
+    fsync_tree(tmp)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
 def _replace(tmp: Path, path: Path) -> None:
     with tmp.open("rb") as fh:
         os.fsync(fh.fileno())

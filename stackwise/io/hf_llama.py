@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from stackwise.errors import StackWiseError
-from stackwise.io.files import save_tensors, staged
+from stackwise.io.files import publish_dir, save_tensors, staged
 from stackwise.model.hf import llama_config, llama_state_dict, rack_parameters
 
 
@@ -86,7 +86,7 @@ def export_hf(run: str | Path, out: str | Path) -> Path:
         tokenizer.save_pretrained(str(tmp))
         if out.exists():
             out.rmdir()  # empty: checked above
-        tmp.rename(out)
+        publish_dir(tmp, out)
     return out
 
 

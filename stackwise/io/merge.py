@@ -16,7 +16,7 @@ import torch
 
 from stackwise.config import Config, derive, save_config
 from stackwise.errors import StackWiseError
-from stackwise.io.files import staged
+from stackwise.io.files import publish_dir, staged
 from stackwise.io.stack_files import read_manifest, save_anchor_and_manifest, save_stack
 from stackwise.io.trained import WEIGHTS, load_trained, save_model
 from stackwise.model.rack import Rack
@@ -148,7 +148,7 @@ def _save(
         _write(tmp, config, rack, tokenizer, storages)
         if out.exists():
             out.rmdir()  # empty (checked before merging)
-        tmp.rename(out)
+        publish_dir(tmp, out)
 
 
 def _write(

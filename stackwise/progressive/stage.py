@@ -14,11 +14,10 @@ from torch import nn
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
+from stackwise import seeds
 from stackwise.model.layers import Stack
 from stackwise.model.rack import Rack
 from stackwise.progressive.cache import ActivationCache
-
-KEY_SEED_STRIDE = 1 << 40  # mask_key = cache_key + seed * stride: the seed changes every mask
 
 
 class KeyedSamples(Dataset):
@@ -47,7 +46,7 @@ class KeyedSamples(Dataset):
     def __getitem__(self, j: int) -> dict[str, Any]:
         item = dict(self.base[j // self.variants])
         item["cache_key"] = j
-        item["mask_key"] = j + (self.seed % (1 << 22)) * KEY_SEED_STRIDE  # stays in int64
+        item["mask_key"] = seeds.mask_key(self.seed, j)
         if self.times is not None:
             item["t"] = torch.tensor(self.times[j % self.variants])
         return item

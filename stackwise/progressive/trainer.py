@@ -228,7 +228,7 @@ class ProgressiveTrainer:
             data,
             self.data.val,
             accelerator=self.accelerator,
-            stage=Stage(index, f"stack {index + 1}/{n_stacks}", self),
+            stage=Stage(index, f"stack {index + 1}/{n_stacks}", defer_finish=True),
             eval_objective=build_objective(self.config, self.data.specials),
             eval_seed=self.config.train.seed,
             scheduler=(lambda opt: self.plan.global_scheduler(opt, cfg, index))
@@ -237,7 +237,6 @@ class ProgressiveTrainer:
         )
         self.last_trainer = trainer  # inspected by tests (optimizer membership)
         trainer.call_hook("on_stack_begin", index)
-        trainer.defer_finish = True  # finished once on_stack_end has run
         return trainer
 
     def _after_stage(self, new: Any) -> None:
@@ -293,7 +292,7 @@ class ProgressiveTrainer:
             self.data.train,
             self.data.val,
             accelerator=self.accelerator,
-            stage=Stage(None, "joint", self),
+            stage=Stage(None, "joint"),
             eval_seed=self.config.train.seed,
         )
         start = time.perf_counter()

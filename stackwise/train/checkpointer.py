@@ -9,7 +9,6 @@ they were.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -94,11 +93,9 @@ class Checkpointer:
             if not acc.is_main_process:
                 return
             write(tmp)
-            files.fsync_tree(tmp)
             if final.exists():  # left by an earlier, abandoned run in this dir
                 ckpt.remove_checkpoint(final)
-            os.replace(tmp, final)
-            files.fsync_dir(self.output_dir)
+            files.publish_dir(tmp, final)
             files.write_atomic(self.output_dir / ckpt.LATEST, final.name + "\n")
             ckpt.rotate(self.output_dir, self.limit, protected)
 

@@ -54,7 +54,7 @@ class Extension:
     def on_save(self, run: RunInfo, path: Any) -> None: ...
 
     def on_stack_begin(self, run: RunInfo, index: int) -> None:
-        """Progressive runs: `run` is the stage's (`run.progressive` is the ProgressiveTrainer);
+        """Progressive runs: `run` is the stage's (`run.stack_index`, `run.model`);
         on_stack_end comes once the stage is saved and recorded."""
 
     def on_stack_end(self, run: RunInfo, index: int, record: Any) -> None: ...

@@ -54,7 +54,9 @@ class Stage:
 
     index: int | None = None  # the stack being grown (None: joint tuning)
     label: str = "train"  # the progress bar's description, e.g. "stack 2/4"
-    progressive: Any = None  # the ProgressiveTrainer, for extensions of progressive runs
+    # a grown stack's loggers stay open after train() until finish(), so on_stack_end, which
+    # comes once the stage is saved, is still logged
+    defer_finish: bool = False
 
 
 class RunInfo:
@@ -87,7 +89,6 @@ class RunInfo:
     extensions = property(lambda self: self._extensions)
     stack_index = property(lambda self: self._stage.index)
     progress_desc = property(lambda self: self._stage.label)
-    progressive = property(lambda self: self._stage.progressive)
     # the model being trained, unwrapped (no DDP): read its state, do not swap its parameters
     model = property(lambda self: self._model())
 

@@ -106,7 +106,6 @@ class Trainer:
             self.logger_note,
             lambda: self.raw_model,
         )
-        self.defer_finish = False  # see train()
         self.gen = torch.Generator(device=acc.device)
 
     def _prepare(
@@ -270,7 +269,7 @@ class Trainer:
         return metrics
 
     def train(self) -> TrainState:
-        """Run to max_steps. With `defer_finish` set the run's loggers stay open (a progressive
+        """Run to max_steps. With `stage.defer_finish` the run's loggers stay open (a progressive
         stage reports its stack first) until `finish()`; a failure always finishes."""
         tc = self.config.train
         if tc.resume_from_checkpoint:
@@ -290,7 +289,7 @@ class Trainer:
         except BaseException:
             self.finish()
             raise
-        if not self.defer_finish:
+        if not self.stage.defer_finish:
             self.finish()
         return self.state
 
