@@ -63,7 +63,7 @@ def make_trainer(cfg, extensions=None, train_data=None):
 
 
 def weights(trainer: Trainer) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in trainer._unwrapped().state_dict().items()}
+    return {k: v.detach().clone() for k, v in trainer.unwrapped().state_dict().items()}
 
 
 # -- layout, atomicity, rotation ------------------------------------------------------------
@@ -343,7 +343,7 @@ def test_skip_nonfinite_steps_skips_the_update(tiny):
     trainer = poison_step(make_trainer(cfg)[0], 3)
     state = trainer.train()
     assert state.step == 6 and trainer.skipped_steps == 1
-    assert all(torch.isfinite(p).all() for p in trainer._unwrapped().parameters())
+    assert all(torch.isfinite(p).all() for p in trainer.unwrapped().parameters())
 
 
 # -- extensions -----------------------------------------------------------------------------

@@ -434,3 +434,15 @@ def test_printed_samples_carry_no_control_characters_but_keep_their_lines(text):
     assert shown.count("\n") == text.count("\n")
     plain = "".join(c for c in text if c in "\n\t" or 32 <= ord(c) < 127 or ord(c) >= 160)
     assert printable(plain) == plain
+
+
+def test_an_unknown_flag_gets_the_commands_usage_and_the_nearest_flag(tmp_path, capsys):
+    from stackwise.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["generate", "--checkpoint", str(tmp_path), "--temprature", "0.5", "--num_samples"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2
+    assert "usage: stackwise generate" in err
+    assert "--temprature: did you mean --temperature?" in err
+    assert "--num_samples: did you mean --num-samples?" in err

@@ -244,6 +244,16 @@ def test_what_a_new_user_got_wrong_gets_one_paragraph(files, tmp_path, capsys):
     )
 
 
+def test_a_precision_flag_takes_only_true_or_false(files):
+    """`--bf16 maybe` used to fall through to mixed_precision auto: a typo trained anyway."""
+    base = ["--model_name_or_path", str(files["model"]), "--train_file", str(files["chat"])]
+    for value in ("maybe", "2"):
+        with pytest.raises(StackWiseError, match=r"bf16 the value .* takes true or false"):
+            finetune_config([*base, "--bf16", value])
+    assert finetune_config([*base, "--bf16", "false"]).train.mixed_precision == "no"
+    assert finetune_config([*base, "--bf16"]).train.mixed_precision == "bf16"
+
+
 def test_export_hf_on_a_fine_tuned_run_points_at_merge_lora(files, tmp_path, capsys):
     out = tmp_path / "run"
     flags = seed_flags(files, out, max_steps=1)

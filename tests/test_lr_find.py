@@ -14,13 +14,13 @@ from stackwise.train.lr_find import lr_find, suggest
 
 def test_lr_find_sweeps_suggests_and_restores_the_model(tiny):
     trainer = build_trainer(tiny(train={"lr": 1e-3}))
-    before = {k: v.clone() for k, v in trainer._unwrapped().state_dict().items()}
+    before = {k: v.clone() for k, v in trainer.unwrapped().state_dict().items()}
     lrs_before = [g["lr"] for g in trainer.optimizer.param_groups]
     result = lr_find(trainer, 1e-5, 10.0, steps=40)
     assert 2 <= len(result.lrs) <= 40 and result.lrs[0] == 1e-5
     assert all(b > a for a, b in zip(result.lrs, result.lrs[1:], strict=False))  # exponential
     assert 1e-5 <= result.suggestion <= result.lrs[-1]
-    after = trainer._unwrapped().state_dict()
+    after = trainer.unwrapped().state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert [g["lr"] for g in trainer.optimizer.param_groups] == lrs_before
     assert not trainer.optimizer.state_dict()["state"]  # no Adam moments left behind

@@ -13,7 +13,7 @@ import textwrap
 from stackwise.cli.commands import generate_help_defaults
 from stackwise.cli.common import DEFAULT_PRESET, PRESETS, resolve_config_path
 from stackwise.cli.hf_commands import cmd_finetune
-from stackwise.cli.parsers import build_parser
+from stackwise.cli.parsers import build_parser, refuse_unknown
 from stackwise.errors import StackWiseError
 from stackwise.quiet import filter_library_noise
 
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         ns, extra = parser.parse_known_args(args)
     if extra:  # dotted overrides may follow the flags: `lr-find cfg --steps 50 train.lr=1`
         if not hasattr(ns, "args") or any(a.startswith("-") or "=" not in a for a in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            refuse_unknown(parser, getattr(ns, "command", None), extra)
         ns.args = [*ns.args, *extra]
     try:
         code = ns.func(ns)

@@ -154,6 +154,12 @@ def _apply_flat(
 ) -> None:
     """Flat seed keys (from flags or a file) into `data`'s sections; fp16/bf16 pick the
     precision, and asking for both is refused."""
+    for p in PRECISION_FLAGS:
+        if p in flat and not isinstance(flat[p], bool):
+            raise StackWiseError(
+                f"{origin} gives {p} the value {flat[p]!r}; it takes true or false "
+                f"(--{p} alone means true)."
+            )
     want = {p for p in PRECISION_FLAGS if flat.get(p) is True}
     if len(want) > 1:
         raise StackWiseError(f"{origin} asks for both fp16 and bf16; keep one.")

@@ -111,7 +111,8 @@ def _generate_parser(sub: Any, defaults: dict[str, Any] | None) -> None:
     g = sub.add_parser(
         "generate",
         help="sample text from a trained rack",
-        description="Sample from a trained run. Unset flags take the run's sample.* settings"
+        description="Sample from a trained run (one sample unless --num-samples says more). "
+        "Unset sampling flags take the run's sample.* settings"
         + (" shown below." if defaults else "; name --checkpoint before --help to see them."),
         epilog=SAMPLERS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -264,3 +265,20 @@ def _config_parser(sub: Any) -> None:
         "--aliases", action="store_true", help="show: list the accepted legacy (seed) key names"
     )
     c.set_defaults(func=cmd_config)
+
+
+def refuse_unknown(parser: argparse.ArgumentParser, command: str | None, extra: list[str]) -> None:
+    """Exit 2 with the command's own usage line, naming the nearest known flag of each unknown
+    one (`--temprature` -> --temperature, `--num_samples` -> --num-samples)."""
+    import difflib
+
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    own = subs[0].choices.get(command, parser) if subs and command else parser
+    known = [flag for action in own._actions for flag in action.option_strings]
+    hints = []
+    for arg in extra:
+        name = arg.split("=", 1)[0]
+        near = difflib.get_close_matches(name.replace("_", "-"), known, n=1, cutoff=0.6)
+        if arg.startswith("-") and near:
+            hints.append(f"{name}: did you mean {near[0]}?")
+    own.error(f"unrecognized arguments: {' '.join(extra)}" + "".join(f"; {h}" for h in hints))

@@ -25,6 +25,8 @@ Rule = Callable[[Any], Iterable[str]]
 SECTION_RULES: dict[str, list[Rule]] = {}
 # rules over the whole config, filled by stackwise.config.rules_cross
 CROSS_RULES: list[Rule] = []
+# rules that build whole configs from this one (per-stack overrides), filled by rules_growth
+DERIVED_RULES: list[Rule] = []
 # validation context of a whole config: section rules wait for the root to run them together
 ALL_RULES = {"rules": "at_root"}
 
@@ -42,6 +44,13 @@ def section_rule(section: str) -> Callable[[Rule], Rule]:
 def cross_rule(fn: Rule) -> Rule:
     """Register a rule that checks the whole config (run once every section is valid)."""
     CROSS_RULES.append(fn)
+    return fn
+
+
+def derived_rule(fn: Rule) -> Rule:
+    """Register a rule that derives whole configs from this one. It runs only once every other
+    rule has passed: on a config with problems it would report them all again."""
+    DERIVED_RULES.append(fn)
     return fn
 
 

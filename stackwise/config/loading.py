@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from stackwise.config.aliases import apply_aliases
-from stackwise.config.base import ALL_RULES, QUOTE_HINT
+from stackwise.config.base import ALL_RULES, QUOTE_HINT, joined
 from stackwise.config.root import Config
 from stackwise.errors import StackWiseError
 
@@ -123,7 +123,7 @@ def format_validation(err: ValidationError, origin: str) -> str:
             shown += f" ({QUOTE_HINT})"
         parts.append(f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}")
     where = "" if origin == "config" else f" in {origin}"
-    return f"Invalid config{where}: " + "; ".join(parts) + ". Fix the value and rerun."
+    return f"Invalid config{where}: " + joined(parts) + ". Fix the value and rerun."
 
 
 def from_dict(data: Any, origin: str = "config") -> Config:

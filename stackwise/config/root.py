@@ -9,6 +9,7 @@ from pydantic import Field, ValidationInfo, model_validator
 
 from stackwise.config.base import (
     CROSS_RULES,
+    DERIVED_RULES,
     Section,
     at_root,
     joined,
@@ -72,6 +73,8 @@ class Config(Section):
     @model_validator(mode="after")
     def _cross_rules(self, info: ValidationInfo) -> Config:
         found = problems_of(self, CROSS_RULES, section_problems(self) if at_root(info) else [])
+        if not found:
+            found = problems_of(self, DERIVED_RULES)
         if found:
             raise ValueError(joined(found))
         return self

@@ -29,7 +29,10 @@ from stackwise.config.sections import (
 @section_rule("ModelConfig")
 def model_shapes(s: ModelConfig) -> Iterator[str]:
     if s.d_model % s.n_heads:
-        fits = [h for h in range(1, min(s.d_model, 64) + 1) if s.d_model % h == 0][-4:]
+        divisors = [h for h in range(1, s.d_model + 1) if s.d_model % h == 0]
+        # the counts nearest the one given whose head size is even (RoPE); odd d_model: any
+        valid = [h for h in divisors if (s.d_model // h) % 2 == 0] or divisors
+        fits = sorted(sorted(valid, key=lambda h: (abs(h - s.n_heads), h))[:4])
         yield (
             f"n_heads ({s.n_heads}) must divide d_model ({s.d_model}); head counts that "
             f"divide it: {', '.join(map(str, fits))}"
@@ -329,7 +332,10 @@ def progressive_cache(s: ProgressiveConfig) -> Iterator[str]:
     if c.max_bytes is None and c.changed("on_full"):
         yield "progressive.cache.on_full needs a cache.max_bytes budget"
     if c.store_all_time_steps and c.changed("time_step_cache_size"):
-        yield ("store_all_time_steps keeps every grid step; remove time_step_cache_size")
+        yield (
+            "progressive.cache.store_all_time_steps keeps every grid step; remove "
+            "progressive.cache.time_step_cache_size"
+        )
 
 
 @section_rule("ProgressiveConfig")

@@ -7,7 +7,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from stackwise.config.base import cross_rule
+from stackwise.config.base import cross_rule, derived_rule
 from stackwise.config.derive import stack_config
 from stackwise.config.growth import QUANTIZED
 from stackwise.config.root import Config
@@ -258,16 +258,16 @@ def growth_cache_grid(cfg: Config) -> Iterator[str]:
     steps = cfg.masking.num_time_steps
     if c.store_all_time_steps and (name != "diffusion" or steps is None):
         yield (
-            "cache.store_all_time_steps keeps one entry per grid step: it needs objective "
-            "'diffusion' with masking.num_time_steps"
+            "progressive.cache.store_all_time_steps keeps one entry per grid step: it needs "
+            "objective 'diffusion' with masking.num_time_steps"
         )
     if c.enabled and name == "clm" and c.changed("time_step_cache_size"):
-        yield "clm inputs are never masked: time_step_cache_size must stay 1"
+        yield "progressive.cache.time_step_cache_size must stay 1 with clm (nothing is masked)"
 
 
 @rack_rule
 def growth_stack_overrides(cfg: Config) -> Iterator[str]:
-    """Per-stack overrides must name real stacks and make valid configs."""
+    """Per-stack overrides must name real stacks and keep the attention direction."""
     p = cfg.progressive
     for idx, over in p.stacks.items():
         if not 0 <= idx < cfg.model.n_stacks:
@@ -281,8 +281,17 @@ def growth_stack_overrides(cfg: Config) -> Iterator[str]:
                 f"progressive.stacks.{idx}.objective changes the attention direction; a "
                 "stack override must keep the rack's causal/bidirectional attention"
             )
+
+
+@derived_rule
+def stack_configs(cfg: Config) -> Iterator[str]:
+    """Each stack's config (the rack's with its override applied) must be valid in itself."""
+    if cfg.model.source == "hf":
+        return
+    for idx in cfg.progressive.stacks:
         try:
             stack_config(cfg, idx)
         except StackWiseError as err:
             detail = str(err).removesuffix(". Fix the value and rerun.")
+            detail = detail.removeprefix(f"Invalid config in stack {idx}: ")
             yield f"progressive.stacks.{idx} makes an invalid config: {detail}"

@@ -44,7 +44,7 @@ class Standard(TrainingStrategy):
         state = trainer.train()
         if not quiet and trainer.accelerator.is_main_process and state.history:
             print(final_eval_line(state.history[-1]), flush=True)
-        trained = trainer._unwrapped()
+        trained = trainer.unwrapped()
         also = adapter.final_files(trained, data.tokenizer, config)
         if also is None and config.progressive.save_stacks:
             also = partial(save_all_stacks, trained)

@@ -132,7 +132,7 @@ def save_finished(trainer: Any, tokenizer: Any, weights: bool, also: Any) -> Non
     def write() -> None:
         with final_save(trainer.output_dir) as folder:
             if weights:
-                trainer.adapter.save(trainer._unwrapped(), folder)
+                trainer.adapter.save(trainer.unwrapped(), folder)
             save_run(folder, trainer.config, tokenizer, summary)
             if also is not None:
                 also(folder)

@@ -75,7 +75,7 @@ def lr_find(
     """Exponential LR sweep from min_lr to max_lr; stops once the smoothed loss exceeds
     `diverge` times its best. Group LR ratios (train.group_lr) are kept."""
     model, opt = trainer.model, trainer.optimizer
-    saved_model = copy.deepcopy(trainer._unwrapped().state_dict())
+    saved_model = copy.deepcopy(trainer.unwrapped().state_dict())
     saved_opt = copy.deepcopy(opt.state_dict())
     base = trainer.config.train.lr
     if not (0 < min_lr < max_lr) or steps < 2:
@@ -109,7 +109,7 @@ def lr_find(
                 stopped = True
                 break
     finally:
-        trainer._unwrapped().load_state_dict(saved_model)
+        trainer.unwrapped().load_state_dict(saved_model)
         opt.load_state_dict(saved_opt)  # param_groups too: the scheduler's LRs come back
         trainer.state.epoch = trainer.state.batch_in_epoch = 0
         trainer.state.stream_position = None

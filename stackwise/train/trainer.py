@@ -332,12 +332,13 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------------
 
-    def _unwrapped(self) -> nn.Module:
+    def unwrapped(self) -> nn.Module:
+        """The model itself, out of its DDP/FSDP wrapper and compiled form: what is saved."""
         model = self.accelerator.unwrap_model(self.model)
         return getattr(model, "_orig_mod", model)
 
     def _checkpointed(self) -> nn.Module:
-        model = self._unwrapped()
+        model = self.unwrapped()
         return model.checkpoint_module() if hasattr(model, "checkpoint_module") else model
 
     def save_checkpoint(self) -> Path:
