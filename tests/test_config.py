@@ -339,6 +339,16 @@ def test_section_and_cross_section_problems_come_in_one_message():
     assert "must divide d_model" in str(err.value) and "exceeds" in str(err.value)
     with pytest.raises(ValueError, match="must divide d_model"):  # a section on its own
         ModelConfig(n_heads=3)
+    with pytest.raises(StackWiseError) as err:  # a type error stops the cross rules, not these
+        from_dict({"model": {"n_heads": 3}, "train": {"max_steps": "abc"}})
+    assert "must divide d_model" in str(err.value) and "train.max_steps" in str(err.value)
+    stacks = {0: {"masking": {"mask_ratio": 0.2, "eps": 0.01}}}
+    with pytest.raises(StackWiseError) as err:  # a stack's own problems, one item each
+        from_dict({"progressive": {"strategy": "progressive", "stacks": stacks}})
+    text = str(err.value)
+    assert "(1) progressive.stacks.0 makes an invalid config: masking.mask_ratio" in text
+    assert text.count("problems:") == 1
+    assert "(2) progressive.stacks.0 makes an invalid config: masking.eps" in text
 
 
 def test_all_problems_of_a_config_are_reported_together():

@@ -244,7 +244,7 @@ def test_what_a_new_user_got_wrong_gets_one_paragraph(files, tmp_path, capsys):
     )
 
 
-def test_a_precision_flag_takes_only_true_or_false(files):
+def test_a_precision_flag_takes_only_true_or_false(files, tmp_path):
     """`--bf16 maybe` used to fall through to mixed_precision auto: a typo trained anyway."""
     base = ["--model_name_or_path", str(files["model"]), "--train_file", str(files["chat"])]
     for value in ("maybe", "2"):
@@ -252,6 +252,11 @@ def test_a_precision_flag_takes_only_true_or_false(files):
             finetune_config([*base, "--bf16", value])
     assert finetune_config([*base, "--bf16", "false"]).train.mixed_precision == "no"
     assert finetune_config([*base, "--bf16"]).train.mixed_precision == "bf16"
+    for text, want in (('fp16: "False"', "no"), ("bf16: 1", "bf16")):  # a file reads alike
+        file = tmp_path / "precision.yaml"
+        file.write_text(text + "\n")
+        cfg = finetune_config([*base, "--config", str(file)])
+        assert cfg.train.mixed_precision == want, text
 
 
 def test_export_hf_on_a_fine_tuned_run_points_at_merge_lora(files, tmp_path, capsys):

@@ -68,8 +68,9 @@ def imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
                 base = ".".join(pkg + ([base] if base else []))
             if base.startswith("stackwise"):
                 # `from stackwise.pkg import module` depends on that module, not just on pkg
-                subs = {f"{base}.{a.name}" for a in node.names if is_module(f"{base}.{a.name}")}
-                found |= subs or {base}
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    found.add(sub if is_module(sub) else base)
     return found
 
 

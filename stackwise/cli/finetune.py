@@ -155,6 +155,8 @@ def _apply_flat(
     """Flat seed keys (from flags or a file) into `data`'s sections; fp16/bf16 pick the
     precision, and asking for both is refused."""
     for p in PRECISION_FLAGS:
+        if p in flat and not isinstance(flat[p], bool):  # a file's "False" or 1: as on the CLI
+            flat = {**flat, p: _value(p, str(flat[p]))}
         if p in flat and not isinstance(flat[p], bool):
             raise StackWiseError(
                 f"{origin} gives {p} the value {flat[p]!r}; it takes true or false "

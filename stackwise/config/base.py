@@ -8,6 +8,7 @@ section's rules and the rules that span sections, so all problems come back in o
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, get_args, get_origin
 
@@ -76,6 +77,14 @@ def joined(problems: list[str]) -> str:
     )
 
 
+def split_joined(message: str) -> list[str]:
+    """The problems a `joined` message holds, one each."""
+    head, sep, rest = message.partition(" problems: (1) ")
+    if not (sep and head.isdigit()):
+        return [message]
+    return re.split(r"; \(\d+\) ", rest)
+
+
 def _string_choices(annotation: Any) -> tuple[str, ...]:
     """The string choices of a Literal field (also inside `Literal[...] | None`)."""
     if get_origin(annotation) is Literal:
@@ -125,7 +134,8 @@ class Section(BaseModel):
 
 def at_root(info: ValidationInfo) -> bool:
     """True while a whole config is validated: the root then runs every rule at once."""
-    return bool(info.context) and info.context.get("rules") == ALL_RULES["rules"]
+    context = info.context
+    return isinstance(context, dict) and context.get("rules") == ALL_RULES["rules"]
 
 
 def section_problems(node: Any, path: str = "") -> list[str]:

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
-
-from stackwise.config.base import ALL_RULES
-from stackwise.config.loading import format_validation
+from stackwise.config.loading import validated
 from stackwise.config.root import Config
-from stackwise.errors import StackWiseError
 
 
 def derive(config: Config, changes: dict[str, Any], origin: str = "a derived config") -> Config:
@@ -25,10 +21,7 @@ def derive(config: Config, changes: dict[str, Any], origin: str = "a derived con
         for name in sections:
             node = node[name]
         node[leaf] = value
-    try:
-        return Config.model_validate(data, context=ALL_RULES)
-    except ValidationError as err:
-        raise StackWiseError(format_validation(err, origin)) from None
+    return validated(data, origin)
 
 
 def stack_config(config: Config, index: int) -> Config:

@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from stackwise.config.aliases import apply_aliases
-from stackwise.config.base import ALL_RULES, QUOTE_HINT, joined
+from stackwise.config.base import ALL_RULES, QUOTE_HINT
 from stackwise.config.root import Config
 from stackwise.errors import StackWiseError
 
@@ -123,7 +123,23 @@ def format_validation(err: ValidationError, origin: str) -> str:
             shown += f" ({QUOTE_HINT})"
         parts.append(f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}")
     where = "" if origin == "config" else f" in {origin}"
-    return f"Invalid config{where}: " + joined(parts) + ". Fix the value and rerun."
+    return f"Invalid config{where}: " + "; ".join(parts) + ". Fix the value and rerun."
+
+
+def validated(data: dict[str, Any], origin: str) -> Config:
+    """`data` as a Config, with every rule's problem in one message. A value of the wrong type
+    stops the rules across sections (they need typed values); the sections that parse then
+    check themselves, so their problems still come with the type errors."""
+    try:
+        return Config.model_validate(data, context=ALL_RULES)
+    except ValidationError as err:
+        if all(not e["loc"] for e in err.errors()):  # the rules' own report
+            raise StackWiseError(format_validation(err, origin)) from None
+    try:
+        Config.model_validate(data)
+    except ValidationError as err:
+        raise StackWiseError(format_validation(err, origin)) from None
+    raise AssertionError("a config failed once and then passed")  # validation is pure
 
 
 def from_dict(data: Any, origin: str = "config") -> Config:
@@ -136,10 +152,7 @@ def from_dict(data: Any, origin: str = "config") -> Config:
         )
     data = apply_aliases(data)
     _check_keys(data, Config)
-    try:
-        return Config.model_validate(data, context=ALL_RULES)
-    except ValidationError as err:
-        raise StackWiseError(format_validation(err, origin)) from None
+    return validated(data, origin)
 
 
 def read_file(path: str | Path) -> dict[str, Any]:

@@ -7,6 +7,7 @@ refused when changed from its default while irrelevant, so a key never silently 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,10 +27,15 @@ from stackwise.config.sections import (
 )
 
 
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
 @section_rule("ModelConfig")
 def model_shapes(s: ModelConfig) -> Iterator[str]:
     if s.d_model % s.n_heads:
-        divisors = [h for h in range(1, s.d_model + 1) if s.d_model % h == 0]
+        divisors = _divisors(s.d_model)
         # the counts nearest the one given whose head size is even (RoPE); odd d_model: any
         valid = [h for h in divisors if (s.d_model // h) % 2 == 0] or divisors
         fits = sorted(sorted(valid, key=lambda h: (abs(h - s.n_heads), h))[:4])

@@ -7,7 +7,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from stackwise.config.base import cross_rule, derived_rule
+from stackwise.config.base import cross_rule, derived_rule, split_joined
 from stackwise.config.derive import stack_config
 from stackwise.config.growth import QUANTIZED
 from stackwise.config.root import Config
@@ -294,4 +294,5 @@ def stack_configs(cfg: Config) -> Iterator[str]:
         except StackWiseError as err:
             detail = str(err).removesuffix(". Fix the value and rerun.")
             detail = detail.removeprefix(f"Invalid config in stack {idx}: ")
-            yield f"progressive.stacks.{idx} makes an invalid config: {detail}"
+            for problem in split_joined(detail):
+                yield f"progressive.stacks.{idx} makes an invalid config: {problem}"

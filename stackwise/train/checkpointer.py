@@ -93,6 +93,7 @@ class Checkpointer:
             if not acc.is_main_process:
                 return
             write(tmp)
+            files.fsync_tree(tmp)  # before the old copy goes: LATEST may name it
             if final.exists():  # left by an earlier, abandoned run in this dir
                 ckpt.remove_checkpoint(final)
             files.publish_dir(tmp, final)
