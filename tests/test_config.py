@@ -64,6 +64,16 @@ def test_every_unknown_key_is_named_at_once():
     assert "'model.d_modle' — did you mean 'd_model'" in text and "'train.nonsense'" in text
 
 
+def test_a_stack_overrides_masking_keys_are_checked_with_the_others():
+    """A stack's masking dict holds masking keys: a typo there is named with the rest at once."""
+    stacks = {1: {"masking": {"epss": 0.2}, "lrr": 1}}
+    with pytest.raises(StackWiseError) as err:
+        from_dict({"progressive": {"strategy": "progressive", "stacks": stacks}, "trian": {}})
+    text = str(err.value)
+    assert text.startswith("3 unknown config keys")
+    assert "'progressive.stacks.1.masking.epss' — did you mean 'eps'" in text
+
+
 @pytest.mark.parametrize(
     ("data", "needle"),
     [

@@ -92,10 +92,9 @@ def cmd_generate(ns: argparse.Namespace) -> int:
         ).texts
     except StackWiseError as err:  # say it in the flags the user typed, not config keys
         message = str(err)
-        for name, value in overrides.items():
-            if value is not None:
-                flag = "--" + name.replace("_", "-")
-                message = message.replace(f"sample.{name}", f"{flag} (sample.{name})")
+        for name in overrides:  # given or not: a hint may name a flag to add
+            flag = "--" + name.replace("_", "-")
+            message = message.replace(f"sample.{name}", f"{flag} (sample.{name})")
         raise StackWiseError(message) from None
     if stream is not None:
         print()

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from stackwise.config.aliases import apply_aliases
 from stackwise.config.base import ALL_RULES, QUOTE_HINT
 from stackwise.config.root import Config
+from stackwise.config.sections import MaskingConfig
 from stackwise.errors import StackWiseError
 
 
@@ -38,6 +39,12 @@ def _check_keys(data: Any, model: type[BaseModel]) -> None:
         )
 
 
+# free-form dict fields that hold some keys of a section: checked against that section's keys
+PARTIAL_SECTIONS: dict[tuple[str, str], type[BaseModel]] = {
+    ("StackOverride", "masking"): MaskingConfig
+}
+
+
 def _unknown_keys(
     data: Any, model: type[BaseModel], path: str = ""
 ) -> Iterator[tuple[str, str, str]]:
@@ -52,7 +59,7 @@ def _unknown_keys(
             yield where, f" — did you mean '{hint}'?" if hint else "", ", ".join(names)
             continue
         annotation = model.model_fields[key].annotation
-        sub = _section_of(annotation)
+        sub = _section_of(annotation) or PARTIAL_SECTIONS.get((model.__name__, key))
         if sub is not None:
             yield from _unknown_keys(value, sub, f"{where}.")
         elif get_origin(annotation) is list and isinstance(value, list):
