@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
-from typing import Any
+from typing import Any, NoReturn
 
 from stackwise.cli.commands import (
     cmd_config,
@@ -267,7 +267,9 @@ def _config_parser(sub: Any) -> None:
     c.set_defaults(func=cmd_config)
 
 
-def refuse_unknown(parser: argparse.ArgumentParser, command: str | None, extra: list[str]) -> None:
+def refuse_unknown(
+    parser: argparse.ArgumentParser, command: str | None, extra: list[str]
+) -> NoReturn:
     """Exit 2 with the command's own usage line, naming the nearest known flag of each unknown
     one (`--temprature` -> --temperature, `--num_samples` -> --num-samples)."""
     import difflib
