@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stackwise.cli.common import printable
 from stackwise.errors import StackWiseError
 
 
@@ -61,7 +62,7 @@ def show_replies(result: Any, n: int) -> None:
         else:
             answer = chat_reply(config, result.rack.eval(), result.data.tokenizer, convo, seed=i)
         print(f"--- sample {i + 1} ---\n{convo[-1]['role']}: {convo[-1]['content']}")
-        print(f"assistant: {answer.strip()}")
+        print(f"assistant: {printable(answer.strip())}")
 
 
 def _saved_config(folder: str | Path) -> dict:
@@ -105,7 +106,7 @@ def generate_chat(ns: argparse.Namespace, overrides: dict[str, Any]) -> int:
         text = reply(model, tok, ns.chat, config.sample, seed=ns.seed + i)
         if ns.num_samples > 1:
             print(f"--- sample {i + 1} ---")
-        print(text.strip() or "(an empty reply: the model ended its turn at once)")
+        print(printable(text.strip()) or "(an empty reply: the model ended its turn at once)")
     return 0
 
 
@@ -127,7 +128,7 @@ def rack_chat(
         if ns.num_samples > 1:
             print(f"--- sample {i + 1} ---")
         text = chat_reply(config, rack, tok, messages, ns.seed + i, **overrides).strip()
-        print(text or "(an empty reply: the model ended its turn at once)")
+        print(printable(text) or "(an empty reply: the model ended its turn at once)")
     return 0
 
 
