@@ -8,7 +8,6 @@ section's rules and the rules that span sections, so all problems come back in o
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, get_args, get_origin
 
@@ -77,12 +76,13 @@ def joined(problems: list[str]) -> str:
     )
 
 
-def split_joined(message: str) -> list[str]:
-    """The problems a `joined` message holds, one each."""
-    head, sep, rest = message.partition(" problems: (1) ")
-    if not (sep and head.isdigit()):
-        return [message]
-    return re.split(r"; \(\d+\) ", rest)
+class RuleProblems(ValueError):
+    """What the rules found: one message for pydantic, the problems kept one by one (a config
+    derived from another reports them as its own)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__(joined(problems))
+        self.problems = problems
 
 
 def _string_choices(annotation: Any) -> tuple[str, ...]:
@@ -123,7 +123,7 @@ class Section(BaseModel):
             return self
         found = problems_of(self, SECTION_RULES.get(type(self).__name__, []))
         if found:
-            raise ValueError(joined(found))
+            raise RuleProblems(found)
         return self
 
     def changed(self, name: str) -> bool:

@@ -119,8 +119,17 @@ def _takes_words(annotation: Any) -> bool:
     return any(_takes_words(a) for a in get_args(annotation))
 
 
-def format_validation(err: ValidationError, origin: str) -> str:
-    parts = []
+class InvalidConfig(StackWiseError):
+    """A config that fails validation; `problems` lists each one (with its key where known)."""
+
+    def __init__(self, message: str, problems: list[str]) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+
+def _problems(err: ValidationError) -> tuple[list[str], list[str]]:
+    """(the message's parts, every single problem): a rules' report is one part of many."""
+    parts, problems = [], []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
         msg = e["msg"].removeprefix("Value error, ")
@@ -129,8 +138,21 @@ def format_validation(err: ValidationError, origin: str) -> str:
         if isinstance(given, bool):
             shown += f" ({QUOTE_HINT})"
         parts.append(f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}")
+        found = getattr(e.get("ctx", {}).get("error"), "problems", None)
+        prefix = f"{loc}: " if loc else ""
+        problems += [prefix + p for p in found] if found else [parts[-1]]
+    return parts, problems
+
+
+def format_validation(err: ValidationError, origin: str) -> str:
+    return invalid_config(err, origin).args[0]
+
+
+def invalid_config(err: ValidationError, origin: str) -> InvalidConfig:
+    parts, problems = _problems(err)
     where = "" if origin == "config" else f" in {origin}"
-    return f"Invalid config{where}: " + "; ".join(parts) + ". Fix the value and rerun."
+    message = f"Invalid config{where}: " + "; ".join(parts) + ". Fix the value and rerun."
+    return InvalidConfig(message, problems)
 
 
 def validated(data: dict[str, Any], origin: str) -> Config:
@@ -141,11 +163,11 @@ def validated(data: dict[str, Any], origin: str) -> Config:
         return Config.model_validate(data, context=ALL_RULES)
     except ValidationError as err:
         if all(not e["loc"] for e in err.errors()):  # the rules' own report
-            raise StackWiseError(format_validation(err, origin)) from None
+            raise invalid_config(err, origin) from None
     try:
         Config.model_validate(data)
     except ValidationError as err:
-        raise StackWiseError(format_validation(err, origin)) from None
+        raise invalid_config(err, origin) from None
     raise AssertionError("a config failed once and then passed")  # validation is pure
 
 

@@ -10,9 +10,9 @@ from pydantic import Field, ValidationInfo, model_validator
 from stackwise.config.base import (
     CROSS_RULES,
     DERIVED_RULES,
+    RuleProblems,
     Section,
     at_root,
-    joined,
     problems_of,
     section_problems,
 )
@@ -76,7 +76,7 @@ class Config(Section):
         if not found:
             found = problems_of(self, DERIVED_RULES)
         if found:
-            raise ValueError(joined(found))
+            raise RuleProblems(found)
         return self
 
     def to_yaml(self) -> str:

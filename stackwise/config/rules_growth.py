@@ -7,11 +7,11 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from stackwise.config.base import cross_rule, derived_rule, split_joined
+from stackwise.config.base import cross_rule, derived_rule
 from stackwise.config.derive import stack_config
 from stackwise.config.growth import QUANTIZED
+from stackwise.config.loading import InvalidConfig
 from stackwise.config.root import Config
-from stackwise.errors import StackWiseError
 from stackwise.precision import QUANT_FORMATS, storage_of
 
 if TYPE_CHECKING:
@@ -291,8 +291,6 @@ def stack_configs(cfg: Config) -> Iterator[str]:
     for idx in cfg.progressive.stacks:
         try:
             stack_config(cfg, idx)
-        except StackWiseError as err:
-            detail = str(err).removesuffix(". Fix the value and rerun.")
-            detail = detail.removeprefix(f"Invalid config in stack {idx}: ")
-            for problem in split_joined(detail):
+        except InvalidConfig as err:
+            for problem in err.problems:
                 yield f"progressive.stacks.{idx} makes an invalid config: {problem}"
