@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from stackwise.hwprobe import ISA_ENV, cpu_description, probe, verdict_path
+from stackwise.hwprobe import FORCE_ENV, ISA_ENV, cpu_description, probe, verdict_path
 from stackwise.paths import cache_root
 
 PACKAGES = (
@@ -28,7 +28,14 @@ PACKAGES = (
 )
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-ENV_VARS = (ISA_ENV, "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "WANDB_MODE", "STACKWISE_CACHE")
+ENV_VARS = (
+    ISA_ENV,
+    FORCE_ENV,
+    "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "WANDB_MODE",
+    "STACKWISE_CACHE",
+)
 
 
 def _version(name: str) -> str:
@@ -106,6 +113,7 @@ def collect(refresh_probe: bool = False) -> dict[str, Any]:
                 f"({'cached, read in' if verdict.cached else 'run now,'} "
                 f"{verdict.check_s * 1e3:.1f} ms)"
             ),
+            "probe conditions": verdict.conditions(),
             "bitsandbytes CPU path": _bnb_cpu_path(),
         },
         "cuda": _cuda(),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import textwrap
 
@@ -25,6 +26,17 @@ def _release_processes() -> None:
         from stackwise.train.hardware import release_processes
 
         release_processes()
+
+
+def paragraph(message: str) -> str:
+    """An error message as one paragraph: wrapped between words (a path or key stays
+    copy-pasteable) to the terminal, up to 100 columns; on one line when stderr is not a
+    terminal, so logs and `grep` see whole sentences whatever the width or path lengths."""
+    text = " ".join(message.split())
+    if not sys.stderr.isatty():
+        return text
+    width = min(100, shutil.get_terminal_size((100, 24)).columns)
+    return textwrap.fill(text, width=max(width, 40), break_long_words=False, break_on_hyphens=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,11 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 130
-        # wrap between words only: a path or key in the message must stay copy-pasteable
-        msg = textwrap.fill(
-            " ".join(str(err).split()), width=100, break_long_words=False, break_on_hyphens=False
-        )
-        print(f"stackwise: error: {msg}", file=sys.stderr)
+        print(f"stackwise: error: {paragraph(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("stackwise: interrupted", file=sys.stderr)

@@ -1,8 +1,9 @@
 """What the hardware under us does well: the precision to autocast in, and allocator tuning.
 
 Precision: `auto` picks bf16 on CUDA with bf16, and on a CPU only where the probe
-(`stackwise.hwprobe`) found bf16 matmuls both working and faster than fp32. On an AVX2-only CPU
-they are emulated and about 10x slower than fp32, so `auto` trains in fp32 there.
+(`stackwise.hwprobe`) found bf16 matmuls working, run by oneDNN's bf16 kernels, and at least
+`MIN_SPEEDUP` times as fast as fp32. On an AVX2-only CPU they are emulated and about 10x slower
+than fp32, and on some AMX VMs they trap or run slower than fp32: `auto` trains in fp32 there.
 
 Allocator: glibc returns freed blocks above 128 KiB to the kernel, so every step faults in
 fresh zeroed pages for the same activations; that costs a few percent of a small model's step
@@ -23,7 +24,7 @@ from accelerate.state import AcceleratorState
 from torch import nn
 
 from stackwise.errors import StackWiseError
-from stackwise.hwprobe import ensure_bf16_ready
+from stackwise.hwprobe import FORCE_ENV, ensure_bf16_ready
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -71,6 +72,8 @@ def resolve_precision(setting: str, device: torch.device | None = None) -> str:
             return "bf16" if bf16_is_native(device) else "no"
         return setting
     verdict = ensure_bf16_ready()
+    if verdict.forced and verdict.error:
+        raise StackWiseError(f"{verdict.error}.")
     if setting == "bf16" and not verdict.works and verdict.trapped:
         raise StackWiseError(
             f"train.mixed_precision=bf16 cannot run on this CPU: {verdict.summary()}. "
@@ -92,6 +95,8 @@ def describe_precision(setting: str, device: torch.device | None = None) -> str:
     ratio = verdict.speedup
     measured = (
         f"bf16 matmul {ratio:.2f}x the speed of fp32 on this CPU"
+        + (", emulated" if verdict.native is False else "")
+        + (f", forced by {FORCE_ENV}={verdict.forced}" if verdict.forced else "")
         if ratio is not None
         else verdict.summary()
     )

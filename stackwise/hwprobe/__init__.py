@@ -9,7 +9,9 @@ probes when the package is imported.
 
 The verdict is cached per (CPU model and flags, kernel, torch version, user cap) under the cache
 dir, behind a file lock, so a warm check is a file read and torchrun's ranks never probe at the
-same time: the first one probes and the others read its verdict.
+same time: the first one probes and the others read its verdict. A cached verdict that was
+measured under load or sits close to the threshold is measured again once the machine is idle,
+and every verdict is measured again after MAX_AGE_S.
 """
 
 from __future__ import annotations
@@ -19,86 +21,36 @@ import hashlib
 import json
 import os
 import platform
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, MutableMapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
+from stackwise.hwprobe.child import CHILD_CODE, FALLBACK_CAPS, ISA_ENV, run_child, run_probe
+from stackwise.hwprobe.verdict import FORCE_ENV, Verdict, forced_verdict, load_per_core
 from stackwise.paths import cache_root
 
-ISA_ENV = "ONEDNN_MAX_CPU_ISA"
+__all__ = [
+    "CHILD_CODE",
+    "FALLBACK_CAPS",
+    "FORCE_ENV",
+    "ISA_ENV",
+    "Verdict",
+    "apply",
+    "ensure_bf16_ready",
+    "probe",
+    "run_child",
+    "run_probe",
+    "verdict_path",
+]
+
 SET_BY_PROBE_ENV = "STACKWISE_ISA_SET_BY_PROBE"  # marks a cap this probe set, not the user
 ERROR_TTL_S = 3600.0  # a probe that failed without a signal is tried again after this
-FALLBACK_CAPS: tuple[str, ...] = ("AVX512_CORE_BF16", "AVX2")
-PROBE_VERSION = 1
-CHILD_TIMEOUT_S = 120.0
-
-# The child: the bf16 ops training uses (a matmul, then an autocast linear with its backward),
-# then fp32 and bf16 matmuls timed interleaved, as medians. Prints one JSON line.
-CHILD_CODE = """
-import json, statistics, time, torch
-a = torch.randn(64, 64).bfloat16()
-(a @ a).float().sum().item()
-x = torch.randn(32, 64, requires_grad=True)
-lin = torch.nn.Linear(64, 64)
-with torch.autocast("cpu", dtype=torch.bfloat16):
-    y = lin(x)
-y.float().sum().backward()
-m, k, n = 512, 256, 256
-mats = {d: (torch.randn(m, k).to(d), torch.randn(k, n).to(d))
-        for d in (torch.float32, torch.bfloat16)}
-times = {d: [] for d in mats}
-for rep in range(9):
-    for d, (p, q) in mats.items():
-        t0 = time.perf_counter()
-        p @ q
-        if rep >= 2:
-            times[d].append(time.perf_counter() - t0)
-ms = {str(d).split(".")[-1]: 1e3 * statistics.median(v) for d, v in times.items()}
-print(json.dumps({"fp32_ms": ms["float32"], "bf16_ms": ms["bfloat16"]}))
-"""
-
-
-@dataclass
-class Verdict:
-    """What the probe found. `isa_cap` is the ONEDNN_MAX_CPU_ISA bf16 needs (None: none)."""
-
-    works: bool
-    isa_cap: str | None = None
-    user_cap: bool = False
-    fp32_ms: float | None = None
-    bf16_ms: float | None = None
-    trapped: list[str] = field(default_factory=list)  # "default: SIGILL", ...
-    error: str | None = None
-    probe_s: float = 0.0  # how long the probe itself took when it ran
-    machine: str = ""
-    created: float = field(default_factory=time.time)
-    cached: bool = False  # read from the cache in this process
-    check_s: float = 0.0  # how long this process spent getting the verdict
-
-    @property
-    def speedup(self) -> float | None:
-        """fp32 time over bf16 time for the same matmul: above 1 means bf16 is faster."""
-        if not self.works or not self.fp32_ms or not self.bf16_ms:
-            return None
-        return self.fp32_ms / self.bf16_ms
-
-    @property
-    def bf16_fast(self) -> bool:
-        return self.speedup is not None and self.speedup > 1.0
-
-    def summary(self) -> str:
-        """One line for headers and `stackwise env`."""
-        if not self.works:
-            why = "; ".join(self.trapped) or self.error or "unknown"
-            return f"bf16 matmuls fail here ({why})"
-        cap = f" with {ISA_ENV}={self.isa_cap}" if self.isa_cap else ""
-        trap = f" (default kernels: {'; '.join(self.trapped)})" if self.trapped else ""
-        ratio = f"{self.speedup:.2f}x" if self.speedup is not None else "?"
-        return f"bf16 matmuls work{cap}{trap}, {ratio} the speed of fp32"
+RECHECK_S = 3600.0  # a loaded or marginal verdict is re-measured (when idle) after this
+MAX_AGE_S = 30 * 86400.0  # any verdict is re-measured after this (drivers, microcode change)
+IDLE_PER_CORE = 0.5  # load average per core under which the machine counts as idle
+PROBE_VERSION = 2
 
 
 def cpu_description() -> tuple[str, str]:
@@ -125,63 +77,6 @@ def machine_key(user_cap: str | None) -> tuple[str, str]:
     parts = [model, flags, platform.release(), torch_version, user_cap or "", PROBE_VERSION]
     digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
     return f"bf16-{digest}", f"{model}; kernel {platform.release()}; torch {torch_version}"
-
-
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
-
-
-def run_child(cap: str | None, code: str, base_env: dict[str, str]) -> tuple[str, dict | str]:
-    """('ok', timings) | ('signal', name) | ('error', text) for one child under `cap`."""
-    env = dict(base_env)
-    if cap is None:
-        env.pop(ISA_ENV, None)
-    else:
-        env[ISA_ENV] = cap
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", code],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=CHILD_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return "error", f"could not run the probe: {err}"
-    if proc.returncode < 0:
-        return "signal", _signal_name(proc.returncode)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        return "error", f"probe exited {proc.returncode}: {tail[0]}"
-    try:
-        return "ok", json.loads(proc.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return "error", f"probe printed no verdict: {proc.stdout[-200:]!r}"
-
-
-def run_probe(user_cap: str | None, code: str = CHILD_CODE) -> Verdict:
-    """Try the caps in order until a child survives its bf16 matmuls."""
-    start = time.perf_counter()
-    caps: list[str | None] = [user_cap] if user_cap else [None, *FALLBACK_CAPS]
-    verdict = Verdict(works=False, user_cap=bool(user_cap))
-    for cap in caps:
-        status, result = run_child(cap, code, dict(os.environ))
-        if status == "ok":
-            assert isinstance(result, dict)
-            verdict.works, verdict.isa_cap = True, cap
-            verdict.fp32_ms, verdict.bf16_ms = result["fp32_ms"], result["bf16_ms"]
-            break
-        if status == "signal":
-            verdict.trapped.append(f"{cap or 'default'}: {result}")
-            continue
-        verdict.error = str(result)  # not an ISA problem: a lower cap would not help
-        break
-    verdict.probe_s = time.perf_counter() - start
-    return verdict
 
 
 @contextlib.contextmanager
@@ -230,18 +125,32 @@ def verdict_path(cache_dir: str | Path | None = None, stem: str | None = None) -
 
 
 def _fresh(verdict: Verdict | None) -> Verdict | None:
-    """A cached verdict, unless it records a failure (not a trap) older than ERROR_TTL_S."""
-    if verdict is None or verdict.works or verdict.trapped:
-        return verdict
-    return verdict if time.time() - verdict.created < ERROR_TTL_S else None
+    """A cached verdict still to be trusted, or None to measure again: a failure (not a trap)
+    older than ERROR_TTL_S; any verdict older than MAX_AGE_S; a loaded or marginal one older
+    than RECHECK_S once the machine is idle (a load-average read, no child)."""
+    if verdict is None:
+        return None
+    age = time.time() - verdict.created
+    if not verdict.works and not verdict.trapped:
+        return verdict if age < ERROR_TTL_S else None
+    if age >= MAX_AGE_S:
+        return None
+    if (verdict.loaded or verdict.marginal) and age >= RECHECK_S:
+        load = load_per_core()
+        if load is not None and load < IDLE_PER_CORE:
+            return None
+    return verdict
 
 
 def probe(
     cache_dir: str | Path | None = None, code: str = CHILD_CODE, refresh: bool = False
 ) -> Verdict:
     """The cached verdict for this machine, probing (once, under a lock) when there is none.
-    An unwritable cache dir costs the cache, never the probe."""
+    An unwritable cache dir costs the cache, never the probe. FORCE_ENV overrides the real
+    probe (not a probe of test code)."""
     start = time.perf_counter()
+    if code == CHILD_CODE and (forced := forced_verdict()) is not None:
+        return forced
     user_cap = user_isa_cap()
     stem, machine = machine_key(user_cap)
     path = verdict_path(cache_dir, stem)
