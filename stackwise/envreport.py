@@ -6,6 +6,7 @@ import logging
 import os
 import platform
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
@@ -43,6 +44,37 @@ def _version(name: str) -> str:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return "not installed"
+
+
+def out_of_range(
+    requires: list[str] | None = None, version: Callable[[str], str] = _version
+) -> list[str]:
+    """A line per installed library outside the range stackwise declares (pyproject.toml, read
+    back from the installed metadata): a version we never tested is the first suspect."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    if requires is None:
+        try:
+            requires = metadata.requires("stackwise") or []
+        except metadata.PackageNotFoundError:
+            return ["stackwise's metadata is missing: reinstall it (pip install -e .)"]
+    lines = []
+    for text in requires:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue  # an optional extra
+        found = version(req.name)
+        if found == "not installed":
+            lines.append(f"{req.name} is not installed (stackwise needs {req.name}{req.specifier})")
+        elif req.specifier and not req.specifier.contains(found, prereleases=True):
+            lines.append(
+                f"{req.name} {found} is outside the range stackwise declares ({req.specifier}): "
+                f"untested; install one inside it, e.g. pip install '{req.name}{req.specifier}'"
+            )
+    return lines
 
 
 def _bnb_cpu_path() -> str:
@@ -100,6 +132,7 @@ def collect(refresh_probe: bool = False) -> dict[str, Any]:
         affinity = os.cpu_count() or 1
     return {
         "versions": {name: _version(name) for name in PACKAGES},
+        "declared ranges": out_of_range() or ["every dependency is inside its declared range"],
         "python": f"{sys.version.split()[0]} ({platform.platform()})",
         "cpu": {
             "model": model,

@@ -13,12 +13,14 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """`what` names the kind in errors; `decorator` is the public name of `register`."""
+    """`what` names the kind in errors; `decorator` is the public name of `register`; `hint`
+    ends the error for an unknown name."""
 
-    def __init__(self, what: str, decorator: str) -> None:
+    def __init__(self, what: str, decorator: str, hint: str = "") -> None:
         self.entries: dict[str, Callable[[], T]] = {}
         self.what = what
         self.decorator = decorator
+        self.hint = hint
 
     def register(self, name: str) -> Callable[[type[Any]], type[Any]]:
         """Class decorator: the class becomes `name` (its `name` attribute is set too)."""
@@ -47,5 +49,6 @@ class Registry(Generic[T]):
             raise StackWiseError(
                 f"{asked}.{hint} Known: {self.known()}. Register yours with "
                 f"@stackwise.{self.decorator}('name') before training."
+                + (f" {self.hint}" if self.hint else "")
             )
         return self.entries[name]()

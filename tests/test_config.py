@@ -108,7 +108,7 @@ def test_bad_values_name_the_field(data, needle):
         {"train": {"scheduler": "cosine", "poly_power": 2.0}},
         {"train": {"group_lr": {"head": 0.1}}},  # tied head has no group of its own
         {"train": {"group_lr": {"time": 0.1}}},
-        {"data": {"files": ["x.txt"]}},  # files with the built-in corpus
+        {"data": {"source": "shakespeare", "files": ["x.txt"]}},  # files with the built-in corpus
         {"data": {"tokenizer": "tok", "bpe_vocab_size": 1000}},
         {"objective": {"name": "diffusion"}, "masking": {"num_time_steps": 8, "eps": 0.01}},
         {"objective": {"name": "diffusion"}, "masking": {"schedule": "table"}},
@@ -376,3 +376,49 @@ def test_all_problems_of_a_config_are_reported_together():
     with pytest.raises(StackWiseError) as err:
         from_dict({"objective": {"name": "clm"}, "sample": {"steps": 3, "block_length": 2}})
     assert "sample.steps" in str(err.value) and "sample.block_length" in str(err.value)
+
+
+def test_naming_data_files_means_source_files_unless_source_is_given():
+    """README: `data.files=[a.txt,b.jsonl]` alone works; an explicit source is still checked."""
+    assert load_config(None, ["data.files=[a.txt,b.jsonl]"]).data.source == "files"
+    assert load_config(None, ["data.dataset_dir=somewhere"]).data.source == "files"
+    assert load_config(None).data.source == "shakespeare"
+    with pytest.raises(StackWiseError, match="only applies to source: files"):
+        load_config(None, ["data.source=shakespeare", "data.files=[a.txt]"])
+    chat = load_config(
+        None, ["data.mode=instruction", "data.files=[c.jsonl]", "data.tokenizer=byte"]
+    )
+    assert chat.data.source == "shakespeare"  # instruction rows take no source
+
+
+def test_an_override_under_a_legacy_name_replaces_the_files_key(tmp_path):
+    """`eval_steps=50` over a preset's train.eval_every (and the other way round); both names
+    on one command line are refused, as both in one file are."""
+    (tmp_path / "a.yaml").write_text("train: {eval_every: 100}\n")
+    (tmp_path / "b.yaml").write_text("eval_steps: 100\n")
+    assert load_config(tmp_path / "a.yaml", ["eval_steps=7"]).train.eval_every == 7
+    assert load_config(tmp_path / "b.yaml", ["train.eval_every=7"]).train.eval_every == 7
+    assert load_config(tmp_path / "b.yaml", ["eval_steps=5", "eval_steps=7"]).train.eval_every == 7
+    with pytest.raises(StackWiseError) as err:
+        load_config(tmp_path / "a.yaml", ["eval_steps=7", "train.eval_every=8"])
+    assert "'eval_steps' and 'train.eval_every'" in " ".join(str(err.value).split())
+
+
+def test_an_override_of_a_numbered_stack_edits_the_files_entry(tmp_path):
+    """`progressive.stacks.0.lr=...` changes the file's stack 0 instead of replacing it."""
+    (tmp_path / "p.yaml").write_text(
+        "progressive: {strategy: progressive, steps_per_stack: 5, stacks: {0: {steps: 9}}}\n"
+    )
+    cfg = load_config(tmp_path / "p.yaml", ["progressive.stacks.0.lr=0.1"])
+    assert cfg.progressive.stacks[0].steps == 9 and cfg.progressive.stacks[0].lr == 0.1
+
+
+def test_max_steps_on_a_progressive_preset_names_the_keys_that_budget_it():
+    """The default preset budgets each stack: train.max_steps is refused, not ignored."""
+    from stackwise.cli.common import load_args
+
+    with pytest.raises(StackWiseError) as err:
+        load_args(["train.max_steps=10"])
+    assert "progressive.steps_per_stack" in " ".join(str(err.value).split())
+    short = load_args(["progressive.steps_per_stack=3", "progressive.stacks.0.steps=4"])
+    assert short.progressive.steps_per_stack == 3 and short.progressive.stacks[0].steps == 4

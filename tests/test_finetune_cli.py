@@ -310,3 +310,24 @@ def test_generate_help_on_a_fine_tuned_run_speaks_of_the_model(files, tmp_path, 
     shown = " ".join(capsys.readouterr().out.split())
     assert "this model is causal" in shown and "this rack" not in shown
     assert "a fine-tuned model takes --chat QUESTION" in shown
+
+
+def test_flags_and_overrides_win_over_the_config_file(files, tmp_path):
+    """A flag replaces the --config file's key, and its alternative too: `--max_steps` over the
+    file's num_train_epochs (or max_steps); a dotted override wins over both."""
+    cfg_file = tmp_path / "ft.yaml"
+    cfg_file.write_text(
+        "num_train_epochs: 3\nlearning_rate: 1.0e-3\ntrain: {warmup_ratio: 0.1}\nlora: {rank: 4}\n"
+    )
+    base = ["--model_name_or_path", str(files["model"]), "--train_file", str(files["chat"])]
+    cfg = finetune_config([*base, "--config", str(cfg_file), "--max_steps", "5"])
+    assert (cfg.train.max_steps, cfg.train.num_train_epochs, cfg.train.lr) == (5, None, 1e-3)
+    cfg = finetune_config(
+        [*base, "--max_steps", "5", "--config", str(cfg_file), "--warmup_steps", "2",
+         "--lora_r", "16", "train.max_steps=7", "eval_steps=3"]
+    )  # fmt: skip
+    assert (cfg.train.max_steps, cfg.train.warmup_steps, cfg.train.warmup_ratio) == (7, 2, None)
+    assert cfg.lora.rank == 16 and cfg.train.eval_every == 3
+    cfg_file.write_text("max_steps: 10\n")
+    cfg = finetune_config([*base, "--config", str(cfg_file), "--num_train_epochs", "2"])
+    assert cfg.train.num_train_epochs == 2 and "max_steps" not in cfg.train.model_fields_set

@@ -56,7 +56,7 @@ REFUSED = {
     "data.dataset_subset": "only apply with data.dataset_name",
     "data.dataset_split": "only apply with data.dataset_name",
     "model.source": "only applies to Hugging Face",
-    "data.mode": "only applies to source: files",
+    "data.mode": "trains on data.mode: instruction",
 }
 # tested one by one below
 HF_CUSTOM = {

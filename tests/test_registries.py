@@ -104,3 +104,31 @@ def test_the_rack_adapter_loads_what_it_saved(tiny):
 def test_the_built_in_strategies_are_registered():
     assert {"standard", "local_losses", "progressive"} <= set(stackwise.strategies.STRATEGIES)
     assert isinstance(stackwise.get_model_adapter("rack"), stackwise.ModelAdapter)
+
+
+def test_module_colon_name_imports_the_extension_module_first(tmp_path, monkeypatch):
+    """`train.enabled_extensions: [module:name]` imports `module` (which registers `name`), so
+    the command line can use an extension written in the user's own file; mistakes are one
+    paragraph each. (The README test runs this from the CLI in a subprocess with PYTHONPATH.)"""
+    from stackwise.train.extensions import REGISTRY, build_extensions
+
+    (tmp_path / "sw_ext_probe.py").write_text(
+        "import stackwise\n\n\n@stackwise.register_extension('sw_probe')\n"
+        "class Probe(stackwise.Extension):\n    pass\n"
+    )
+    (tmp_path / "sw_ext_empty.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(REGISTRY, "sw_probe", raising=False)
+    (ext,) = build_extensions(["sw_ext_probe:sw_probe"])
+    assert ext.name == "sw_probe"
+    cases = {
+        "sw_no_such_module:x": "cannot be imported",
+        "sw_ext_empty:sw_other": "registers no extension 'sw_other'",
+        ":x": "is malformed",
+        "sw_unregistered": "module:name",
+    }
+    for entry, needle in cases.items():
+        with pytest.raises(StackWiseError) as err:
+            build_extensions([entry])
+        assert needle in " ".join(str(err.value).split()), entry
+    monkeypatch.delitem(REGISTRY, "sw_probe")

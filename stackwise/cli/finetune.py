@@ -221,9 +221,29 @@ def _stray_keys(given: dict[str, Any], origin: str) -> None:
     )
 
 
+# keys that exclude each other: one given on the command line replaces the file's other
+ALTERNATIVES = (
+    ("train.max_steps", "train.num_train_epochs"),
+    ("train.warmup_steps", "train.warmup_ratio"),
+    ("data.files", "data.dataset_dir", "data.dataset_name"),
+    ("model.load_in_4bit", "model.load_in_8bit"),
+)
+
+
+def _drop_alternatives(data: dict[str, Any], key: str) -> None:
+    """Remove from `data` (the file's settings) the keys that `key` replaces, so a flag or
+    override wins over the --config file as a whole (`--max_steps 5` over `num_train_epochs`)."""
+    for group in ALTERNATIVES:
+        for other in group if key in group else ():
+            section, leaf = other.split(".")
+            if other != key and isinstance(data.get(section), dict):
+                data[section].pop(leaf, None)
+
+
 def finetune_config(argv: list[str]) -> Any:
     """The config of a `stackwise finetune` command line."""
     from stackwise.config import from_dict
+    from stackwise.config.aliases import KEY_ALIASES, apply_aliases
     from stackwise.config.loading import apply_overrides
 
     flags, config_file, overrides = parse_flags(argv)
@@ -239,7 +259,13 @@ def finetune_config(argv: list[str]) -> Any:
                 data[section] = {**data[section], **values}
             else:
                 data[section] = values
+    data = apply_aliases(data)  # the file's legacy names at their keys, which flags replace
+    for key in [FLAGS[f] for f, v in flags.items() if f in FLAGS and v is not False]:
+        _drop_alternatives(data, key)
     _apply_flat(data, flags, "The command line")
+    for item in overrides:
+        given = item.split("=", 1)[0].strip()
+        _drop_alternatives(data, KEY_ALIASES.get(given, given))
     data = apply_overrides(data, overrides)
     train = data.setdefault("train", {})
     train.setdefault("lr", DEFAULT_LR)  # a fine-tuning LR, not the from-scratch one

@@ -13,7 +13,7 @@ from typing import Any, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from stackwise.config.aliases import apply_aliases
+from stackwise.config.aliases import KEY_ALIASES, apply_aliases
 from stackwise.config.base import ALL_RULES, QUOTE_HINT
 from stackwise.config.root import Config
 from stackwise.config.sections import MaskingConfig
@@ -224,23 +224,48 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return parts, value
 
 
+def _canonical(parts: list[str], seen: dict[str, str]) -> list[str]:
+    """An override's key with a legacy name replaced by its real key, so `eval_steps=50`
+    overrides a file's `train.eval_every`; the two names together are refused, as in a file."""
+    given = ".".join(parts)
+    target = KEY_ALIASES.get(given, given)
+    if seen.setdefault(target, given) != given:
+        raise StackWiseError(
+            f"Overrides set both '{seen[target]}' and '{given}', which name the same key "
+            f"({target}); keep one of them."
+        )
+    return target.split(".")
+
+
+def _key(node: dict[str, Any], part: str) -> Any:
+    """`part`, or the integer key it spells when `node` has one (`progressive.stacks.0`)."""
+    return int(part) if part.isdigit() and part not in node and int(part) in node else part
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`data` with each dotted override set (a later one wins). A legacy name is set at its
+    real key, and a number names an existing integer key (`progressive.stacks.0.steps`)."""
+    seen: dict[str, str] = {}
     for item in overrides:
         parts, value = parse_override(item)
+        parts = _canonical(parts, seen)
         node = data
         for p in parts[:-1]:
-            child = node.get(p)
+            key = _key(node, p)
+            child = node.get(key)
             if child is None:
-                child = node[p] = {}
+                child = node[key] = {}
             if not isinstance(child, dict):
                 raise StackWiseError(f"Override '{item}': '{p}' is a value, not a section.")
             node = child
-        node[parts[-1]] = value
+        node[_key(node, parts[-1])] = value
     return data
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     data = read_file(path) if path is not None else {}
+    if isinstance(data, dict):
+        data = apply_aliases(data)  # so an override under either name replaces the file's key
     origin = str(path) if path is not None else "defaults"
     if overrides:
         if not isinstance(data, dict):

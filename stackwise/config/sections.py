@@ -15,6 +15,7 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     field_validator,
+    model_validator,
 )
 
 from stackwise.config.base import Section
@@ -178,6 +179,16 @@ class DataConfig(Section):
     stream_val_blocks: PositiveInt = Field(
         32, description="streaming: the stream's first blocks, held out for validation."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _files_mean_source_files(cls, data: Any) -> Any:
+        """Naming pretraining data (files, a dataset, a mix) without data.source means source:
+        files, so `data.files=[a.txt]` alone works; an explicit source is kept (and checked)."""
+        named = ("files", "dataset_dir", "dataset_name", "mix")
+        if not isinstance(data, dict) or "source" in data or data.get("mode") == "instruction":
+            return data
+        return {**data, "source": "files"} if any(data.get(n) for n in named) else data
 
     @field_validator("files", mode="before")
     @classmethod

@@ -11,10 +11,12 @@ its own with `@register_extension("name")` and turns it on with
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 from typing import Any
 
+from stackwise.errors import StackWiseError
 from stackwise.registry import Registry
 from stackwise.train.state import RunInfo
 
@@ -76,7 +78,12 @@ class Extension:
         return {}
 
 
-EXTENSIONS: Registry[Extension] = Registry("extension", "register_extension")
+EXTENSIONS: Registry[Extension] = Registry(
+    "extension",
+    "register_extension",
+    "From the command line, name it module:name (e.g. my_pkg.callbacks:grad_watch) so its "
+    "module is imported first.",
+)
 REGISTRY = EXTENSIONS.entries
 
 
@@ -86,7 +93,39 @@ def register_extension(name: str) -> Callable[[type[Any]], type[Any]]:
 
 
 def build_extensions(names: list[str]) -> list[Extension]:
-    return [EXTENSIONS.create(n, "train.enabled_extensions") for n in names]
+    """The extensions `names` lists; `module:name` imports the module first, so an extension
+    registered in your own code works from the command line too."""
+    return [EXTENSIONS.create(_imported(n), "train.enabled_extensions") for n in names]
+
+
+def _imported(entry: str) -> str:
+    """The registered name of an enabled_extensions entry, importing `module` of
+    `module:name` (the module registers `name` when imported)."""
+    module, sep, name = entry.rpartition(":")
+    if not sep:
+        return entry
+    if not module or not name:
+        raise StackWiseError(
+            f"train.enabled_extensions entry '{entry}' is malformed; write a registered name or "
+            "module:name (e.g. my_pkg.callbacks:grad_watch)."
+        )
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name is None or not (module == err.name or module.startswith(f"{err.name}.")):
+            raise  # the module exists, and something it imports is missing: its own traceback
+        raise StackWiseError(
+            f"train.enabled_extensions entry '{entry}' names module '{module}', which cannot "
+            f"be imported ({err}). Install it, or put its folder on PYTHONPATH (e.g. "
+            "PYTHONPATH=. stackwise train ...)."
+        ) from None
+    if name not in EXTENSIONS.entries:
+        raise StackWiseError(
+            f"train.enabled_extensions entry '{entry}': module '{module}' was imported but "
+            f"registers no extension '{name}'. Decorate its class with "
+            f"@stackwise.register_extension('{name}'). Registered: {EXTENSIONS.known()}."
+        )
+    return name
 
 
 def builtin_extensions(config: Any) -> list[Extension]:
