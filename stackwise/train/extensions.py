@@ -6,7 +6,8 @@ JSON-serialisable; it is stored in `trainer_state.json`, handed back to `load_st
 resume, and then `on_resume` runs. An extension that wants checkpoints kept names them in
 `protected_checkpoints()`; rotation never deletes those. User code adds
 its own with `@register_extension("name")` and turns it on with
-`train.enabled_extensions: [name]`.
+`train.enabled_extensions: [name]`, or `[module:name]` from the command line, which imports the
+module (and so registers the name) first.
 """
 
 from __future__ import annotations
