@@ -5,6 +5,7 @@ The masked samplers live in `stackwise.samplers`; this module picks one from `co
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,11 +116,31 @@ def masked_sampler(
     )
 
 
+def unknown_characters(tokenizer: PreTrainedTokenizerBase, prompt: str, ids: list[int]) -> None:
+    """Say on stderr which characters of a prompt the vocabulary lacks: they become <unk>,
+    which the shown text leaves out, so they would vanish without a word."""
+    unk = tokenizer.unk_token_id
+    if unk is None or unk not in ids:
+        return
+    lost = [
+        c
+        for c in dict.fromkeys(prompt)
+        if unk in tokenizer(c, add_special_tokens=False)["input_ids"]
+    ]
+    print(
+        f"stackwise: warning: the prompt's characters {' '.join(map(repr, lost))} are not in "
+        "the tokenizer's vocabulary (the training text never had them), so the rack reads "
+        "them as <unk> and the output leaves them out.",
+        file=sys.stderr,
+    )
+
+
 def prompt_ids(
     config: Config, tokenizer: PreTrainedTokenizerBase, prompt: str, context: int
 ) -> list[int]:
     """The prompt's ids (an EOS for an empty causal prompt); refused if it fills the context."""
     prefix = tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt else []
+    unknown_characters(tokenizer, prompt, prefix)
     if config.objective.causal and not prefix:
         prefix = [tokenizer.eos_token_id]  # training text follows an EOS document boundary
     if len(prefix) >= context:

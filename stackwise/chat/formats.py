@@ -76,7 +76,10 @@ def _reply(value: Any, index: int | str, what: str) -> str:
     train the model to answer with nothing."""
     if value is None:
         raise _fail(index, f"{what} is missing or null. Give every example its reply.")
-    return _text(value, index, what)
+    text = _text(value, index, what)
+    if not text.strip():  # only the end of the turn would be trained: "answer with nothing"
+        raise _fail(index, f"{what} is an empty reply. Give every example its reply.")
+    return text
 
 
 def _turns(turns: Any, index: int | str, role_key: str, content_key: str) -> list[Message]:

@@ -3,6 +3,7 @@ with save_to_disk, or a hub dataset by name (which also works offline from the l
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,36 @@ def _quiet_datasets() -> Any:
     return datasets
 
 
+def _json_problem(path: Path) -> str | None:
+    """Where a .json/.jsonl file stops being JSON (1-based line, the parser's words), read as
+    JSON lines, or as one document when its first line is not a whole object."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    try:
+        json.loads(text)
+        return None  # one document (an array of rows, or a single object)
+    except json.JSONDecodeError as whole:
+        first = next((ln for ln in lines if ln.strip()), "")
+        try:
+            json.loads(first)
+        except json.JSONDecodeError:  # not JSON lines: the document's own error
+            return f"line {whole.lineno}: {whole.msg} (column {whole.colno})"
+    for number, line in enumerate(lines, 1):
+        try:
+            json.loads(line) if line.strip() else None
+        except json.JSONDecodeError as err:
+            return f"line {number}: {err.msg} (column {err.colno})"
+    return None
+
+
 def _rows_of_file(path: Path, key: str = "data.files") -> list[dict]:
     kind = SUFFIXES.get(path.suffix.lower())
+    if path.is_dir():
+        raise StackWiseError(
+            f"Instruction data file '{path}' is a folder, but {key} takes files (.json, .jsonl "
+            "or .parquet). List the files in it, or give a folder written by save_to_disk as "
+            "data.dataset_dir."
+        )
     if not path.is_file():
         raise StackWiseError(f"Instruction data file '{path}' does not exist. Check {key}.")
     if path.stat().st_size == 0 or not path.read_bytes().strip():
@@ -35,6 +64,12 @@ def _rows_of_file(path: Path, key: str = "data.files") -> list[dict]:
         from stackwise.data.sources import check_utf8
 
         check_utf8(path)
+        problem = _json_problem(path)
+        if problem is not None:
+            raise StackWiseError(
+                f"'{path}' is not valid JSON at {problem}. Fix that line (.jsonl holds one "
+                "JSON object per line) and rerun."
+            )
     datasets = _quiet_datasets()
     try:
         ds = datasets.load_dataset(kind, data_files=str(path), split="train")

@@ -25,8 +25,53 @@ DEFAULT_TEMPLATE = (
 )
 
 
+PROBE = "Zq7"  # a reply no template writes by itself
+
+
 def use_template(tokenizer: Any, given: str | None) -> str:
-    """Set the template the run renders with; returns where it came from (for the header)."""
+    """Set the template the run renders with (checked on a one-turn conversation); returns
+    where it came from (for the header)."""
+    source = _set_template(tokenizer, given)
+    where = {
+        "the tokenizer's chat template": f"of '{tokenizer.name_or_path}' (its "
+        "tokenizer_config.json)",
+        "data.chat_template": "given in data.chat_template",
+    }.get(source, f"({source})")
+    where = f"The chat template {where}"
+    tokenizer._stackwise_template = where
+    _check_template(tokenizer, where)
+    return source
+
+
+def _check_template(tokenizer: Any, where: str) -> None:
+    """A template that is not valid Jinja, or that leaves the assistant's reply out, fails
+    every example: named here, so the data is not blamed."""
+    from jinja2 import TemplateSyntaxError
+
+    probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": PROBE}]
+    try:
+        text = tokenizer.apply_chat_template(probe, tokenize=False)
+    except TemplateSyntaxError as err:
+        raise StackWiseError(_invalid_jinja(where, err)) from None
+    except Exception:  # the template refuses this conversation: the data's check tells why
+        return
+    if PROBE not in text:
+        raise StackWiseError(
+            f"{where} never renders an assistant reply (the reply "
+            f"'{PROBE}' of a test conversation is missing from its output), so no reply could "
+            "be trained. Fix the template to write each assistant message's content, or set "
+            "data.chat_template to one that does."
+        )
+
+
+def _invalid_jinja(where: str, err: Exception) -> str:
+    return (
+        f"{where} is not a valid Jinja template ({err}). Fix the "
+        "template, or set data.chat_template to a working one."
+    )
+
+
+def _set_template(tokenizer: Any, given: str | None) -> str:
     if given:
         path = Path(given).expanduser()
         looks_like_file = "{" not in given and "\n" not in given
@@ -59,10 +104,15 @@ def render(tokenizer: Any, messages: list[dict], generation_prompt: bool = False
             messages, tokenize=False, add_generation_prompt=generation_prompt
         )
     except Exception as err:  # jinja errors, including the template's own raise_exception
+        from jinja2 import TemplateSyntaxError
+
         if not messages:
             return ""
+        where = getattr(tokenizer, "_stackwise_template", "The chat template")
+        if isinstance(err, TemplateSyntaxError):
+            raise StackWiseError(_invalid_jinja(where, err)) from None
         raise StackWiseError(
-            f"The chat template failed on a conversation ({type(err).__name__}: "
+            f"{where} failed on a conversation ({type(err).__name__}: "
             f"{str(err)[:160]}). Roles were {[m['role'] for m in messages]}; fix the data or "
             "set data.chat_template to a template that accepts them."
         ) from None
@@ -77,11 +127,10 @@ def end_of_turn_ids(tokenizer: Any) -> list[int]:
     """Token ids that end an assistant turn under this template (EOS first), so that generation
     stops at either; found by rendering a one-turn reply and reading what follows its text."""
     ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    probe = "Zq7"
     text = render(
-        tokenizer, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": probe}]
+        tokenizer, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": PROBE}]
     )
-    after = text[text.rfind(probe) + len(probe) :]
+    after = text[text.rfind(PROBE) + len(PROBE) :]
     special = set(tokenizer.all_special_ids)
     for tid in tokenizer(after, add_special_tokens=False)["input_ids"]:
         if tid in special:

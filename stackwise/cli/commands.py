@@ -226,6 +226,13 @@ def cmd_eval(ns: argparse.Namespace) -> int:
             "pretraining text. Its eval loss per target token is in history.json; to score "
             "other rows, fine-tune with data.eval_files and train.eval_every."
         )
+    if ns.reference is not None and is_finetuned(ns.reference):
+        raise StackWiseError(
+            f"--reference '{ns.reference}' is a fine-tuned Hugging Face model, but a reference "
+            "must be a StackWise rack run (trained with `stackwise train`, objective clm) that "
+            "reads the samples with its own tokenizer; a fine-tune run cannot serve. Pass a "
+            "causal rack run, or leave out --reference."
+        )
     for name in ("t_points", "mc_num", "samples", "max_blocks"):
         if getattr(ns, name) < 1:
             raise StackWiseError(f"--{name.replace('_', '-')} must be at least 1.")

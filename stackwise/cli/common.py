@@ -11,6 +11,7 @@ from stackwise.errors import StackWiseError
 
 PRESETS = Path(__file__).parents[1] / "presets"
 DEFAULT_PRESET = "tiny-diffusion-progressive"
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
 
 def resolve_config_path(name: str | None) -> Path:
@@ -18,8 +19,15 @@ def resolve_config_path(name: str | None) -> Path:
     if name is None:
         name = DEFAULT_PRESET
     path = Path(name)
-    if path.is_file():
+    if path.is_file() and path.suffix.lower() in CONFIG_SUFFIXES:
         return path
+    if path.is_file() or path.is_dir():
+        kind = "a folder" if path.is_dir() else f"a '{path.suffix or 'suffix-less'}' file"
+        raise StackWiseError(
+            f"CONFIG '{name}' is {kind}, but a config is a YAML (.yaml, .yml) or JSON (.json) "
+            "file or a preset name. Give the config file (data files go in data.files), or "
+            "leave CONFIG out for the default preset."
+        )
     preset = PRESETS / (name if name.endswith(".yaml") else f"{name}.yaml")
     if preset.is_file():
         return preset

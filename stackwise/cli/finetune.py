@@ -13,8 +13,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from stackwise.errors import StackWiseError
 from stackwise.precision import HALF_FLOATS
 
@@ -84,16 +82,17 @@ DEFAULTS = {"model": {"source": "hf"}, "data": {"mode": "instruction"}, "lora": 
 
 
 def _value(flag: str, raw: str) -> Any:
-    """A flag's text as YAML would read it (numbers, booleans in any case, lists)."""
+    """A flag's text: a switch reads booleans in any case (1/0, yes/no, ...); any other flag
+    reads it as a key=value override of its config key would, so `--train_batch_size 0` is 0
+    and `--run_name 1` is the name "1"."""
     low = raw.strip().lower()
-    if low in TRUE:
-        return True
-    if low in FALSE:
-        return False
-    try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError:
+    if flag in SWITCHES and low in TRUE | FALSE:
+        return low in TRUE
+    if flag not in FLAGS:
         return raw
+    from stackwise.config.loading import parse_override
+
+    return parse_override(f"{FLAGS[flag]}={raw}")[1]
 
 
 def _suggest(flag: str) -> str:
@@ -177,14 +176,13 @@ def _apply_flat(
 
 
 def _read_file(path: str) -> dict[str, Any]:
+    from stackwise.config.loading import parse_config_text
+
     file = Path(path).expanduser()
     if not file.is_file():
-        raise StackWiseError(f"--config '{path}' does not exist. Give a JSON or YAML file.")
-    text = file.read_text(encoding="utf-8")
-    try:
-        data = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise StackWiseError(f"--config '{path}' is not valid JSON/YAML: {err}.") from None
+        found = "is a folder, not a file" if file.is_dir() else "does not exist"
+        raise StackWiseError(f"--config '{path}' {found}. Give a JSON or YAML file.")
+    data = parse_config_text(file.read_text(encoding="utf-8"), file, f"--config '{path}'")
     if not isinstance(data, dict):
         raise StackWiseError(f"--config '{path}' must hold a mapping of keys to values.")
     return data
@@ -271,4 +269,20 @@ def finetune_config(argv: list[str]) -> Any:
     train.setdefault("lr", DEFAULT_LR)  # a fine-tuning LR, not the from-scratch one
     if "max_steps" not in train and "num_train_epochs" not in train:
         train["num_train_epochs"] = 1.0
+    _lora_while_off(data.get("lora"))
     return from_dict(data)
+
+
+def _lora_while_off(lora: Any) -> None:
+    """LoRA settings given while LoRA is off would do nothing, even at their default values
+    (which the config rules cannot tell from unset): refused, every one named."""
+    if not isinstance(lora, dict) or lora.get("enabled") is not False:
+        return
+    given = [f"lora.{k}" for k in lora if k != "enabled"]
+    if given:
+        one = len(given) == 1
+        raise StackWiseError(
+            f"{', '.join(given)} {'is' if one else 'are'} set, but lora.enabled is false (LoRA "
+            f"is off, the whole model trains), so {'it' if one else 'they'} would do nothing. "
+            f"Remove {'it' if one else 'them'}, or turn LoRA on."
+        )

@@ -81,6 +81,7 @@ class RuleProblems(ValueError):
     derived from another reports them as its own)."""
 
     def __init__(self, problems: list[str]) -> None:
+        problems = list(dict.fromkeys(problems))  # two rules may find the same problem
         super().__init__(joined(problems))
         self.problems = problems
 

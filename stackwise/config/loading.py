@@ -76,6 +76,9 @@ def _nearest(key: str, model: type[BaseModel], top: bool) -> str | None:
     """The closest valid key; at the top level also one level down, so `blocks_per_stack`
     finds model.*."""
     names = _field_names(model)
+    owners = [f"{s}.{key}" for s in names if top and key in _field_names(_sub(model, s))]
+    if owners:  # `lr` is train.lr: a section's own key beats a look-alike section (lora)
+        return "' or '".join(owners)
     hint = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
     if hint:
         return hint[0]
@@ -86,6 +89,11 @@ def _nearest(key: str, model: type[BaseModel], top: bool) -> str | None:
             if close:
                 return f"{sec}.{close[0]}"
     return None
+
+
+def _sub(model: type[BaseModel], name: str) -> type[BaseModel]:
+    """The section a field holds (BaseModel, which has no fields, for a plain value)."""
+    return _section_of(model.model_fields[name].annotation) or BaseModel
 
 
 def _section_of(annotation: Any) -> type[BaseModel] | None:
@@ -149,7 +157,7 @@ def format_validation(err: ValidationError, origin: str) -> str:
 
 
 def invalid_config(err: ValidationError, origin: str) -> InvalidConfig:
-    parts, problems = _problems(err)
+    parts, problems = (list(dict.fromkeys(x)) for x in _problems(err))  # rules may agree
     where = "" if origin == "config" else f" in {origin}"
     message = f"Invalid config{where}: " + "; ".join(parts) + ". Fix the value and rerun."
     return InvalidConfig(message, problems)
@@ -184,23 +192,81 @@ def from_dict(data: Any, origin: str = "config") -> Config:
     return validated(data, origin)
 
 
+class DuplicateKey(ValueError):
+    """A mapping that names one key twice (the parsers would keep the last silently)."""
+
+    def __init__(self, key: Any, lines: tuple[int, int] | None = None) -> None:
+        super().__init__(key)
+        self.key, self.lines = key, lines
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key set twice in one mapping (merged `<<` keys may be
+    overridden, as YAML means them to be)."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else []:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise DuplicateKey(key, (seen[key], line))
+                seen[key] = line
+            except TypeError:  # an unhashable key: the base class names it
+                continue
+        return super().construct_mapping(node, deep)
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def parse_config_text(text: str, path: Path, what: str) -> Any:
+    """A config file's text as JSON (.json) or YAML; a syntax error or a key set twice is
+    refused, naming `what` (the file as the user gave it)."""
+    is_json = path.suffix.lower() == ".json"
+    try:
+        if is_json:
+            return json.loads(text, object_pairs_hook=_unique_pairs)
+        return yaml.load(text, Loader=UniqueKeyLoader)
+    except DuplicateKey as dup:
+        where = f" (lines {dup.lines[0]} and {dup.lines[1]})" if dup.lines else " in one object"
+        raise StackWiseError(
+            f"{what} sets the key '{dup.key}' twice{where}; only one value can hold, and the "
+            "parser would silently keep the last. Delete the one you do not mean."
+        ) from None
+    except (yaml.YAMLError, json.JSONDecodeError) as err:
+        where = str(err).replace("\n", " ")
+        raise StackWiseError(
+            f"{what} is not valid {'JSON' if is_json else 'YAML'}: {where}. Fix the syntax and "
+            "rerun."
+        ) from None
+
+
 def read_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
-        raise StackWiseError(f"Config file '{path}' does not exist. Check the path.")
+        found = "is a folder, not a file" if path.is_dir() else "does not exist"
+        raise StackWiseError(f"Config file '{path}' {found}. Give a YAML or JSON file.")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise StackWiseError(f"Cannot read config file '{path}': {err}.") from None
-    try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as err:
-        where = str(err).replace("\n", " ")
+    data = parse_config_text(text, path, f"Config file '{path}'")
+    if data is None:
         raise StackWiseError(
-            f"Config file '{path}' is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
-            f"{where}. Fix the syntax and rerun."
-        ) from None
-    return data if data is not None else {}
+            f"Config file '{path}' is empty (no settings), so the run would silently use the "
+            "defaults. Put your settings in it, or name a preset instead (e.g. tiny-clm)."
+        )
+    return data
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

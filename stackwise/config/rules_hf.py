@@ -179,7 +179,7 @@ def epochs(cfg: Config) -> Iterator[str]:
     if cfg.train.num_train_epochs is None or cfg.data.streaming:  # a stream: rules_stream
         return
     if cfg.train.changed("max_steps"):
-        yield "train.num_train_epochs sets max_steps from the data; remove one of them"
+        yield "train.num_train_epochs sets train.max_steps from the data; remove one of them"
     if cfg.progressive.strategy == "progressive":
         yield "a progressive run budgets each stack: use progressive.epochs_per_stack instead"
 

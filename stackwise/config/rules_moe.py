@@ -24,6 +24,12 @@ def moe(cfg: Config) -> Iterator[str]:
         yield "model.moe.num_experts 1 is a dense layer behind a router: use 0 (dense) or >= 2"
     if m.top_k > m.num_experts:
         yield f"model.moe.top_k {m.top_k} exceeds num_experts {m.num_experts}: lower top_k"
+    if m.stacks == []:
+        yield (
+            f"model.moe.stacks is [], so no stack would get its {m.num_experts} experts and the "
+            "rack would be dense: list the MoE stacks' growth indices (e.g. [0]), remove "
+            "model.moe.stacks for experts in every stack, or set model.moe.num_experts: 0"
+        )
     bad = [k for k in m.stacks or [] if k >= n_stacks]
     if bad:
         yield f"model.moe.stacks names stack {bad[0]}; stacks are 0..{n_stacks - 1}"

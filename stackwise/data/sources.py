@@ -39,8 +39,38 @@ def _format_of(path: Path, declared: str) -> str:
     return fmt
 
 
+# byte-order marks of the encodings editors (Windows' Notepad, Excel exports) save as "Unicode";
+# UTF-32 first, as its little-endian mark starts with UTF-16's
+BOMS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"),
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+
+
+def _wide_encoding(path: Path) -> str | None:
+    """UTF-16 or UTF-32 when the file starts with its byte-order mark (or, with no mark, when
+    every other byte of its start is NUL, as ASCII text in UTF-16 is)."""
+    with path.open("rb") as fh:
+        head = fh.read(4096)
+    for bom, name in BOMS:
+        if head.startswith(bom):
+            return name
+    pairs = len(head) // 2
+    if pairs >= 8 and min(head[0::2].count(0), head[1::2].count(0)) == 0 and head.count(0) >= pairs:
+        return "UTF-16"
+    return None
+
+
 def check_utf8(path: Path) -> None:
     """Decode incrementally so a large file is checked without loading it whole."""
+    wide = _wide_encoding(path)
+    if wide is not None:
+        raise StackWiseError(
+            f"Data file '{path}' is {wide} text, not UTF-8. Convert it, e.g. `iconv -f {wide} "
+            f"-t UTF-8 '{path.name}' > utf8-{path.name}`, and point the config at the new file."
+        )
     dec = codecs.getincrementaldecoder("utf-8")()
     line, offset = 1, 0
     with path.open("rb") as fh:
@@ -133,6 +163,11 @@ def open_saved(path: Path) -> Any:
     DatasetDict gives its train split, or its only one."""
     import datasets
 
+    if path.is_file():
+        raise StackWiseError(
+            f"data.dataset_dir '{path}' is a file, but it must be a folder written "
+            "by datasets' save_to_disk. Give a data file with data.files instead."
+        )
     try:
         ds = datasets.load_from_disk(str(path))
     except Exception as err:  # datasets raises several types for a wrong folder

@@ -3,6 +3,7 @@ or the whole model, trained on instruction targets by the same Trainer as racks.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from stackwise.objectives.base import Batch, Objective
 from stackwise.train.adapters import ModelAdapter, register_model_adapter
 
 SHARD_INDEX = "model.safetensors.index.json"
+BASE_IDENTITY = "base_model.json"  # which base an adapter checkpoint was trained on
 
 
 def _tied_keys(model: nn.Module) -> set[str]:
@@ -37,10 +39,44 @@ def _tied_keys(model: nn.Module) -> set[str]:
     return tied
 
 
+def base_identity(model: nn.Module, name: str) -> dict[str, Any]:
+    """What tells one base from another: its type and a few of its embedding weights (read
+    before LoRA attaches; the same base loaded in another dtype gives them within rounding)."""
+    weight = model.get_input_embeddings().weight.detach()
+    rows = torch.linspace(0, weight.shape[0] - 1, 8).long()
+    probe = weight[rows.to(weight.device), :8].float().cpu().flatten().tolist()
+    return {"model_name_or_path": name, "model_type": model.config.model_type, "probe": probe}
+
+
+def check_base(folder: Path, base: dict[str, Any]) -> None:
+    """Refuse to resume an adapter (or memory) onto a base other than the one it was trained
+    beside: the weights would load and train on as a different function."""
+    file = folder / BASE_IDENTITY
+    if not file.is_file():  # written since this check exists; older checkpoints lack it
+        return
+    saved = json.loads(file.read_text(encoding="utf-8"))
+    a, b = saved.get("probe", []), base["probe"]
+    same = (
+        saved.get("model_type") == base["model_type"]
+        and len(a) == len(b)
+        and all(abs(x - y) <= 1e-2 * max(abs(x), abs(y)) + 1e-4 for x, y in zip(a, b, strict=True))
+    )
+    if not same:
+        was = saved.get("model_name_or_path")
+        raise StackWiseError(
+            f"The checkpoint '{folder}' was trained on the base '{was}' "
+            f"({saved.get('model_type')}), but this run loads '{base['model_name_or_path']}' "
+            f"({base['model_type']}), whose weights differ; an adapter only fits the base it was "
+            "trained on. Set model.model_name_or_path to that base, or start a new run in "
+            "another train.output_dir."
+        )
+
+
 @register_model_adapter("hf")
 class HFAdapter(ModelAdapter):
     def __init__(self) -> None:
         self.config: Config | None = None
+        self.base: dict[str, Any] = {}
 
     def build(self, config: Config, vocab_size: int) -> nn.Module:
         from stackwise.hf.load import load_base
@@ -48,6 +84,7 @@ class HFAdapter(ModelAdapter):
 
         self.config = config
         model = load_base(config, device_now())
+        self.base = base_identity(model, config.model.model_name_or_path or "")
         if config.lora.enabled:
             model = attach_lora(model, config)
         if config.memory_on:
@@ -120,6 +157,7 @@ class HFAdapter(ModelAdapter):
         model's save_pretrained; both safetensors."""
         folder.mkdir(parents=True, exist_ok=True)
         assert self.config is not None
+        (folder / BASE_IDENTITY).write_text(json.dumps(self.base), encoding="utf-8")
         if self.config.memory_on:  # the frozen base is not saved again, the memory apart
             save_memory(model, folder)
             if not self.config.lora.enabled:
@@ -138,6 +176,8 @@ class HFAdapter(ModelAdapter):
     def _load_weights(self, model: nn.Module, folder: Path) -> None:
         fix = "Use another checkpoint of the run, or train it again."
         assert self.config is not None
+        if self.config.lora.enabled or self.config.memory_on:  # trained beside a frozen base
+            check_base(folder, self.base)
         if self.config.memory_on:
             load_memory(model, folder)
             if not self.config.lora.enabled:

@@ -33,9 +33,31 @@ def source_path(name: str) -> str:
     is not there (or not a model folder) is refused before any data is read."""
     path = Path(name).expanduser()
     looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or path.exists()
+    if path.is_file():
+        raise StackWiseError(
+            f"model.model_name_or_path '{name}' is a file, but a model is a folder written by "
+            "save_pretrained (config.json, weights, tokenizer files). Give that folder."
+        )
     if looks_local and not (path / "config.json").is_file():
         raise _missing(name)
+    if looks_local:
+        _check_config_json(path / "config.json")
     return str(path.resolve()) if path.exists() else name
+
+
+def _check_config_json(file: Path) -> None:
+    """A damaged config.json fails inside the tokenizer's loader first, whose error would blame
+    the tokenizer: named here instead."""
+    import json
+
+    try:
+        json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise StackWiseError(
+            f"The base model's '{file}' is not valid JSON ({err}). The model folder is damaged: "
+            "restore config.json (save the model again with save_pretrained, or download it "
+            "again)."
+        ) from None
 
 
 def base_dtype(config: Any, device: torch.device) -> torch.dtype:

@@ -103,6 +103,11 @@ def resolve_checkpoint(spec: str, run_dir: Path) -> Path:
                 f"train.resume_from_checkpoint='{spec}' does not exist: looked for {places}. "
                 f"{_available(run_dir)}"
             )
+    if path.is_file():
+        raise StackWiseError(
+            f"train.resume_from_checkpoint '{path}' is a file, but a checkpoint is a "
+            f"checkpoint-<step> folder of a run. Pass such a folder, or 'latest'."
+        )
     if not (path / STATE).is_file():
         raise StackWiseError(
             f"'{path}' is not a complete checkpoint (no {STATE}). Pass a checkpoint-<step> "

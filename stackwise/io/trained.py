@@ -23,6 +23,8 @@ from stackwise.model.chain import CHAIN_INPUT_VERSION, DenoisingChain
 from stackwise.model.rack import Rack
 
 WEIGHTS = "model.safetensors"
+# what only a checkpoint folder holds (beside trainer_state.json)
+CHECKPOINT_FILES = {"optimizer.bin", "scheduler.bin", "rng_state_0.json"}
 STAGE_DIR = re.compile(r"^(stack_\d+|joint)$")  # where a progressive run keeps stage folders
 
 
@@ -54,6 +56,12 @@ def run_folder_of(folder: Path) -> tuple[Path, Path]:
     """(the folder holding config.yaml and weights, its tokenizer dir): a run folder, or one
     of its checkpoint-<step> folders, whose tokenizer is the run's."""
     if not (folder / STATE).is_file():
+        if CHECKPOINT_FILES & {p.name for p in folder.iterdir()}:
+            raise StackWiseError(
+                f"'{folder}' is an incomplete checkpoint: its {STATE} is missing (the save was "
+                "cut short, or the file was deleted). Use another checkpoint of the run "
+                f"('{LATEST}' names the newest complete one), or the finished run folder."
+            )
         return folder, folder / "tokenizer"
     if STAGE_DIR.match(folder.parent.name):
         raise StackWiseError(
@@ -69,6 +77,11 @@ def not_a_run(folder: Path) -> str:
     """Why `folder` cannot be loaded as a trained run, and what to pass instead."""
     if not folder.exists():
         return f"'{folder}' does not exist. Pass the folder that `stackwise train` wrote."
+    if not folder.is_dir():
+        return (
+            f"'{folder}' is a file, but a run is a folder (the output dir that `stackwise "
+            "train` or `finetune` wrote, or one of its checkpoint-<step> folders). Pass the folder."
+        )
     latest = folder / LATEST
     if latest.is_file() and not (folder / "run_complete.json").is_file():
         name = latest.read_text(encoding="utf-8").strip()
