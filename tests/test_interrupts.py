@@ -211,3 +211,156 @@ def test_a_signal_in_the_last_step_lets_the_run_finish(tiny, tmp_path):
     with registered("stop_at_end", lambda: SignalAt(4, signal.SIGTERM)):
         res = train_from_config(with_train(cfg, enabled_extensions=["stop_at_end"]), quiet=True)
     assert res.state.step == 4 and (tmp_path / "run" / MARKER).is_file()
+
+
+class SignalOn(Extension):
+    """Sends this process `sig` from `hook` while the stage growing stack `stack` runs: a
+    signal in a stage's setup (on_train_begin, before its first eval) or as a stage ends."""
+
+    def __init__(self, hook: str, sig: int, stack: int) -> None:
+        self.sig, self.stack = sig, stack
+        setattr(self, hook, self._send)
+
+    def _send(self, run, *args) -> None:
+        if run.stack_index == self.stack:
+            os.kill(os.getpid(), self.sig)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_as_a_stage_ends_stops_at_the_boundary_and_resume_is_bitwise(tiny, tmp_path, sig):
+    cfg = grown(tiny)
+    full = train_from_config(with_train(cfg, output_dir=str(tmp_path / "full")), quiet=True)
+    out = tmp_path / "run"
+    stop = registered("stop_as_0_ends", lambda: SignalOn("on_stack_end", sig, stack=0))
+    with stop, pytest.raises(TrainingInterrupted) as caught:
+        train_from_config(with_train(cfg, enabled_extensions=["stop_as_0_ends"]), quiet=True)
+    err = caught.value
+    assert err.where == "after stack 1 of 2" and err.signal_name == signal.Signals(sig).name
+    assert err.run_dir == out and err.checkpoint == out / "progressive_history.json"
+    assert not (out / "stack_1").exists()  # the next stage never started
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    resumed = train_from_config(with_train(cfg, resume_from_checkpoint="latest"), quiet=True)
+    a, b = full.rack.state_dict(), resumed.rack.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a) and (out / MARKER).is_file()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_a_stages_setup_saves_after_its_first_step(tiny, tmp_path, sig):
+    """The signal lands before stage 2's first eval: that eval and one step run, then the
+    stage's checkpoint is written; nothing is lost and the resumed run is the same run."""
+    cfg = grown(tiny)
+    full = train_from_config(with_train(cfg, output_dir=str(tmp_path / "full")), quiet=True)
+    out = tmp_path / "run"
+    stop = registered("stop_in_setup", lambda: SignalOn("on_train_begin", sig, stack=1))
+    with stop, pytest.raises(TrainingInterrupted) as caught:
+        train_from_config(with_train(cfg, enabled_extensions=["stop_in_setup"]), quiet=True)
+    assert caught.value.step == 1 and caught.value.checkpoint == out / "stack_1" / "checkpoint-1"
+    resumed = train_from_config(with_train(cfg, resume_from_checkpoint="latest"), quiet=True)
+    a, b = full.rack.state_dict(), resumed.rack.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def wait_for_lines(path, n: int, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.is_file() and path.read_text().count("\n") >= n:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{path} never reached {n} lines (exit {proc.poll()})")
+
+
+def test_sigterm_as_a_cli_progressive_stage_begins_saves_and_resumes(
+    corpus_file, cache_dir, tmp_path
+):
+    """A real `stackwise train` process gets SIGTERM as stack 2/2 is announced: exit 130, a
+    resume command, and that command finishes the run."""
+    data = tiny_dict(corpus_file, cache_dir, tmp_path / "unused")
+    data["model"].update(n_stacks=2, blocks_per_stack=1)
+    data["progressive"] = {"strategy": "progressive", "steps_per_stack": 6}
+    del data["train"]["max_steps"]  # the stacks' budgets set it
+    data["logging"].update(console=True)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(data))
+    out = tmp_path / "cli-run"
+    argv = [str(config), f"train.output_dir={out}"]
+    cmd = [sys.executable, "-m", "stackwise.cli", "train", *argv]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("stack 2/2"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    _, stderr = proc.communicate(timeout=180)
+    said = " ".join(stderr.split())
+    assert proc.returncode == 130 and "stopped by SIGTERM" in said, stderr
+    assert "Traceback" not in stderr
+    resume = [line.split() for line in stderr.splitlines() if "resume_from_checkpoint" in line]
+    assert resume and resume[0][:2] == ["stackwise", "train"]
+    finish = subprocess.run(
+        [sys.executable, "-m", "stackwise.cli", *resume[0][1:]],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=180,
+        check=False,
+    )
+    assert finish.returncode == 0, finish.stderr
+    assert (out / MARKER).is_file() and (out / "stacks" / "stack_1.safetensors").is_file()
+
+
+def test_finetune_ctrl_c_exits_130_with_a_runnable_resume_command(tmp_path):
+    from hf_fixtures import chat_file, tiny_hf
+
+    model, chat = tiny_hf(tmp_path / "base"), chat_file(tmp_path / "chat.jsonl", n=24)
+    out = tmp_path / "ft"
+    flags = ["--model_name_or_path", str(model), "--train_file", str(chat), "--use_lora", "True"]
+    flags += ["--max_steps", "100000", "--train_batch_size", "2", "--output_dir", str(out)]
+    flags += ["logging.jsonl=true", "logging.log_every=1", "train.eval_every=100000"]
+    cmd = [sys.executable, "-m", "stackwise.cli", "finetune", *flags]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    wait_for_lines(out / "metrics.jsonl", 2, proc)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == 130, stderr
+    assert "error:" not in stderr and "Traceback" not in stderr
+    (resume,) = [line.split() for line in stderr.splitlines() if "--resume_from_checkpoint" in line]
+    assert resume[:2] == ["stackwise", "finetune"] and resume[-4:] == [
+        "--output_dir",
+        str(out),
+        "--resume_from_checkpoint",
+        "latest",
+    ]
+    step = int((out / "latest").read_text().split("-")[1])
+    resume[resume.index("--max_steps") + 1] = str(step + 1)
+    finish = subprocess.run(
+        [sys.executable, "-m", "stackwise.cli", *resume[1:]],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=180,
+        check=False,
+    )
+    assert finish.returncode == 0, finish.stderr
+    assert (out / MARKER).is_file()
+
+
+def test_sigterm_before_training_cleans_up_and_exits_143(monkeypatch, capsys):
+    """Before training there is nothing to save: SIGTERM unwinds like Ctrl-C (finally blocks
+    run) instead of killing the process mid-write."""
+    from stackwise import cli
+
+    cleaned: list[bool] = []
+
+    def preparing(ns) -> int:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+            return 0
+        finally:
+            cleaned.append(True)
+
+    monkeypatch.setattr("stackwise.cli.parsers.cmd_env", preparing)  # `env` stands in
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["env"]) == 143
+    assert cleaned == [True] and "interrupted by SIGTERM" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before

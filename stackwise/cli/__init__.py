@@ -6,10 +6,14 @@ User mistakes (StackWiseError) print one paragraph and exit 2; there is no trace
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+import signal
 import sys
 import textwrap
+import threading
+from collections.abc import Iterator
 
 from stackwise.cli.commands import generate_help_defaults
 from stackwise.cli.common import DEFAULT_PRESET, PRESETS, resolve_config_path
@@ -26,6 +30,25 @@ def _release_processes() -> None:
         from stackwise.train.hardware import release_processes
 
         release_processes()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While a command runs, SIGTERM raises KeyboardInterrupt as Ctrl-C does, so cleanups run
+    (temporary files, the run lock) instead of the process dying mid-write. Training installs
+    its own handlers, which save a checkpoint first (stackwise.train.interrupts)."""
+
+    def _raise(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def paragraph(message: str) -> str:
@@ -55,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             refuse_unknown(parser, getattr(ns, "command", None), extra)
         ns.args = [*ns.args, *extra]
     try:
-        code = ns.func(ns)
+        with sigterm_as_interrupt():
+            code = ns.func(ns)
         _release_processes()
         return code
     except StackWiseError as err:
@@ -64,17 +88,20 @@ def main(argv: list[str] | None = None) -> int:
             if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 says it once
                 return 130
             print(
-                f"stackwise: stopped by {err.signal_name} at step {err.step}; the checkpoint "
-                f"{err.checkpoint} holds the work. To resume:\n  "
+                f"stackwise: stopped by {err.signal_name} {err.where}; {err.checkpoint} "
+                f"holds the work. To resume:\n  "
                 f"{err.resume_command(ns.args, ns.command)}",
                 file=sys.stderr,
             )
             return 130
         print(f"stackwise: error: {paragraph(str(err))}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("stackwise: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        # before training began (nothing to save yet), or a second Ctrl-C during the save
+        why = str(err) or "SIGINT"
+        said = why if why.startswith("second") else f"interrupted by {why}; nothing new was saved"
+        print(f"stackwise: {said}", file=sys.stderr)
+        return 143 if why == "SIGTERM" else 130
     except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush stays quiet

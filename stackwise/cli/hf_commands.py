@@ -28,6 +28,8 @@ def cmd_finetune(ns: argparse.Namespace) -> int:
         config = finetune_config(ns.args)
         result = train_from_config(config)
     except StackWiseError as err:
+        if hasattr(err, "resume_command"):  # a stop signal: main() says how to resume
+            raise
         raise StackWiseError(in_flags(str(err), ns.args)) from None
     if not result.trainer.accelerator.is_main_process:
         return 0

@@ -17,6 +17,7 @@ from stackwise.io.checkpoints import LATEST, rng_state, set_rng_state
 from stackwise.io.files import read_json, read_tensors, write_json
 from stackwise.io.stack_files import ANCHOR, HISTORY, STACKS_DIR
 from stackwise.progressive.records import StackRecord
+from stackwise.train.interrupts import StopSignals, TrainingInterrupted, any_rank_signalled
 
 DAMAGED = "The run was made with another config, or its files are damaged: start a new run."
 
@@ -90,3 +91,18 @@ def restore_progress(pt: Any, n: int, start: int = 0) -> None:
         )
     set_rng_state(states[pt.accelerator.process_index])
     pt.log(f"resuming after {len(done)} finished stage(s) of {n}")
+
+
+def stop_at_boundary(pt: Any, signals: StopSignals, n: int) -> None:
+    """Stop between stages when a signal came while one ended or the next was being set up:
+    the finished stacks and this history, which resume from there, are on disk already. Before
+    any stage finished, the first stage's own checkpoint holds the work instead."""
+    if not pt.records or not any_rank_signalled(pt.accelerator, signals):
+        return
+    raise TrainingInterrupted(
+        signals.received or "SIGTERM",  # a peer rank's signal
+        sum(r.steps for r in pt.records),
+        pt.output_dir / HISTORY,
+        pt.output_dir,
+        where=f"after stack {len(pt.records)} of {n}",
+    )

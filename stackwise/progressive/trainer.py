@@ -35,7 +35,14 @@ from stackwise.progressive.cache import ActivationCache
 from stackwise.progressive.imported import import_trunk
 from stackwise.progressive.plan import GrowthPlan, stage_derive
 from stackwise.progressive.records import ProgressiveResult, StackRecord, summary_table
-from stackwise.progressive.resume import HISTORY, restore_progress, stage_resume, write_history
+from stackwise.progressive.resume import (
+    HISTORY,
+    restore_progress,
+    stage_resume,
+    stop_at_boundary,
+    write_history,
+)
+from stackwise.progressive.scoring import routed_scores
 from stackwise.progressive.stage import KeyedSamples, StageModel
 from stackwise.progressive.stage_cache import StageCache
 from stackwise.progressive.timing import TimeMapping
@@ -43,7 +50,7 @@ from stackwise.quant.lora import rank_for
 from stackwise.train.checkpointer import on_main
 from stackwise.train.evaluation import score_model
 from stackwise.train.hardware import make_accelerator
-from stackwise.train.interrupts import TrainingInterrupted
+from stackwise.train.interrupts import StopSignals, TrainingInterrupted, stop_signals
 from stackwise.train.run_dir import claim_output_dir
 from stackwise.train.state import Stage
 from stackwise.train.trainer import Trainer
@@ -321,22 +328,8 @@ class ProgressiveTrainer:
         return ranges
 
     def final_eval(self) -> dict[str, float]:
-        """The grown rack on the base objective (full noise range), like any other model.
-
-        With time as depth the rack is scored as it samples, routed by noise level (each t runs
-        the stacks grown up to the one trained for it), and the whole rack's score is kept
-        beside it (`whole_rack_nelbo`) so the two can be compared."""
-        ranges = self.depth_ranges()
-        if ranges is None:
-            return self._score_rack()
-        self.builder.rack.set_depth_routing(None)
-        whole = self._score_rack()
-        self.builder.rack.set_depth_routing(ranges, self.chain())
-        routed = self._score_rack()
-        routed["whole_rack_nelbo"] = whole["nelbo"]
-        if "bpc" in whole:
-            routed["whole_rack_bpc"] = whole["bpc"]
-        return routed
+        """The grown rack on the base objective (full noise range); see routed_scores."""
+        return routed_scores(self.builder.rack, self.depth_ranges(), self.chain(), self._score_rack)
 
     def _score_rack(self) -> dict[str, float]:
         objective = build_objective(self.config, self.data.specials)
@@ -345,6 +338,12 @@ class ProgressiveTrainer:
         )
 
     def train_progressively(self, target_stacks: int | None = None) -> ProgressiveResult:
+        """Grow to `target_stacks` (default model.n_stacks), under the run's stop signals: one
+        that arrives between stages stops the run at the boundary, every finished stage saved."""
+        with stop_signals(announce=self.accelerator.is_main_process) as signals:
+            return self._grow(target_stacks, signals)
+
+    def _grow(self, target_stacks: int | None, signals: StopSignals) -> ProgressiveResult:
         n = target_stacks or self.config.model.n_stacks
         if n > self.config.model.n_stacks:
             raise StackWiseError(
@@ -358,6 +357,7 @@ class ProgressiveTrainer:
                 restore_progress(self, n, start=len(self.builder.grown))
         self.builder.rack.set_depth_routing(None)  # routing is for the finished rack only
         for index in range(len(self.builder.grown), n):
+            stop_at_boundary(self, signals, n)
             try:
                 record = self.train_stage(index, n)
                 self.records.append(record)
@@ -368,6 +368,7 @@ class ProgressiveTrainer:
             finally:  # the stage's loggers close after its stack's own report, or on failure
                 if getattr(self, "last_trainer", None) is not None:
                     self.last_trainer.finish()
+        stop_at_boundary(self, signals, n)
         try:
             joint = self.joint_tuning() if self.p.mode == "fused" else None
         except TrainingInterrupted as err:

@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
@@ -24,29 +25,60 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class TrainingInterrupted(StackWiseError):
-    """The run stopped on a signal after saving `checkpoint`; `run_dir` is what to resume."""
+    """The run stopped on a signal after saving `checkpoint`; `run_dir` is what to resume.
+    `where` says where it stopped when that is not a step ("after stack 2 of 4")."""
 
-    def __init__(self, signal_name: str, step: int, checkpoint: Path, run_dir: Path) -> None:
+    def __init__(
+        self,
+        signal_name: str,
+        step: int,
+        checkpoint: Path,
+        run_dir: Path,
+        where: str | None = None,
+    ) -> None:
         self.signal_name, self.step = signal_name, step
         self.checkpoint, self.run_dir = checkpoint, run_dir
+        self.where = where or f"at step {step}"
         super().__init__(
-            f"{signal_name} at step {step}: saved the checkpoint {checkpoint}. Resume with "
+            f"{signal_name} {self.where}: saved {checkpoint}. Resume with "
             f"train.output_dir={run_dir} train.resume_from_checkpoint=latest."
         )
 
     def of_run(self, run_dir: Path) -> TrainingInterrupted:
         """The same stop, naming the run folder (a stage's Trainer knows only its own)."""
-        return TrainingInterrupted(self.signal_name, self.step, self.checkpoint, run_dir)
+        stop = (self.signal_name, self.step, self.checkpoint)
+        return TrainingInterrupted(*stop, run_dir, self.where)
 
     def resume_command(self, args: list[str], command: str = "train") -> str:
         """The `stackwise <command>` line that continues this run, from the user's own
-        arguments."""
+        arguments: dotted keys for `train`, flags for `finetune` (whose flags are the seed's)."""
         import shlex
 
+        if command == "finetune":
+            kept = _without_flags(args, ("--output_dir", "--resume_from_checkpoint"))
+            tail = ["--output_dir", str(self.run_dir), "--resume_from_checkpoint", "latest"]
+        else:
+            kept = args
+            tail = [f"train.output_dir={self.run_dir}", "train.resume_from_checkpoint=latest"]
         dropped = ("train.output_dir=", "train.resume_from_checkpoint=")
-        kept = [a for a in args if not a.startswith(dropped)]
-        tail = [f"train.output_dir={self.run_dir}", "train.resume_from_checkpoint=latest"]
+        kept = [a for a in kept if not a.startswith(dropped)]
         return shlex.join(["stackwise", command, *kept, *tail])
+
+
+def _without_flags(args: list[str], flags: tuple[str, ...]) -> list[str]:
+    """`args` without `--flag value` and `--flag=value` for each of `flags`."""
+    kept: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        name = "--" + arg.split("=", 1)[0].lstrip("-").replace("-", "_")
+        if arg.startswith("--") and name in flags:
+            skip = "=" not in arg
+            continue
+        kept.append(arg)
+    return kept
 
 
 class StopSignals:
@@ -88,6 +120,27 @@ class StopSignals:
             )
             with contextlib.suppress(OSError):
                 os.write(sys.stderr.fileno(), note.encode())
+
+
+_active: StopSignals | None = None
+
+
+@contextlib.contextmanager
+def stop_signals(announce: bool = True) -> Iterator[StopSignals]:
+    """StopSignals for a whole run: the outermost `with` installs them and inner ones (each
+    progressive stage's Trainer) share them, so a signal between two steps, during a stage's
+    setup or its first eval, or between stages is held until the next point that can save."""
+    global _active
+    if _active is not None:
+        yield _active
+        return
+    guard = StopSignals(announce)
+    with guard:
+        _active = guard
+        try:
+            yield guard
+        finally:
+            _active = None
 
 
 def any_rank_signalled(acc: Accelerator, signals: StopSignals) -> bool:

@@ -27,12 +27,13 @@ from stackwise.errors import StackWiseError
 from stackwise.io import checkpoints as ckpt
 from stackwise.model.layers import compile_blocks
 from stackwise.objectives.base import Objective, random_lengths
+from stackwise.train import interrupts
 from stackwise.train.adapters import ModelAdapter, RackAdapter
 from stackwise.train.checkpointer import Checkpointer
 from stackwise.train.evaluation import eval_generator, evaluate_model
 from stackwise.train.extensions import HOOKS, Extension, build_extensions, builtin_extensions
 from stackwise.train.hardware import average_gradients, keep_freed_memory, make_accelerator
-from stackwise.train.interrupts import StopSignals, TrainingInterrupted, any_rank_signalled
+from stackwise.train.interrupts import StopSignals, TrainingInterrupted, stop_signals
 from stackwise.train.metrics import LossWindow, logging_extensions
 from stackwise.train.optim import (
     build_optimizer,
@@ -270,25 +271,24 @@ class Trainer:
 
     def train(self) -> TrainState:
         """Run to max_steps. With `stage.defer_finish` the run's loggers stay open (a progressive
-        stage reports its stack first) until `finish()`; a failure always finishes."""
+        stage reports its stack first) until `finish()`; a failure always finishes. All of it
+        runs under the run's stop signals: one that comes before the first step acts after it."""
         tc = self.config.train
-        if tc.resume_from_checkpoint:
-            spec = tc.resume_from_checkpoint
-            self.load_checkpoint(ckpt.resolve_checkpoint(spec, self.output_dir))
-        batches = self._batches()
-        self.call_hook("on_train_begin")
-        if self.state.resumed_from is None:
-            self._eval_and_log()
-        window = LossWindow(self.accelerator, self.state.tokens_seen)
-        signals = StopSignals(announce=self.accelerator.is_main_process)
-        try:
-            with signals:
-                self._loop(batches, window, signals)
-            if self.state.last_eval_step != self.state.step:
-                self._eval_and_log()
-        except BaseException:
-            self.finish()
-            raise
+        with stop_signals(announce=self.accelerator.is_main_process) as signals:
+            if tc.resume_from_checkpoint:
+                spec = tc.resume_from_checkpoint
+                self.load_checkpoint(ckpt.resolve_checkpoint(spec, self.output_dir))
+            batches = self._batches()
+            self.call_hook("on_train_begin")
+            try:
+                if self.state.resumed_from is None:
+                    self._eval_and_log()
+                self._loop(batches, LossWindow(self.accelerator, self.state.tokens_seen), signals)
+                if self.state.last_eval_step != self.state.step:
+                    self._eval_and_log()
+            except BaseException:
+                self.finish()
+                raise
         if not self.stage.defer_finish:
             self.finish()
         return self.state
@@ -317,7 +317,7 @@ class Trainer:
                 self._eval_and_log()
             if tc.save_steps and step % tc.save_steps == 0:
                 self.save_checkpoint()
-            if any_rank_signalled(self.accelerator, signals) and step < tc.max_steps:
+            if interrupts.any_rank_signalled(self.accelerator, signals) and step < tc.max_steps:
                 name = signals.received or "SIGTERM"  # a peer rank's signal
                 path = self.save_checkpoint()
                 raise TrainingInterrupted(name, step, path, self.output_dir)
