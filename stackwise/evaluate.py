@@ -29,6 +29,7 @@ from torch.nn import functional as F
 from stackwise import seeds
 from stackwise.config import Config
 from stackwise.data.pack import PreparedData, specials_of
+from stackwise.errors import StackWiseError
 from stackwise.generate import generate
 from stackwise.objectives import build_objective
 from stackwise.objectives.diffusion import Diffusion
@@ -303,6 +304,20 @@ def sample_quality(
     return out
 
 
+def reference_rack(reference: str | Path) -> tuple[Config, Any, Any]:
+    """The run that scores the samples, checked before any scoring: it must be causal."""
+    from stackwise.io.trained import load_trained
+
+    loaded = load_trained(reference)
+    if not loaded[0].objective.causal:
+        raise StackWiseError(
+            f"--reference '{reference}' is a {loaded[0].objective.name} run, but generative "
+            "perplexity scores samples left to right, which only a causal run (objective clm) "
+            "can do. Pass a run trained with objective.name: clm, or leave out --reference."
+        )
+    return loaded
+
+
 def run_eval(
     folder: str | Path,
     settings: EvalSettings,
@@ -314,16 +329,14 @@ def run_eval(
     from stackwise.data.pack import build_data
     from stackwise.io.trained import load_trained
 
+    ref = reference_rack(reference) if reference is not None else None  # first: fails fast
     config, rack, tokenizer = load_trained(folder)
     data = build_data(config.data)
     if len(data.tokenizer) != len(tokenizer) or data.tokenizer.get_vocab() != tokenizer.get_vocab():
-        from stackwise.errors import StackWiseError
-
         raise StackWiseError(
             f"The data of '{folder}' no longer tokenizes as it did in training (its corpus or "
             "tokenizer changed). Evaluate on the same data the run used."
         )
-    ref = load_trained(reference) if reference is not None else None
     if config.data.streaming:  # a stream is not read whole: the validation blocks' words
         texts: Any = (tokenizer.decode(row, skip_special_tokens=True) for row in data.val.blocks)
     else:

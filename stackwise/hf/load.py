@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from stackwise.errors import StackWiseError
@@ -99,6 +100,14 @@ def _missing(path: str) -> StackWiseError:
     )
 
 
+def _damaged(path: str, err: Exception) -> StackWiseError:
+    return StackWiseError(
+        f"The weights in model folder '{path}' cannot be read ({str(err)[:200]}): a file there "
+        "is missing, truncated or damaged, as an interrupted download or copy leaves it. "
+        "Download or copy the model again, then rerun."
+    )
+
+
 def load_base(config: Any, device: torch.device) -> nn.Module:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -124,8 +133,12 @@ def load_base(config: Any, device: torch.device) -> nn.Module:
             f"Loading '{path}' needs a package that is not installed ({str(err)[:200]}). "
             "Install it, or pick model.attn_implementation: sdpa."
         ) from None
-    except OSError:
+    except OSError as err:
+        if (Path(path) / "config.json").is_file():  # the folder is there: its weights are not
+            raise _damaged(path, err) from None
         raise _missing(path) from None
+    except SafetensorError as err:
+        raise _damaged(path, err) from None
     except ValueError as err:
         raise StackWiseError(
             f"Cannot load '{path}' as a causal LM: {str(err)[:240]}. Check "

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from stackwise.errors import StackWiseError
+from stackwise.io.files import new_folder
 
 MERGED = "merged"
 
@@ -36,7 +37,7 @@ def final_files(folder: Path, model: nn.Module, tokenizer: Any, config: Any) -> 
 
         note_memory(folder)
     if config.lora.enabled and config.lora.save_merged:
-        merge_run(folder, folder / MERGED, model=model, tokenizer=tokenizer, config=config)
+        merge_run(folder, folder / MERGED, model, tokenizer, config, in_final_save=True)
 
 
 def _plain_base(config: Any) -> nn.Module:
@@ -68,9 +69,11 @@ def merge_run(
     config: Any = None,
     probes: int = 4,
     trust_remote_code: bool = False,
+    in_final_save: bool = False,
 ) -> dict[str, float]:
-    """Write base + adapter merged into `out` (a plain HF model folder); returns the largest
-    logit difference between the merged model and base + adapter on `probes` inputs."""
+    """Write base + adapter merged into `out` (a plain HF model folder, made whole or not at
+    all); returns the largest logit difference between the merged model and base + adapter on
+    `probes` inputs."""
     from peft import PeftModel
 
     if config is None:
@@ -96,12 +99,21 @@ def merge_run(
         want = model(input_ids=ids.to(device)).logits.float().cpu()
         got = merged(input_ids=ids).logits.float()
     drift = float((want - got).abs().max())
-    out.mkdir(parents=True, exist_ok=True)
-    merged.save_pretrained(str(out), safe_serialization=True)
-    tokenizer.save_pretrained(str(out))
-    generation_config(merged, tokenizer).save_pretrained(str(out))
+    if in_final_save:  # the run's final save stages it, and says how to finish on failure
+        _write_merged(out, merged, tokenizer)
+    else:
+        failure = f"Could not write the merged model to '{out}': {{reason}}. Nothing was written."
+        with new_folder(out, failure, "merging") as tmp:
+            _write_merged(tmp, merged, tokenizer)
     dtype = str(next(merged.parameters()).dtype).replace("torch.", "")
     return {"max_logit_drift": drift, "logit_scale": float(want.abs().max()), "dtype": dtype}
+
+
+def _write_merged(folder: Path, merged: nn.Module, tokenizer: Any) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(str(folder), safe_serialization=True)
+    tokenizer.save_pretrained(str(folder))
+    generation_config(merged, tokenizer).save_pretrained(str(folder))
 
 
 def load_finetuned(folder: Path, trust_remote_code: bool = False) -> tuple[Any, nn.Module, Any]:

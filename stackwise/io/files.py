@@ -9,8 +9,10 @@ file is a StackWiseError naming the file and the caller's fix, never a traceback
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,16 +67,62 @@ def _tmp(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp")
 
 
+# errno -> (what happened, in plain words; what the user can do)
+_NO_SPACE = "Free some space on that disk (or write to another one) and rerun."
+_NO_RIGHTS = "Pick a folder you can write to (or fix its permissions) and rerun."
+WRITE_ERRORS = {
+    errno.ENOSPC: ("the disk is full (ENOSPC, no space left on device)", _NO_SPACE),
+    errno.EDQUOT: ("your disk quota is used up (EDQUOT)", _NO_SPACE),
+    errno.EACCES: ("permission denied (EACCES): you may not write there", _NO_RIGHTS),
+    errno.EPERM: ("the operation is not permitted there (EPERM)", _NO_RIGHTS),
+    errno.EROFS: (
+        "the filesystem is read-only (EROFS)",
+        "Pick a folder on a writable disk and rerun.",
+    ),
+}
+
+
+def write_problem(err: BaseException) -> tuple[str, str] | None:
+    """(what went wrong, the fix) when `err` is a failed write: an OSError, or the I/O error
+    safetensors wraps in its own type, which names the errno only in its text."""
+    if isinstance(err, OSError):
+        code, words = err.errno, err.strerror or str(err)
+    elif isinstance(err, SafetensorError) and "I/O error" in str(err):
+        found = re.search(r"os error (\d+)", str(err))
+        code, words = (int(found.group(1)) if found else None), str(err)[:160]
+    else:
+        return None
+    if code in WRITE_ERRORS:
+        return WRITE_ERRORS[code]
+    return words, "Check that the folder is writable and has space, and rerun."
+
+
 @contextlib.contextmanager
 def staged(tmp: Path, failure: str) -> Iterator[Path]:
-    """A scratch folder (emptied first) to build a result in before it is renamed into place;
-    an OSError removes it and becomes `failure`, a message with a {reason} field."""
+    """A scratch folder (emptied first) to build a result in before it is renamed into place.
+    Any failure removes it, so a retry finds nothing left over; a failed write (full disk,
+    read-only place) becomes `failure`, a message with a {reason} field, and its fix."""
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         yield tmp
-    except OSError as err:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise StackWiseError(failure.format(reason=err.strerror or err)) from None
+        problem = write_problem(err)
+        if problem is None:
+            raise
+        raise StackWiseError(f"{failure.format(reason=problem[0])} {problem[1]}") from None
+
+
+@contextlib.contextmanager
+def new_folder(out: Path, failure: str, tag: str) -> Iterator[Path]:
+    """Build the new folder `out` in a hidden sibling (`.OUT.tag`), renamed to `out` at the
+    end: a failure leaves neither, never half of `out`. `out` may exist if empty."""
+    with staged(out.with_name(f".{out.name}.{tag}"), failure) as tmp:
+        tmp.mkdir(parents=True)
+        yield tmp
+        if out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        publish_dir(tmp, out)
 
 
 def write_atomic(path: Path, text: str) -> None:

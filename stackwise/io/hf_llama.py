@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from stackwise.errors import StackWiseError
-from stackwise.io.files import publish_dir, save_tensors, staged
+from stackwise.io.files import new_folder, save_tensors
 from stackwise.model.hf import llama_config, llama_state_dict, rack_parameters
 
 
@@ -78,15 +78,11 @@ def export_hf(run: str | Path, out: str | Path) -> Path:
     config, rack, tokenizer = load_trained(run)
     check_exportable(config, rack)
     state = {k: v.float() for k, v in llama_state_dict(rack).items()}
-    failure = f"Could not write the export to '{out}' ({{reason}}); nothing was written."
-    with staged(out.with_name(f".{out.name}.exporting"), failure) as tmp:
-        tmp.mkdir(parents=True)
+    failure = f"Could not write the export to '{out}': {{reason}}. Nothing was written."
+    with new_folder(out, failure, "exporting") as tmp:
         save_tensors(state, tmp / "model.safetensors")
         export_config(config, rack, tokenizer).save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
-        if out.exists():
-            out.rmdir()  # empty: checked above
-        publish_dir(tmp, out)
     return out
 
 

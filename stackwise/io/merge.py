@@ -16,7 +16,7 @@ import torch
 
 from stackwise.config import Config, derive, save_config
 from stackwise.errors import StackWiseError
-from stackwise.io.files import publish_dir, staged
+from stackwise.io.files import new_folder
 from stackwise.io.stack_files import read_manifest, save_anchor_and_manifest, save_stack
 from stackwise.io.trained import WEIGHTS, load_trained, save_model
 from stackwise.model.rack import Rack
@@ -138,17 +138,10 @@ def merge_checkpoint(src: str | Path, out: str | Path, requantize: bool = False)
 def _save(
     out: Path, config: Config, rack: Rack, tokenizer: object, storages: list[str] | None
 ) -> None:
-    """Everything goes to OUT.merging first and is renamed at the end: no half-written OUT."""
-    failure = (
-        f"Could not write the merged rack to '{out}' ({{reason}}). Check the folder is writable "
-        "and has space; nothing was written."
-    )
-    with staged(out.with_name(out.name + ".merging"), failure) as tmp:
-        tmp.mkdir(parents=True)
+    """Everything goes to .OUT.merging first and is renamed at the end: no half-written OUT."""
+    failure = f"Could not write the merged rack to '{out}': {{reason}}. Nothing was written."
+    with new_folder(out, failure, "merging") as tmp:
         _write(tmp, config, rack, tokenizer, storages)
-        if out.exists():
-            out.rmdir()  # empty (checked before merging)
-        publish_dir(tmp, out)
 
 
 def _write(

@@ -46,8 +46,8 @@ def save_run(
 
 def save_tokenizer(run_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
     """Written when a run starts, so that its checkpoints can be sampled before it ends."""
-    failure = f"Cannot write the tokenizer into '{run_dir}': {{reason}}. Free some space or pick "
-    with staged(run_dir / ".tokenizer.tmp", failure + "another train.output_dir.") as tmp:
+    failure = f"Cannot write the tokenizer into '{run_dir}': {{reason}}."
+    with staged(run_dir / ".tokenizer.tmp", failure) as tmp:
         tokenizer.save_pretrained(str(tmp))
         move_into(tmp, run_dir / "tokenizer")
 

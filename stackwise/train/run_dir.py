@@ -70,6 +70,71 @@ def prepare_output_dir(path: Path, overwrite: bool, resuming: bool = False) -> s
     return note
 
 
+def is_run_folder(path: Path) -> bool:
+    """Whether `path` holds a StackWise run: the lock every run takes first, or (for runs older
+    than the lock) the finished marker, a checkpoint pointer, a stack manifest, or weights
+    beside config.yaml. A Hugging Face model folder (config.json) is not one."""
+    marks = (LOCK, MARKER, ckpt.LATEST, "stacks/manifest.json")
+    if any((path / m).exists() for m in marks) or any(path.glob(f"*/{ckpt.LATEST}")):
+        return True
+    return (path / WEIGHTS).is_file() and (path / "config.yaml").is_file()
+
+
+def _refuse_foreign(path: Path) -> None:
+    """A folder holding someone else's files is never written into: a run would replace its
+    config.yaml, history.json, README.md, ... without a word. Nothing overrides this."""
+    if not path.is_dir() or is_run_folder(path):
+        return
+    names = sorted(p.name for p in path.iterdir())
+    if not names:
+        return
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    raise StackWiseError(
+        f"Output dir '{path}' is not empty ({shown}) and is not a StackWise run, so a run "
+        "there could overwrite those files; it is refused, even with "
+        "train.overwrite_output_dir=true (which replaces only an earlier StackWise run). Give "
+        f"train.output_dir a new or empty folder, such as '{path / 'run'}', or move the files "
+        "out of this one first to reuse it."
+    )
+
+
+def _read_paths(config: Config) -> list[tuple[str, Path]]:
+    """(config key, path) of the local files and folders a run reads."""
+    m, d = config.model, config.data
+    named = [("model.init_from_hf", m.init_from_hf), ("data.dataset_dir", d.dataset_dir)]
+    named += [("data.tokenizer", d.tokenizer)]
+    if m.source == "hf":
+        named.append(("model.model_name_or_path", m.model_name_or_path))
+    found = [(k, Path(v).expanduser()) for k, v in named if v and Path(v).expanduser().is_dir()]
+    for key, names in (("data.files", d.files), ("data.eval_files", d.eval_files)):
+        for name in names:
+            path = Path(name).expanduser()
+            while any(ch in path.name for ch in "*?["):  # a glob: the folder it searches
+                path = path.parent
+            found.append((key, path))
+    return [(k, p.resolve()) for k, p in found]
+
+
+def refuse_inputs(path: Path, config: Config) -> None:
+    """The output folder may not be, hold, or lie inside anything the run reads (the base
+    model above all: its files would be rewritten), whatever train.overwrite_output_dir says."""
+    out = path.expanduser().resolve()
+    for key, src in _read_paths(config):
+        if out == src or src in out.parents:
+            how = "is the same folder as" if out == src else "is inside"
+            free = src.with_name(f"{src.name}-run")
+        elif out in src.parents:
+            how, free = "holds", out.with_name(f"{out.name}-run")
+        else:
+            continue
+        raise StackWiseError(
+            f"Output dir '{path}' {how} {key} '{src}', which this run reads; writing there "
+            "would change or mix with its files, so it is refused even with "
+            "train.overwrite_output_dir=true. Give train.output_dir a folder apart from it, "
+            f"such as '{free}'."
+        )
+
+
 def _check_and_clear(path: Path, overwrite: bool, resuming: bool) -> None:
     if not overwrite:
         _refuse_taken(path, resuming)
@@ -122,6 +187,8 @@ def claim_output_dir(acc: Accelerator, config: Config, output_dir: str | Path | 
     if acc.is_main_process:
         shared[0] = shared[0] or str(resolve_output_dir(config))
         try:
+            refuse_inputs(Path(shared[0]), config)
+            _refuse_foreign(Path(shared[0]))
             note = prepare_output_dir(
                 Path(shared[0]),
                 config.train.overwrite_output_dir,
@@ -151,6 +218,8 @@ def precheck_run_dir(config: Config) -> None:
     if given is None and tc.output_dir is None and config.logging.run_name is None:
         return  # a new time-stamped folder
     path = Path(given) if given is not None else resolve_output_dir(config)
+    refuse_inputs(path, config)
+    _refuse_foreign(path)
     if not path.is_dir():
         if tc.resume_from_checkpoint is not None:  # nothing there to resume: its error says so
             ckpt.resolve_checkpoint(tc.resume_from_checkpoint, path)
