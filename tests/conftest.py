@@ -138,3 +138,14 @@ def bnb_cpu_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(bnb_modules, "has_avx512bf16", lambda: request.param == "avx512bf16")
     return request.param
+
+
+@pytest.fixture
+def bf16_autocast() -> None:
+    """Skip where the probe (this CPU's, or one forced by STACKWISE_BF16_PROBE) found bf16
+    matmuls trapping under every oneDNN cap: training refuses mixed_precision=bf16 there."""
+    from stackwise.hwprobe import ensure_bf16_ready
+
+    verdict = ensure_bf16_ready()
+    if not verdict.works:
+        pytest.skip(f"bf16 autocast cannot run here: {verdict.summary()}")

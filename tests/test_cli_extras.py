@@ -81,3 +81,29 @@ def test_only_the_known_library_noise_is_filtered(caplog):
         )
         warnings.warn("a real problem in torch", UserWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["a real problem in torch"]
+
+
+def test_errors_wrap_to_a_terminal_and_stay_one_line_in_pipes_and_logs(monkeypatch):
+    """A terminal gets the paragraph wrapped to its width (at most 100 columns) without
+    breaking a path; a pipe or a log gets it on one line, whatever COLUMNS or a path's length,
+    so `grep` and tests see whole sentences."""
+    import io
+    import sys
+
+    from stackwise.cli import paragraph
+
+    path = "/tmp/" + "a-very-long-folder-name/" * 4 + "data.jsonl"
+    message = f"Instruction data file '{path}' is empty. Give it rows   (--train_file)."
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for columns, widest in (("40", 40), ("200", 100)):
+        monkeypatch.setenv("COLUMNS", columns)
+        monkeypatch.setattr(sys, "stderr", Terminal())
+        lines = paragraph(message).splitlines()
+        assert len(lines) > 1 and f"'{path}'" in lines  # the path alone on its line, whole
+        assert all(len(line) <= widest for line in lines if line != f"'{path}'")
+        monkeypatch.setattr(sys, "stderr", io.StringIO())
+        assert paragraph(message) == " ".join(message.split())

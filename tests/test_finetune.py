@@ -234,7 +234,7 @@ def test_other_architectures_train(hf, tmp_path, kind):
     assert res.state.step == 2 and (tmp_path / kind / "adapter_model.safetensors").is_file()
 
 
-def test_qlora_quantizes_the_base_and_keeps_its_dtypes(hf, tmp_path):
+def test_qlora_quantizes_the_base_and_keeps_its_dtypes(hf, tmp_path, bf16_autocast):
     """NF4 Linear4bit layers under the adapters; norms stay bf16 (no blanket fp32 upcast)."""
     import bitsandbytes as bnb
 

@@ -175,7 +175,7 @@ def test_training_lowers_val_loss_and_logs_everywhere(tiny):
     assert len(acc.Scalars("val/loss")) == 3
 
 
-def test_bf16_autocast_runs_the_matmuls_in_bf16(tiny):
+def test_bf16_autocast_runs_the_matmuls_in_bf16(tiny, bf16_autocast):
     seen = {}
     for mp in ("bf16", "no"):
         tr = make_trainer(
