@@ -8,6 +8,7 @@ import platform
 import sys
 from collections.abc import Callable
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,6 +47,31 @@ def _version(name: str) -> str:
         return "not installed"
 
 
+def _source_requirements(installed: list[str], source: Path | None = None) -> tuple[list, list]:
+    """(the requirements to check, a note). In a source checkout the pyproject.toml beside the
+    package is the truth: an editable install keeps the metadata of its last `pip install`, so
+    ranges changed since then would go unchecked. The note says to reinstall when they differ."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    source = source or Path(__file__).resolve().parents[1] / "pyproject.toml"
+    try:
+        declared = tomllib.loads(source.read_text())["project"]["dependencies"]
+    except (OSError, KeyError, TypeError, tomllib.TOMLDecodeError):
+        return installed, []  # an installed wheel: its metadata is what was declared
+
+    def core(reqs: list[str]) -> set[str]:
+        return {str(Requirement(r)) for r in reqs if "extra ==" not in r}
+
+    if core(declared) == core(installed):
+        return declared, []
+    return declared, [
+        f"stackwise's installed metadata predates {source}: its ranges are checked from that "
+        "file; reinstall (pip install -e .) to bring the metadata up to date"
+    ]
+
+
 def out_of_range(
     requires: list[str] | None = None, version: Callable[[str], str] = _version
 ) -> list[str]:
@@ -53,12 +79,14 @@ def out_of_range(
     back from the installed metadata): a version we never tested is the first suspect."""
     from packaging.requirements import InvalidRequirement, Requirement
 
+    lines: list[str] = []
     if requires is None:
         try:
             requires = metadata.requires("stackwise") or []
         except metadata.PackageNotFoundError:
             return ["stackwise's metadata is missing: reinstall it (pip install -e .)"]
-    lines = []
+        requires, stale = _source_requirements(requires)
+        lines += stale
     for text in requires:
         try:
             req = Requirement(text)

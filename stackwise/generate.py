@@ -127,10 +127,11 @@ def unknown_characters(tokenizer: PreTrainedTokenizerBase, prompt: str, ids: lis
         for c in dict.fromkeys(prompt)
         if unk in tokenizer(c, add_special_tokens=False)["input_ids"]
     ]
+    named = f"characters {' '.join(map(repr, lost))} are" if lost else "text is partly"
     print(
-        f"stackwise: warning: the prompt's characters {' '.join(map(repr, lost))} are not in "
-        "the tokenizer's vocabulary (the training text never had them), so the rack reads "
-        "them as <unk> and the output leaves them out.",
+        f"stackwise: warning: the prompt's {named} not in the tokenizer's vocabulary (the "
+        "training text never had them), so the rack reads them as <unk> and the output "
+        "leaves them out.",
         file=sys.stderr,
     )
 

@@ -39,3 +39,19 @@ def test_pyproject_bounds_the_libraries_we_touch_and_env_reports_the_check():
     declared = [str(r) for r in reqs.values()]
     assert out_of_range(declared) == []
     assert "declared ranges:" in render(collect())
+
+
+def test_a_checkout_newer_than_its_install_is_checked_from_its_pyproject(tmp_path):
+    """An editable install keeps its last metadata: the checkout's pyproject.toml is what the
+    ranges are checked against, and the report says to reinstall."""
+    from stackwise.envreport import _source_requirements
+
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project]\ndependencies = ["torch>=2.5,<2.14", "peft>=0.13,<0.22"]\n')
+    old = ["torch>=2.5", "peft>=0.13", 'wandb>=0.17; extra == "dev"']
+    requires, note = _source_requirements(old, pyproject)
+    assert requires == ["torch>=2.5,<2.14", "peft>=0.13,<0.22"]
+    assert len(note) == 1 and "pip install -e ." in note[0]
+    same = ["torch<2.14,>=2.5", "peft<0.22,>=0.13", 'wandb>=0.17; extra == "dev"']
+    assert _source_requirements(same, pyproject) == (requires, [])
+    assert _source_requirements(old, tmp_path / "none.toml") == (old, [])  # a wheel install

@@ -331,3 +331,19 @@ def test_flags_and_overrides_win_over_the_config_file(files, tmp_path):
     cfg_file.write_text("max_steps: 10\n")
     cfg = finetune_config([*base, "--config", str(cfg_file), "--num_train_epochs", "2"])
     assert cfg.train.num_train_epochs == 2 and "max_steps" not in cfg.train.model_fields_set
+
+
+@pytest.mark.parametrize(
+    ("flag", "override"),
+    [
+        (["--max_steps", "5"], "train.num_train_epochs=2"),
+        (["--warmup_steps", "5"], "train.warmup_ratio=0.1"),
+        (["--load_in_4bit", "True"], "model.load_in_8bit=true"),
+    ],
+)
+def test_a_flag_and_an_override_that_replace_each_other_are_refused(files, flag, override):
+    """Neither may silently drop the other (an override used to discard the flag)."""
+    base = ["--model_name_or_path", str(files["model"]), "--train_file", str(files["chat"])]
+    with pytest.raises(StackWiseError, match="replace each other") as caught:
+        finetune_config([*base, *flag, override])
+    assert flag[0] in str(caught.value) and override.split("=")[0] in str(caught.value)

@@ -40,9 +40,10 @@ def no_user_cap(monkeypatch):
     monkeypatch.delenv(FORCE_ENV, raising=False)  # these tests probe for real
 
 
-def test_a_trapping_default_falls_back_to_the_bf16_cap_and_is_cached(tmp_path, no_user_cap):
-    log = tmp_path / "runs.txt"
-    code = child(
+def traps_by_default(log: Path) -> str:
+    """Child code that dies of SIGILL unless oneDNN is capped at AVX512_CORE_BF16, as the
+    default kernels of some AMX VMs do."""
+    return child(
         f"""
         if os.environ.get({ISA_ENV!r}) != "AVX512_CORE_BF16":
             os.kill(os.getpid(), signal.SIGILL)
@@ -50,6 +51,11 @@ def test_a_trapping_default_falls_back_to_the_bf16_cap_and_is_cached(tmp_path, n
         """,
         log,
     )
+
+
+def test_a_trapping_default_falls_back_to_the_bf16_cap_and_is_cached(tmp_path, no_user_cap):
+    log = tmp_path / "runs.txt"
+    code = traps_by_default(log)
     verdict = probe(tmp_path, code)
     assert runs(log) == ["default", "AVX512_CORE_BF16"]
     assert verdict.works and verdict.isa_cap == "AVX512_CORE_BF16"
@@ -226,12 +232,13 @@ def test_a_timing_taken_under_load_is_taken_again_and_the_best_times_kept(tmp_pa
     assert not verdict.loaded and verdict.bf16_fast
 
 
-def test_a_marginal_ratio_is_measured_up_to_three_times_and_then_flagged(tmp_path, no_user_cap):
+def test_a_marginal_ratio_is_measured_three_times_then_kept_as_this_cpus_own(tmp_path, no_user_cap):
     log = tmp_path / "runs.txt"
     verdict = probe(tmp_path, timings_by_run(log, [row(1.0, 1.0, share=1.0)]))
     assert len(runs(log)) == hwprobe.child.MAX_ATTEMPTS == verdict.attempts
     assert verdict.marginal and not verdict.bf16_fast  # 1.0x is not faster: fp32
-    assert "close to the threshold" in verdict.conditions()
+    assert "this CPU's own ratio" in verdict.conditions()
+    assert probe(tmp_path, timings_by_run(log, [row(1.0, 1.0, share=1.0)])).cached  # final
 
 
 def test_a_loaded_or_marginal_cached_verdict_is_remeasured_once_the_machine_is_idle(
@@ -307,6 +314,8 @@ def test_a_forced_branch_reaches_a_real_training_process(branch, tmp_path, corpu
     """The variable is read by a fresh `stackwise train` process, as in CI: its header names
     the precision the branch gives."""
     env = {**os.environ, FORCE_ENV: branch, "STACKWISE_CACHE": str(tmp_path / "cache")}
+    for inherited in (ISA_ENV, hwprobe.SET_BY_PROBE_ENV):  # the child probes for itself
+        env.pop(inherited, None)
     cmd = [sys.executable, "-m", "stackwise", "train", "tiny-clm", "train.max_steps=2"]
     cmd += [f"data.files=[{corpus_file}]", "data.source=files", "data.tokenizer=char"]
     cmd += [f"train.output_dir={tmp_path / 'run'}", "train.eval_every=2", "sample.num_samples=0"]
@@ -317,3 +326,24 @@ def test_a_forced_branch_reaches_a_real_training_process(branch, tmp_path, corpu
         "bf16 (auto: bf16 matmul 2.00x" if branch == "fast" else "fp32 (auto: bf16 matmuls fail"
     )
     assert expected in done.stdout + done.stderr
+
+
+def test_forcing_a_branch_keeps_the_cap_a_crashing_cpu_needs(tmp_path, no_user_cap, monkeypatch):
+    """Forced `fast` on a CPU whose default bf16 kernels trap: the speed is forced, the cap that
+    keeps the process alive is not."""
+    log = tmp_path / "runs.txt"
+    code = traps_by_default(log)
+    monkeypatch.setattr(hwprobe, "CHILD_CODE", code)
+    monkeypatch.setenv(FORCE_ENV, "slow")
+    verdict = probe(tmp_path, code)
+    assert verdict.forced == "slow" and verdict.isa_cap == "AVX512_CORE_BF16"
+    assert verdict.works and not verdict.bf16_fast and verdict.speedup == 0.8
+    env: dict[str, str] = {}
+    assert apply(verdict, env) and env[ISA_ENV] == "AVX512_CORE_BF16"
+
+
+def test_no_load_average_is_no_crash(monkeypatch):
+    from stackwise.hwprobe import verdict
+
+    monkeypatch.delattr(verdict.os, "getloadavg")
+    assert verdict.load_per_core() is None

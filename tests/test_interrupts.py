@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -294,7 +295,7 @@ def test_sigterm_as_a_cli_progressive_stage_begins_saves_and_resumes(
     said = " ".join(stderr.split())
     assert proc.returncode == 130 and "stopped by SIGTERM" in said, stderr
     assert "Traceback" not in stderr
-    resume = [line.split() for line in stderr.splitlines() if "resume_from_checkpoint" in line]
+    resume = [shlex.split(line) for line in stderr.splitlines() if "resume_from_checkpoint" in line]
     assert resume and resume[0][:2] == ["stackwise", "train"]
     finish = subprocess.run(
         [sys.executable, "-m", "stackwise.cli", *resume[0][1:]],
@@ -323,7 +324,9 @@ def test_finetune_ctrl_c_exits_130_with_a_runnable_resume_command(tmp_path):
     _, stderr = proc.communicate(timeout=180)
     assert proc.returncode == 130, stderr
     assert "error:" not in stderr and "Traceback" not in stderr
-    (resume,) = [line.split() for line in stderr.splitlines() if "--resume_from_checkpoint" in line]
+    (resume,) = [
+        shlex.split(line) for line in stderr.splitlines() if "--resume_from_checkpoint" in line
+    ]
     assert resume[:2] == ["stackwise", "finetune"] and resume[-4:] == [
         "--output_dir",
         str(out),

@@ -74,6 +74,7 @@ def test_train_never_writes_into_a_folder_that_is_not_a_run(tiny, tmp_path, caps
     assert snapshot(mine) == before
     for name in before:  # the files moved out: the folder is reused
         (mine / name).unlink()
+    (mine / ".DS_Store").write_bytes(b"")  # a file manager's leftovers are not the user's work
     res = train_from_config(tiny(), quiet=True)
     assert res.output_dir == mine and (mine / "run_complete.json").is_file()
 

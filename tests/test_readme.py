@@ -108,8 +108,10 @@ def shrunk(argv: list[str], root: Path, run: str) -> list[str]:
         if not any(a.startswith("train.output_dir=") for a in argv):
             extra.append(f"train.output_dir=outputs/{run}")
         return [*argv, *extra]
-    if cmd == "finetune":
-        return [*argv, "train.max_steps=1", "train.batch_size=2", "sample.max_new_tokens=4"]
+    if cmd == "finetune":  # its step budget replaced: flag and override would be rivals
+        budget = ("--num_train_epochs", "--max_steps")
+        kept = [a for i, a in enumerate(argv) if a not in budget and argv[i - 1] not in budget]
+        return [*kept, "--max_steps", "1", "train.batch_size=2", "sample.max_new_tokens=4"]
     if cmd == "eval":
         return [*argv, "--samples", "1", "--t-points", "2", "--mc-num", "1", "--max-blocks", "2"]
     if cmd == "generate":

@@ -48,7 +48,8 @@ def sigterm_as_interrupt() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if previous is not None:  # None: installed outside Python, cannot be put back
+            signal.signal(signal.SIGTERM, previous)
 
 
 def paragraph(message: str) -> str:
@@ -97,10 +98,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stackwise: error: {paragraph(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:
-        # before training began (nothing to save yet), or a second Ctrl-C during the save
+        # outside a training step (preparing data, the final save, samples), or a second
+        # Ctrl-C: what was saved before stays saved, nothing more is written
         why = str(err) or "SIGINT"
-        said = why if why.startswith("second") else f"interrupted by {why}; nothing new was saved"
-        print(f"stackwise: {said}", file=sys.stderr)
+        said = why if why.startswith("second") else f"interrupted by {why}"
+        if os.environ.get("RANK", "0") == "0":
+            print(f"stackwise: {said}; files saved before it are kept", file=sys.stderr)
         return 143 if why == "SIGTERM" else 130
     except BrokenPipeError:  # the reader went away (`| head`): not an error of ours
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -238,6 +238,19 @@ def _drop_alternatives(data: dict[str, Any], key: str) -> None:
                 data[section].pop(leaf, None)
 
 
+def _refuse_rivals(flag_keys: dict[str, str], override_keys: list[str]) -> None:
+    """A flag and a key=value override that replace each other (`--max_steps 5` with
+    `train.num_train_epochs=2`): neither may silently drop the other."""
+    for group in ALTERNATIVES:
+        flagged = [k for k in flag_keys if k in group]
+        rival = [k for k in override_keys if k in group and k not in flagged]
+        if flagged and rival:
+            raise StackWiseError(
+                f"The command line sets --{flag_keys[flagged[0]]} ({flagged[0]}) and "
+                f"{rival[0]}=..., which replace each other ({' / '.join(group)}); give one."
+            )
+
+
 def finetune_config(argv: list[str]) -> Any:
     """The config of a `stackwise finetune` command line."""
     from stackwise.config import from_dict
@@ -258,12 +271,13 @@ def finetune_config(argv: list[str]) -> Any:
             else:
                 data[section] = values
     data = apply_aliases(data)  # the file's legacy names at their keys, which flags replace
-    for key in [FLAGS[f] for f, v in flags.items() if f in FLAGS and v is not False]:
+    flag_keys = {FLAGS[f]: f for f, v in flags.items() if f in FLAGS and v is not False}
+    given = (item.split("=", 1)[0].strip() for item in overrides)
+    override_keys = [KEY_ALIASES.get(key, key) for key in given]
+    _refuse_rivals(flag_keys, override_keys)
+    for key in [*flag_keys, *override_keys]:  # before the command line's own values go in
         _drop_alternatives(data, key)
     _apply_flat(data, flags, "The command line")
-    for item in overrides:
-        given = item.split("=", 1)[0].strip()
-        _drop_alternatives(data, KEY_ALIASES.get(given, given))
     data = apply_overrides(data, overrides)
     train = data.setdefault("train", {})
     train.setdefault("lr", DEFAULT_LR)  # a fine-tuning LR, not the from-scratch one

@@ -15,7 +15,7 @@ from stackwise.errors import StackWiseError
 from stackwise.hf import loss as hf_loss
 from stackwise.hf.load import ADAPTER_WEIGHTS, FULL_WEIGHTS, device_now
 from stackwise.hf.memory import describe_memory, load_memory, save_memory
-from stackwise.io.files import read_tensors
+from stackwise.io.files import read_tensors, write_json
 from stackwise.model.memory import memory_layers, memory_metrics
 from stackwise.model.routing import router_loss, routing_scope
 from stackwise.objectives.base import Batch, Objective
@@ -157,7 +157,7 @@ class HFAdapter(ModelAdapter):
         model's save_pretrained; both safetensors."""
         folder.mkdir(parents=True, exist_ok=True)
         assert self.config is not None
-        (folder / BASE_IDENTITY).write_text(json.dumps(self.base), encoding="utf-8")
+        write_json(folder / BASE_IDENTITY, self.base)
         if self.config.memory_on:  # the frozen base is not saved again, the memory apart
             save_memory(model, folder)
             if not self.config.lora.enabled:

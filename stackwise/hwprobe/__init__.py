@@ -28,7 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from stackwise.hwprobe.child import CHILD_CODE, FALLBACK_CAPS, ISA_ENV, run_child, run_probe
-from stackwise.hwprobe.verdict import FORCE_ENV, Verdict, forced_verdict, load_per_core
+from stackwise.hwprobe.verdict import FORCE_ENV, Verdict, forced, load_per_core
 from stackwise.paths import cache_root
 
 __all__ = [
@@ -126,8 +126,10 @@ def verdict_path(cache_dir: str | Path | None = None, stem: str | None = None) -
 
 def _fresh(verdict: Verdict | None) -> Verdict | None:
     """A cached verdict still to be trusted, or None to measure again: a failure (not a trap)
-    older than ERROR_TTL_S; any verdict older than MAX_AGE_S; a loaded or marginal one older
-    than RECHECK_S once the machine is idle (a load-average read, no child)."""
+    older than ERROR_TTL_S; any verdict older than MAX_AGE_S; one timed under load and older
+    than RECHECK_S once the machine is idle (a load-average read, no child). A marginal ratio
+    timed on a free CPU is this CPU's own: it stays. Under torchrun the load never decides, so
+    every rank reads the same verdict from the shared file."""
     if verdict is None:
         return None
     age = time.time() - verdict.created
@@ -135,7 +137,8 @@ def _fresh(verdict: Verdict | None) -> Verdict | None:
         return verdict if age < ERROR_TTL_S else None
     if age >= MAX_AGE_S:
         return None
-    if (verdict.loaded or verdict.marginal) and age >= RECHECK_S:
+    several_ranks = int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+    if verdict.loaded and age >= RECHECK_S and not several_ranks:
         load = load_per_core()
         if load is not None and load < IDLE_PER_CORE:
             return None
@@ -149,8 +152,6 @@ def probe(
     An unwritable cache dir costs the cache, never the probe. FORCE_ENV overrides the real
     probe (not a probe of test code)."""
     start = time.perf_counter()
-    if code == CHILD_CODE and (forced := forced_verdict()) is not None:
-        return forced
     user_cap = user_isa_cap()
     stem, machine = machine_key(user_cap)
     path = verdict_path(cache_dir, stem)
@@ -169,7 +170,7 @@ def probe(
             verdict = run_probe(user_cap, code)
             verdict.machine = machine
     verdict.check_s = time.perf_counter() - start
-    return verdict
+    return forced(verdict) if code == CHILD_CODE else verdict
 
 
 def _run_and_store(user_cap: str | None, code: str, machine: str, path: Path) -> Verdict:

@@ -91,13 +91,14 @@ def run_child(cap: str | None, code: str, base_env: dict[str, str]) -> tuple[str
 
 
 def _take(verdict: Verdict, timings: dict) -> None:
-    """Fold one child's timings in: the best times so far, the lowest CPU share seen."""
+    """Fold one child's timings in: each dtype's best time so far, and the CPU share of this
+    child (the latest, so a quieter run clears the `loaded` flag)."""
     for key in ("fp32_ms", "bf16_ms"):
         old = getattr(verdict, key)
         setattr(verdict, key, timings[key] if old is None else min(old, timings[key]))
     verdict.native = timings.get("native", verdict.native)
     share = timings.get("cpu_share")
-    if share is not None:  # the last child's share: a later, quieter run clears the flag
+    if share is not None:
         verdict.cpu_share = share
 
 

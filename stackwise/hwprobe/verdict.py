@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 
 FORCE_ENV = "STACKWISE_BF16_PROBE"  # fast | slow | no-kernels | trap: forces the verdict
 MIN_SPEEDUP = 1.1  # bf16 must beat fp32 by this much for `auto` to take it
@@ -31,7 +32,7 @@ class Verdict:
     native: bool | None = None
     trapped: list[str] = field(default_factory=list)  # "default: SIGILL", ...
     error: str | None = None
-    cpu_share: float | None = None  # the least share of wall time the timing thread ran
+    cpu_share: float | None = None  # share of wall time the last timing child's thread ran
     load_per_core: float | None = None  # 1-minute load average per core as the probe began
     attempts: int = 1  # timing children run (a loaded or marginal one is measured again)
     forced: str | None = None  # the FORCE_ENV value that made this verdict, if any
@@ -91,9 +92,10 @@ class Verdict:
         if self.load_per_core is not None:
             parts.append(f"load average {self.load_per_core:.2f} per core")
         parts.append(f"{self.attempts} timing run(s)")
-        if self.loaded or self.marginal:
-            why = "under load" if self.loaded else "close to the threshold"
-            parts.append(f"{why}: measured again at the next start on an idle machine")
+        if self.loaded:
+            parts.append("under load: measured again at a start an hour on, on an idle machine")
+        elif self.marginal:
+            parts.append(f"close to the {MIN_SPEEDUP}x line on a free CPU: this CPU's own ratio")
         return ", ".join(parts)
 
 
@@ -101,16 +103,18 @@ FORCED = {
     "fast": {"works": True, "native": True, "fp32_ms": 2.0, "bf16_ms": 1.0},
     "slow": {"works": True, "native": True, "fp32_ms": 1.0, "bf16_ms": 1.25},
     "no-kernels": {"works": True, "native": False, "fp32_ms": 1.0, "bf16_ms": 10.0},
-    "trap": {"works": False, "trapped": ["default: SIGILL", "AVX512_CORE_BF16: SIGILL"]},
+    "trap": {"works": False, "isa_cap": None, "trapped": ["forced: SIGILL under every cap"]},
 }
 
 
-def forced_verdict(environ: dict[str, str] | os._Environ[str] | None = None) -> Verdict | None:
-    """The verdict FORCE_ENV asks for (each branch of `auto` on any machine: tests and CI use
-    it), or None when unset. An unknown value is a verdict whose error says so."""
+def forced(real: Verdict, environ: Mapping[str, str] | None = None) -> Verdict:
+    """`real` with the branch FORCE_ENV asks for (each branch of `auto` on any machine: tests
+    and CI use it). Only the speed and kernel findings are forced: a CPU whose bf16 kernels
+    crash keeps its cap, or its refusal, whatever is forced. Unset: `real` itself. An unknown
+    value is a verdict whose error says so."""
     value = (os.environ if environ is None else environ).get(FORCE_ENV, "").strip()
     if not value:
-        return None
+        return real
     if value not in FORCED:
         return Verdict(
             works=False,
@@ -118,7 +122,9 @@ def forced_verdict(environ: dict[str, str] | os._Environ[str] | None = None) -> 
             error=f"{FORCE_ENV}={value!r} is not one of {', '.join(FORCED)}; unset it to "
             "measure this CPU",
         )
-    return Verdict(**FORCED[value], forced=value)  # type: ignore[arg-type]
+    fields = {**asdict(real), "forced": value, **FORCED[value]}
+    fields["works"] = fields["works"] and real.works
+    return Verdict(**fields)
 
 
 def load_per_core() -> float | None:
@@ -129,5 +135,5 @@ def load_per_core() -> float | None:
         cores = os.cpu_count() or 1
     try:
         return os.getloadavg()[0] / max(cores, 1)
-    except OSError:
+    except (OSError, AttributeError):  # no load average here (Windows)
         return None

@@ -135,6 +135,9 @@ def stop_signals(announce: bool = True) -> Iterator[StopSignals]:
         yield _active
         return
     guard = StopSignals(announce)
+    if threading.current_thread() is not threading.main_thread():
+        yield guard  # no handlers can be installed here: nothing to share
+        return
     with guard:
         _active = guard
         try:

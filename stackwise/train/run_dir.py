@@ -80,12 +80,15 @@ def is_run_folder(path: Path) -> bool:
     return (path / WEIGHTS).is_file() and (path / "config.yaml").is_file()
 
 
+CLUTTER = frozenset({".DS_Store", "Thumbs.db", "desktop.ini", ".gitkeep"})  # not a user's work
+
+
 def _refuse_foreign(path: Path) -> None:
     """A folder holding someone else's files is never written into: a run would replace its
     config.yaml, history.json, README.md, ... without a word. Nothing overrides this."""
     if not path.is_dir() or is_run_folder(path):
         return
-    names = sorted(p.name for p in path.iterdir())
+    names = sorted(p.name for p in path.iterdir() if p.name not in CLUTTER)
     if not names:
         return
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")

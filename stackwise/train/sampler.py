@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -79,7 +80,34 @@ def training_sampler(data: Dataset, tc: Any, rank: int, world: int) -> EpochSamp
     return EpochSampler.over(data, tc.seed, rank, world)
 
 
+IPC_TEMPDIR_MAX = 70  # an AF_UNIX path holds 107 bytes; multiprocessing adds ~35 under it
+
+
+def ipc_tempdir_that_fits() -> str | None:
+    """Loader workers hand tensors back over AF_UNIX sockets made in multiprocessing's temp
+    dir, under TMPDIR. Under a long TMPDIR the socket path does not fit: the worker fails
+    ("AF_UNIX path too long") and the trainer waits forever. So multiprocessing gets a short
+    folder of its own then (CPython 3.13 does this itself); returns it, or None if not needed."""
+    import multiprocessing.process
+    import multiprocessing.util
+    import shutil
+    import tempfile
+
+    config = multiprocessing.process.current_process()._config
+    if config.get("tempdir") or len(tempfile.gettempdir()) <= IPC_TEMPDIR_MAX:
+        return None
+    for base in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK):
+            folder = tempfile.mkdtemp(prefix="pymp-", dir=base)
+            multiprocessing.util.Finalize(None, shutil.rmtree, (folder, True), exitpriority=-100)
+            config["tempdir"] = folder
+            return folder
+    return None
+
+
 def _options(workers: int, seed: int, epoch: int) -> dict[str, Any]:
+    if workers:
+        ipc_tempdir_that_fits()
     return {
         "num_workers": workers,
         # Ctrl-C reaches the workers too; they must keep loading while the step finishes
