@@ -86,7 +86,8 @@ def split_stream(stream: torch.Tensor, corpus: Any, cfg: DataConfig) -> tuple[An
     train_blocks = to_blocks(stream[:-n_val], cfg.seq_len)
     val_blocks = to_blocks(stream[-n_val:], cfg.seq_len)
     if train_blocks.shape[0] == 0 or val_blocks.shape[0] == 0:
-        names = ", ".join(sorted({str(p) for p, _ in corpus.files}))[:200]
+        files = sorted({str(p) for p, _ in corpus.files})  # whole paths: never cut one
+        names = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
         raise StackWiseError(
             f"The data ({names}) gives {stream.numel()} tokens: too few for one training and one "
             f"validation block of data.seq_len={cfg.seq_len}. Add text or lower data.seq_len."
