@@ -11,6 +11,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stackwise.cli.common import PRESETS
 from stackwise.config import Config, ModelConfig, from_dict, load_config, parse_override
 from stackwise.errors import StackWiseError
 
@@ -422,3 +423,10 @@ def test_max_steps_on_a_progressive_preset_names_the_keys_that_budget_it():
     assert "progressive.steps_per_stack" in " ".join(str(err.value).split())
     short = load_args(["progressive.steps_per_stack=3", "progressive.stacks.0.steps=4"])
     assert short.progressive.steps_per_stack == 3 and short.progressive.stacks[0].steps == 4
+
+
+@pytest.mark.parametrize("override", ["train.lr=yes", "train.max_steps=true", "model.d_model=on"])
+def test_a_yaml_boolean_where_a_number_goes_is_refused(override):
+    """pydantic reads True as 1: `lr: yes` would train at lr 1.0 without a word."""
+    with pytest.raises(StackWiseError, match="takes a number, but got a boolean"):
+        load_config(PRESETS / "tiny-clm.yaml", [override])

@@ -273,7 +273,7 @@ def wait_for_lines(path, n: int, proc: subprocess.Popen, timeout: float = 180) -
 def test_sigterm_as_a_cli_progressive_stage_begins_saves_and_resumes(
     corpus_file, cache_dir, tmp_path
 ):
-    """A real `stackwise train` process gets SIGTERM as stack 2/2 is announced: exit 130, a
+    """A real `stackwise train` process gets SIGTERM as stack 2/2 is announced: exit 143, a
     resume command, and that command finishes the run."""
     data = tiny_dict(corpus_file, cache_dir, tmp_path / "unused")
     data["model"].update(n_stacks=2, blocks_per_stack=1)
@@ -293,7 +293,7 @@ def test_sigterm_as_a_cli_progressive_stage_begins_saves_and_resumes(
             break
     _, stderr = proc.communicate(timeout=180)
     said = " ".join(stderr.split())
-    assert proc.returncode == 130 and "stopped by SIGTERM" in said, stderr
+    assert proc.returncode == 143 and "stopped by SIGTERM" in said, stderr
     assert "Traceback" not in stderr
     resume = [shlex.split(line) for line in stderr.splitlines() if "resume_from_checkpoint" in line]
     assert resume and resume[0][:2] == ["stackwise", "train"]

@@ -237,3 +237,17 @@ def test_a_staged_folder_is_removed_on_any_failure(tmp_path):
     with new_folder(out, "{reason}", "w") as tmp:
         (tmp / "done.txt").write_text("ok")
     assert os.listdir(tmp_path) == ["out"] and (out / "done.txt").read_text() == "ok"
+
+
+def test_runs_started_in_the_same_second_get_their_own_folders(tiny, tmp_path, monkeypatch):
+    """The default folder is time-stamped to the second: a second run in that second used to
+    be refused as 'already holds a trained model'."""
+    from stackwise.train import run_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run_dir, "default_run_name", lambda config: "clm-20261125-151904")
+    cfg = tiny(train={"output_dir": None})
+    first = train_from_config(cfg, quiet=True).output_dir
+    second = train_from_config(cfg, quiet=True).output_dir
+    assert (first.name, second.name) == ("clm-20261125-151904", "clm-20261125-151904-2")
+    assert (second / "run_complete.json").is_file()

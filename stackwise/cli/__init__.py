@@ -86,15 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     except StackWiseError as err:
         if hasattr(err, "resume_command"):  # a stop signal: the work is saved, say how to go on
             _release_processes()  # every rank stopped at the same step
+            code = 143 if err.signal_name == "SIGTERM" else 130  # 128 + the signal, as a shell
             if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 says it once
-                return 130
+                return code
             print(
                 f"stackwise: stopped by {err.signal_name} {err.where}; {err.checkpoint} "
                 f"holds the work. To resume:\n  "
                 f"{err.resume_command(ns.args, ns.command)}",
                 file=sys.stderr,
             )
-            return 130
+            return code
         print(f"stackwise: error: {paragraph(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:

@@ -246,8 +246,8 @@ def _refuse_rivals(flag_keys: dict[str, str], override_keys: list[str]) -> None:
         rival = [k for k in override_keys if k in group and k not in flagged]
         if flagged and rival:
             raise StackWiseError(
-                f"The command line sets --{flag_keys[flagged[0]]} ({flagged[0]}) and "
-                f"{rival[0]}=..., which replace each other ({' / '.join(group)}); give one."
+                f"The command line sets both --{flag_keys[flagged[0]]} and {rival[0]}=..., "
+                "which replace each other, so one would be dropped: give only one of them."
             )
 
 

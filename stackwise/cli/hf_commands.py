@@ -165,7 +165,8 @@ def merge_finetuned(ns: argparse.Namespace) -> int:
     report = merge_run(Path(ns.checkpoint), out, trust_remote_code=ns.trust_remote_code)
     print(
         f"Merged the LoRA adapter of {ns.checkpoint} into its base (dequantized where it was "
-        f"quantized) and saved {ns.out} in {report['dtype']}, the base's dtype.\nLogits vs "
+        f"quantized) and saved {ns.out} in {report['dtype']}, the dtype the base trained in "
+        f"(model.dtype; auto follows the training precision).\nLogits vs "
         f"base + adapter: max |diff| {report['max_logit_drift']:.3g} (largest logit "
         f"{report['logit_scale']:.3g})."
     )

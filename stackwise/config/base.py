@@ -93,6 +93,17 @@ def _string_choices(annotation: Any) -> tuple[str, ...]:
     return tuple(c for arg in get_args(annotation) for c in _string_choices(arg))
 
 
+def _takes_number_not_bool(annotation: Any) -> bool:
+    """Whether a field takes an int or float and not a bool (also inside `X | None`)."""
+
+    def kinds(a: Any) -> set[Any]:
+        args = get_args(a)
+        return {a} if not args or get_origin(a) is Literal else set().union(*map(kinds, args))
+
+    found = kinds(annotation)
+    return bool(found & {int, float}) and bool not in found
+
+
 def _choice_for_bool(choices: tuple[str, ...], value: bool) -> str | None:
     """The one choice whose name YAML would read as `value` (`no` for False), if any."""
     words = YAML_TRUE if value else YAML_FALSE
@@ -116,6 +127,11 @@ class Section(BaseModel):
             choice = _choice_for_bool(_string_choices(field.annotation), value)
             if choice is not None:
                 data = {**data, name: choice}
+            elif _takes_number_not_bool(field.annotation):  # pydantic would read it as 1 / 0
+                raise ValueError(
+                    f"{name} takes a number, but got a boolean ({str(value).lower()}; YAML "
+                    "reads yes/no/on/off/true/false as booleans): give a number"
+                )
         return data
 
     @model_validator(mode="after")

@@ -43,7 +43,8 @@ def final_files(folder: Path, model: nn.Module, tokenizer: Any, config: Any) -> 
 def _plain_base(config: Any) -> nn.Module:
     """The base as trained under, on the CPU (the trained model may still fill the GPU): a
     quantized one dequantized, so the merge adds the adapter to the weights it was trained
-    against rather than to the original ones; kept in the base's dtype."""
+    against rather than to the original ones; kept in the dtype the base trained in
+    (model.dtype, which `auto` takes from the training precision)."""
     from stackwise.hf.load import load_base
 
     base = load_base(config, torch.device("cpu"))

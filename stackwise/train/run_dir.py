@@ -36,10 +36,17 @@ def default_run_name(config: Config) -> str:
 
 
 def resolve_output_dir(config: Config) -> Path:
+    """train.output_dir, else outputs/<logging.run_name>, else a time-stamped folder; two
+    runs started in the same second (scripts, tests) get -2, -3, ... rather than a refusal."""
     if config.train.output_dir:
         return Path(config.train.output_dir).expanduser()
-    name = config.logging.run_name or default_run_name(config)
-    return Path("outputs") / name
+    if config.logging.run_name:
+        return Path("outputs") / config.logging.run_name
+    name = default_run_name(config)
+    path, n = Path("outputs") / name, 2
+    while path.exists():
+        path, n = Path("outputs") / f"{name}-{n}", n + 1
+    return path
 
 
 def prepare_output_dir(path: Path, overwrite: bool, resuming: bool = False) -> str | None:
