@@ -308,7 +308,10 @@ def reference_rack(reference: str | Path) -> tuple[Config, Any, Any]:
     """The run that scores the samples, checked before any scoring: it must be causal."""
     from stackwise.io.trained import load_trained
 
-    loaded = load_trained(reference)
+    try:
+        loaded = load_trained(reference)
+    except StackWiseError as err:  # say which of the two runs it is about
+        raise StackWiseError(f"--reference: {err}") from None
     if not loaded[0].objective.causal:
         raise StackWiseError(
             f"--reference '{reference}' is a {loaded[0].objective.name} run, but generative "

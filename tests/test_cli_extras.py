@@ -107,3 +107,23 @@ def test_errors_wrap_to_a_terminal_and_stay_one_line_in_pipes_and_logs(monkeypat
         assert all(len(line) <= widest for line in lines if line != f"'{path}'")
         monkeypatch.setattr(sys, "stderr", io.StringIO())
         assert paragraph(message) == " ".join(message.split())
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (
+            ["--max_steps", "5"],
+            "--max_steps: config keys go as key=value here, e.g. train.max_steps=5",
+        ),
+        (["--lr=0.1"], "--lr: config keys go as key=value here, e.g. train.lr=0.1"),
+    ],
+)
+def test_a_config_key_typed_as_a_flag_is_shown_as_key_value(argv, hint, capsys):
+    from stackwise.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["train", "tiny-clm", *argv])
+    assert done.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert hint in err and "--help" not in err.split("error:")[1]

@@ -139,6 +139,9 @@ def test_eval_refuses_a_masked_reference_before_any_scoring(tiny, monkeypatch, c
     err = said(capsys)
     assert f"--reference '{run}' is a diffusion run" in err and "objective clm" in err
     assert "Traceback" not in err and not (res.output_dir / "eval.json").exists()
+    missing = str(res.output_dir.parent / "no-such-run")
+    assert main(["eval", "--checkpoint", run, "--reference", missing]) == 2
+    assert f"--reference: '{missing}' does not exist" in said(capsys)  # which path is wrong
 
 
 # -- writes that fail ------------------------------------------------------------------------
