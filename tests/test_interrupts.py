@@ -139,6 +139,13 @@ ENV = {
 }
 
 
+def finishes(argv: list[str]) -> None:
+    """Run `stackwise <argv>` (a printed resume command) to its end, successfully."""
+    cmd = [sys.executable, "-m", "stackwise.cli", *argv]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+
+
 def test_cli_ctrl_c_prints_a_resume_command_that_finishes(corpus_file, cache_dir, tmp_path):
     data = tiny_dict(corpus_file, cache_dir, tmp_path / "unused")
     data["train"].update(max_steps=100_000, eval_every=1000)
@@ -169,15 +176,7 @@ def test_cli_ctrl_c_prints_a_resume_command_that_finishes(corpus_file, cache_dir
     words = resume[0].split()
     assert words[2:] == [*argv, "train.resume_from_checkpoint=latest"]
     step = int((out / "latest").read_text().split("-")[1])
-    finish = subprocess.run(
-        [sys.executable, "-m", "stackwise.cli", "train", *words[2:], f"train.max_steps={step + 2}"],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=120,
-        check=False,
-    )
-    assert finish.returncode == 0, finish.stderr
+    finishes(["train", *words[2:], f"train.max_steps={step + 2}"])
     assert (out / MARKER).is_file()
     assert load_file(str(out / "model.safetensors"))
 
@@ -297,15 +296,7 @@ def test_sigterm_as_a_cli_progressive_stage_begins_saves_and_resumes(
     assert "Traceback" not in stderr
     resume = [shlex.split(line) for line in stderr.splitlines() if "resume_from_checkpoint" in line]
     assert resume and resume[0][:2] == ["stackwise", "train"]
-    finish = subprocess.run(
-        [sys.executable, "-m", "stackwise.cli", *resume[0][1:]],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=180,
-        check=False,
-    )
-    assert finish.returncode == 0, finish.stderr
+    finishes([*resume[0][1:]])
     assert (out / MARKER).is_file() and (out / "stacks" / "stack_1.safetensors").is_file()
 
 
@@ -335,15 +326,7 @@ def test_finetune_ctrl_c_exits_130_with_a_runnable_resume_command(tmp_path):
     ]
     step = int((out / "latest").read_text().split("-")[1])
     resume[resume.index("--max_steps") + 1] = str(step + 1)
-    finish = subprocess.run(
-        [sys.executable, "-m", "stackwise.cli", *resume[1:]],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=180,
-        check=False,
-    )
-    assert finish.returncode == 0, finish.stderr
+    finishes([*resume[1:]])
     assert (out / MARKER).is_file()
 
 

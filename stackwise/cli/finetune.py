@@ -176,13 +176,9 @@ def _apply_flat(
 
 
 def _read_file(path: str) -> dict[str, Any]:
-    from stackwise.config.loading import parse_config_text
+    from stackwise.config.loading import read_file
 
-    file = Path(path).expanduser()
-    if not file.is_file():
-        found = "is a folder, not a file" if file.is_dir() else "does not exist"
-        raise StackWiseError(f"--config '{path}' {found}. Give a JSON or YAML file.")
-    data = parse_config_text(file.read_text(encoding="utf-8"), file, f"--config '{path}'")
+    data = read_file(path, f"--config '{path}'")
     if not isinstance(data, dict):
         raise StackWiseError(f"--config '{path}' must hold a mapping of keys to values.")
     return data

@@ -251,20 +251,22 @@ def parse_config_text(text: str, path: Path, what: str) -> Any:
         ) from None
 
 
-def read_file(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
+def read_file(path: str | Path, what: str | None = None) -> Any:
+    """A config file's content; `what` names it in errors as the user gave it (`--config x`)."""
+    path = Path(path).expanduser()
+    what = what or f"Config file '{path}'"
     if not path.is_file():
         found = "is a folder, not a file" if path.is_dir() else "does not exist"
-        raise StackWiseError(f"Config file '{path}' {found}. Give a YAML or JSON file.")
+        raise StackWiseError(f"{what} {found}. Give a YAML or JSON file.")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        raise StackWiseError(f"Cannot read config file '{path}': {err}.") from None
-    data = parse_config_text(text, path, f"Config file '{path}'")
+        raise StackWiseError(f"Cannot read {what}: {err}.") from None
+    data = parse_config_text(text, path, what)
     if data is None:
         raise StackWiseError(
-            f"Config file '{path}' is empty (no settings), so the run would silently use the "
-            "defaults. Put your settings in it, or name a preset instead (e.g. tiny-clm)."
+            f"{what} is empty (no settings), so the run would silently use the defaults. Put "
+            "your settings in it, or name a preset instead (e.g. tiny-clm)."
         )
     return data
 

@@ -3,7 +3,6 @@ or the whole model, trained on instruction targets by the same Trainer as racks.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ from stackwise.errors import StackWiseError
 from stackwise.hf import loss as hf_loss
 from stackwise.hf.load import ADAPTER_WEIGHTS, FULL_WEIGHTS, device_now
 from stackwise.hf.memory import describe_memory, load_memory, save_memory
-from stackwise.io.files import read_tensors, write_json
+from stackwise.io.files import read_json, read_tensors, write_json
 from stackwise.model.memory import memory_layers, memory_metrics
 from stackwise.model.routing import router_loss, routing_scope
 from stackwise.objectives.base import Batch, Objective
@@ -54,7 +53,7 @@ def check_base(folder: Path, base: dict[str, Any]) -> None:
     file = folder / BASE_IDENTITY
     if not file.is_file():  # written since this check exists; older checkpoints lack it
         return
-    saved = json.loads(file.read_text(encoding="utf-8"))
+    saved = read_json(file, "Delete that file to resume without the base check.")
     a, b = saved.get("probe", []), base["probe"]
     same = (
         saved.get("model_type") == base["model_type"]
