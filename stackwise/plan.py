@@ -1,0 +1,225 @@
+"""Config at the door: one pure function turns a validated config into the run's frozen Plan.
+
+Everything a config implies is decided here, once: the sections become specs (stackwise.spec),
+`auto` choices are resolved (attention, sampler, best-metric direction), and each progressive
+stage gets its spec with its budget, noise range, LR, seed, objective and adapter. Below the
+pipeline nothing reads the config again and nothing is validated twice.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from stackwise import seeds
+from stackwise.config import Config
+from stackwise.progressive.timing import TimeMapping, depth_range
+from stackwise.quant.lora import rank_for
+from stackwise.registry import OBJECTIVES
+from stackwise.spec import (
+    AdapterSpec,
+    DataSpec,
+    LoggingSpec,
+    LoraSpec,
+    MaskingSpec,
+    MemorySpec,
+    ModelSpec,
+    ObjectiveSpec,
+    ParallelSpec,
+    Plan,
+    ProgressiveSpec,
+    QuantSpec,
+    SampleSpec,
+    StageSpec,
+    TrainSpec,
+)
+
+QUANTIZED_PRECISIONS = ("nf4", "fp8", "nvfp4", "qlora")
+
+
+def spec_of(value: Any, kind: Any) -> Any:
+    """`value` (a config section, or plain data inside one) as the spec type `kind`: sections
+    become spec dataclasses field by field, lists become tuples."""
+    if isinstance(value, BaseModel) and is_dataclass(kind):
+        hints = typing.get_type_hints(kind)
+        names = {f.name for f in fields(kind) if f.init}
+        given = {n: spec_of(getattr(value, n), hints[n]) for n in names if hasattr(value, n)}
+        return kind(**given)
+    if isinstance(value, BaseModel):  # inside a union: the one dataclass member
+        return spec_of(value, _dataclass_in(kind))
+    if isinstance(value, list | tuple):
+        args = typing.get_args(kind)
+        inner = _dataclass_in(args[0]) if args else None
+        return tuple(spec_of(v, inner) if inner else v for v in value)
+    if isinstance(value, dict):
+        args = typing.get_args(_strip_none(kind))
+        inner = _dataclass_in(args[1]) if len(args) == 2 else None
+        return {k: spec_of(v, inner) if inner else v for k, v in value.items()}
+    return value
+
+
+def _strip_none(kind: Any) -> Any:
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    is_union = typing.get_origin(kind) in (typing.Union, types.UnionType)
+    return args[0] if is_union and len(args) == 1 else kind
+
+
+def _dataclass_in(kind: Any) -> Any:
+    if is_dataclass(kind):
+        return kind
+    for arg in typing.get_args(kind):
+        if is_dataclass(arg):
+            return arg
+    return None
+
+
+def objective_spec(section: BaseModel) -> ObjectiveSpec:
+    """The objective with attention resolved (auto: the objective's own default)."""
+    spec: ObjectiveSpec = spec_of(section, ObjectiveSpec)
+    attention = spec.attention
+    causal = (
+        OBJECTIVES.capabilities(spec.name).causal if attention == "auto" else attention == "causal"
+    )
+    return ObjectiveSpec(spec.name, attention, spec.weighting, spec.random_length_ratio, causal)
+
+
+def sample_spec(config: Config) -> SampleSpec:
+    s = config.sample
+    base: SampleSpec = spec_of(s, SampleSpec)
+    changed = frozenset(s.model_fields_set)
+    sampler = base.sampler
+    if sampler == "auto":
+        sampler = OBJECTIVES.capabilities(config.objective.name).default_sampler
+    from dataclasses import replace
+
+    return replace(base, sampler=sampler, changed_fields=changed)
+
+
+def train_spec(config: Config, train_rows: int | None, world_size: int) -> TrainSpec:
+    """train with max_steps resolved from num_train_epochs (when the data size is known)."""
+    tc = config.train
+    spec: TrainSpec = spec_of(tc, TrainSpec)
+    from dataclasses import replace
+
+    spec = replace(spec, greater_is_better=tc.best_is_greater())
+    if tc.num_train_epochs is not None and train_rows is not None:
+        per_step = tc.batch_size * tc.grad_accum_steps * world_size
+        steps = max(1, math.ceil(tc.num_train_epochs * train_rows / per_step))
+        spec = replace(spec, max_steps=steps, num_train_epochs=None)
+    return spec
+
+
+def compile_plan(
+    config: Config,
+    *,
+    train_rows: int | None = None,
+    world_size: int = 1,
+    time_mapping: TimeMapping | None = None,
+    parallel: str | None = None,
+) -> Plan:
+    """The run's Plan. `train_rows` (the training set's size) resolves epochs into steps and
+    each stage's budget; without it the plan has no stages (a saved run being loaded)."""
+    train = train_spec(config, train_rows, world_size)
+    plan = Plan(
+        model=spec_of(config.model, ModelSpec),
+        data=spec_of(config.data, DataSpec),
+        objective=objective_spec(config.objective),
+        masking=spec_of(config.masking, MaskingSpec),
+        train=train,
+        logging=spec_of(config.logging, LoggingSpec),
+        sample=sample_spec(config),
+        lora=spec_of(config.lora, LoraSpec),
+        quant=spec_of(config.quant, QuantSpec),
+        progressive=spec_of(config.progressive, ProgressiveSpec),
+        memory=spec_of(config.memory, MemorySpec),
+        memory_on=config.memory_on,
+        parallel=ParallelSpec(parallel or default_parallelizer(config)),
+        trunk_adapter=trunk_adapter(config),
+        source=config.model_dump(mode="json"),
+    )
+    if train_rows is None:
+        return plan
+    stages = tuple(
+        stage_spec(config, i, train_rows, world_size, time_mapping)
+        for i in range(config.model.n_stacks)
+    )
+    return Plan(**{**plan.__dict__, "stages": stages})
+
+
+def default_parallelizer(config: Config) -> str:
+    """Local losses run several backward passes a step, which DDP's wrapper cannot take."""
+    return "manual" if config.progressive.end_to_end_scope == "stackwise" else "ddp"
+
+
+def adapter_dtype(config: Config) -> str:
+    q = config.quant
+    return "fp32" if not q.enabled or q.adapters_full_precision else "bf16"
+
+
+def trunk_adapter(config: Config) -> AdapterSpec | None:
+    lo = config.lora
+    if not lo.trunk_adapters:
+        return None
+    return AdapterSpec(lo.trunk_rank, lo.trunk_alpha, lo.dropout, adapter_dtype(config))
+
+
+def stage_adapter(config: Config, index: int) -> AdapterSpec | None:
+    """Stack `index`'s own LoRA: on a quantized new stack when LoRA is on."""
+    lo = config.lora
+    if not (lo.enabled and config.progressive.new_stack_precision in QUANTIZED_PRECISIONS):
+        return None
+    rank, alpha = rank_for(index, config.model.n_stacks, lo)
+    return AdapterSpec(rank, alpha, lo.dropout, adapter_dtype(config))
+
+
+def stage_budget(config: Config, index: int, train_rows: int, world_size: int) -> int:
+    p, tc = config.progressive, config.train
+    over = p.stacks.get(index)
+    if over and over.steps:
+        return over.steps
+    per_step = tc.batch_size * tc.grad_accum_steps * world_size
+    epochs = over.epochs if over and over.epochs else p.epochs_per_stack
+    if (over and over.epochs) or (p.epochs_per_stack and not p.steps_per_stack):
+        assert epochs is not None
+        return max(1, math.ceil(epochs * train_rows / per_step))
+    if p.steps_per_stack:
+        return p.steps_per_stack
+    return max(1, tc.max_steps // config.model.n_stacks)
+
+
+def stage_t_range(
+    config: Config, index: int, time_mapping: TimeMapping | None
+) -> tuple[float, float] | None:
+    """Stack `index`'s noise range when time is depth, over the full depth (model.n_stacks)."""
+    p = config.progressive
+    uses_time = OBJECTIVES.capabilities(config.objective.name).uses_time
+    if p.time_interpretation != "depth" or not uses_time:
+        return None
+    n, steps = config.model.n_stacks, config.masking.num_time_steps
+    return depth_range(index, n, spec_of(p, ProgressiveSpec), steps, time_mapping)
+
+
+def stage_spec(
+    config: Config, index: int, train_rows: int, world_size: int, mapping: TimeMapping | None
+) -> StageSpec:
+    over = config.progressive.stacks.get(index)
+    objective, masking = config.objective, config.masking
+    if over is not None and over.objective is not None:
+        objective = over.objective
+    if over is not None and over.masking:
+        masking = masking.model_copy(update=over.masking)
+    return StageSpec(
+        index=index,
+        steps=stage_budget(config, index, train_rows, world_size),
+        lr=over.lr if over is not None and over.lr is not None else config.train.lr,
+        seed=seeds.stage(config.train.seed, index),
+        objective=objective_spec(objective),
+        masking=spec_of(masking, MaskingSpec),
+        t_range=stage_t_range(config, index, mapping),
+        adapter=stage_adapter(config, index),
+    )

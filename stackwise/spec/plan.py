@@ -1,0 +1,66 @@
+"""The Plan: every spec of one run, frozen, plus the validated config it was compiled from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import yaml
+
+from stackwise.spec.growth import AdapterSpec, LoraSpec, ProgressiveSpec, QuantSpec, StageSpec
+from stackwise.spec.model import MemorySpec, ModelSpec
+from stackwise.spec.run import (
+    DataSpec,
+    LoggingSpec,
+    MaskingSpec,
+    ObjectiveSpec,
+    SampleSpec,
+    TrainSpec,
+)
+
+
+@dataclass(frozen=True)
+class ParallelSpec:
+    """How the model is placed on the run's processes: a registered parallelizer's name."""
+
+    name: str = "ddp"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One run, resolved. `source` is the validated config as plain data: what config.yaml
+    holds, so a saved run reloads through the same door. Changes below the pipeline are
+    `with_section`, which keeps `source` in step; nothing is validated again."""
+
+    model: ModelSpec
+    data: DataSpec
+    objective: ObjectiveSpec
+    masking: MaskingSpec
+    train: TrainSpec
+    logging: LoggingSpec
+    sample: SampleSpec
+    lora: LoraSpec
+    quant: QuantSpec
+    progressive: ProgressiveSpec
+    memory: MemorySpec
+    memory_on: bool = False
+    parallel: ParallelSpec = ParallelSpec()
+    stages: tuple[StageSpec, ...] = ()
+    trunk_adapter: AdapterSpec | None = None
+    source: dict[str, Any] | None = None
+
+    def with_section(self, name: str, **values: Any) -> Plan:
+        """This plan with fields of section `name` replaced (e.g. a stage's train settings)."""
+        section = replace(getattr(self, name), **values)
+        source = dict(self.source or {})
+        if name in source:
+            source[name] = {**source[name], **_plain(values)}
+        return replace(self, **{name: section}, source=source)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.source or {}, sort_keys=False)
+
+
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    """Spec values as the YAML the config reads back (tuples as lists)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
