@@ -13,9 +13,9 @@ import torch
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
-from stackwise.config import DataConfig
 from stackwise.errors import StackWiseError
 from stackwise.objectives.base import Specials
+from stackwise.spec import DataSpec
 
 
 class TokenBlocks(Dataset):
@@ -80,7 +80,7 @@ def to_blocks(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
     return stream[: n * seq_len].view(n, seq_len)
 
 
-def split_stream(stream: torch.Tensor, corpus: Any, cfg: DataConfig) -> tuple[Any, Any]:
+def split_stream(stream: torch.Tensor, corpus: Any, cfg: DataSpec) -> tuple[Any, Any]:
     """(training blocks, validation blocks): the last val_fraction of the stream validates."""
     n_val = max(cfg.seq_len, int(stream.numel() * cfg.val_fraction))
     train_blocks = to_blocks(stream[:-n_val], cfg.seq_len)

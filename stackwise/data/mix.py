@@ -19,11 +19,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from stackwise.config import DataConfig
 from stackwise.data.blocks import PreparedData, TokenBlocks, split_stream
 from stackwise.data.documents import Corpus
 from stackwise.data.store import token_store
 from stackwise.data.tokenizer import bytes_per_token, make_tokenizer
+from stackwise.spec import DataSpec
 
 
 class MixedBlocks(Dataset):
@@ -64,14 +64,8 @@ class Sources:
             yield from corpus
 
 
-def source_config(cfg: DataConfig, i: int) -> DataConfig:
-    m = cfg.mix[i]
-    fields = ("files", "dataset_dir", "dataset_name", "dataset_subset", "dataset_split")
-    return cfg.model_copy(update={**{f: getattr(m, f) for f in fields}, "mix": []})
-
-
-def build_mixed(cfg: DataConfig) -> PreparedData:
-    sources = Sources([Corpus(source_config(cfg, i)) for i in range(len(cfg.mix))])
+def build_mixed(cfg: DataSpec) -> PreparedData:
+    sources = Sources([Corpus(cfg, m) for m in cfg.mix])
     tok = make_tokenizer(
         cfg.tokenizer, sources, cfg.bpe_vocab_size, cfg.cache_dir, corpus_key=sources.fingerprint
     )

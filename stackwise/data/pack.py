@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from stackwise.config import DataConfig
 from stackwise.data.blocks import (
     PreparedData,
     TokenBlocks,
@@ -15,11 +14,12 @@ from stackwise.data.documents import Corpus
 from stackwise.data.mix import build_mixed
 from stackwise.data.store import token_store
 from stackwise.data.tokenizer import bytes_per_token, make_tokenizer
+from stackwise.spec import DataSpec
 
 __all__ = ["PreparedData", "TokenBlocks", "build_data", "pack_stream", "specials_of", "to_blocks"]
 
 
-def build_data(cfg: DataConfig) -> PreparedData:
+def build_data(cfg: DataSpec) -> PreparedData:
     """The corpus's token store (built once, then memory-mapped) cut into blocks: the last
     val_fraction of the stream is validation. data.mix: stackwise.data.mix."""
     if cfg.mix:

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from stackwise.config import DataConfig
 from stackwise.data.corpus import shakespeare_documents
 from stackwise.errors import StackWiseError
+from stackwise.spec import DataSpec, MixSourceSpec
 
 FORMATS = {
     ".txt": "text",
@@ -204,7 +204,7 @@ def open_hub(name: str, subset: str | None, split: str, streaming: bool = False)
         ) from None
 
 
-def hub_rows(cfg: DataConfig, batch: int = 512) -> Iterator[tuple[str, bool]]:
+def hub_rows(cfg: DataSpec, batch: int = 512) -> Iterator[tuple[str, bool]]:
     """data.dataset_name's split streamed: each row's text as one document, in order. Offline a
     hub dataset cannot stream; its copy in the local datasets cache is read row by row."""
     where = (str(cfg.dataset_name), cfg.dataset_subset, cfg.dataset_split)
@@ -222,14 +222,14 @@ def hub_rows(cfg: DataConfig, batch: int = 512) -> Iterator[tuple[str, bool]]:
     yield from ((text, True) for text in row_texts(ds, fields, name, batch))
 
 
-def hub_files(cfg: DataConfig) -> list[tuple[Path, str]]:
+def hub_files(where: DataSpec | MixSourceSpec) -> list[tuple[Path, str]]:
     """The Arrow files behind data.dataset_name's split (memory-mapped, read in batches)."""
-    ds = open_hub(str(cfg.dataset_name), cfg.dataset_subset, cfg.dataset_split)
+    ds = open_hub(str(where.dataset_name), where.dataset_subset, where.dataset_split)
     files = [Path(f["filename"]) for f in ds.cache_files]
     rows = sum(_table(path, "arrow").num_rows for path in files)
     if not files or rows != ds.num_rows:
         raise StackWiseError(
-            f"data.dataset_split '{cfg.dataset_split}' of '{cfg.dataset_name}' is not whole "
+            f"data.dataset_split '{where.dataset_split}' of '{where.dataset_name}' is not whole "
             "Arrow files (a slice such as train[:10%], or a dataset held in memory). Name a "
             "whole split (data.num_samples caps the training blocks, not what is tokenized)."
         )
@@ -297,21 +297,29 @@ def expand_files(names: list[str]) -> list[Path]:
     return unique
 
 
-def data_files(cfg: DataConfig) -> list[tuple[Path, str]]:
+def text_field_given(cfg: DataSpec) -> bool:
+    """Whether data.text_field names other fields than its default."""
+    return cfg.text_field != DataSpec.text_field
+
+
+def data_files(
+    cfg: DataSpec, where: DataSpec | MixSourceSpec | None = None
+) -> list[tuple[Path, str]]:
     """(path, format) of every data file, patterns expanded, each checked to exist and hold
     something; or the data.dataset_dir folder, format "saved"; or data.dataset_name's Arrow
-    files."""
-    if cfg.dataset_name:
-        return hub_files(cfg)
-    if cfg.dataset_dir:
-        folder = Path(cfg.dataset_dir).expanduser()
+    files. `where` names the files or dataset (an entry of data.mix; default: `cfg` itself)."""
+    where = cfg if where is None else where
+    if where.dataset_name:
+        return hub_files(where)
+    if where.dataset_dir:
+        folder = Path(where.dataset_dir).expanduser()
         if not folder.is_dir():
             raise StackWiseError(
                 f"data.dataset_dir '{folder}' is not a folder. Give the folder that datasets' "
                 "save_to_disk wrote."
             )
         return [(folder, "saved")]
-    paths = expand_files(list(cfg.files))
+    paths = expand_files(list(where.files))
     for path in paths:
         if path.is_dir():
             problem = f"is a directory: list its files, e.g. data.files=[{path / 'a.txt'}]"
@@ -321,7 +329,7 @@ def data_files(cfg: DataConfig) -> list[tuple[Path, str]]:
             continue
         raise StackWiseError(f"Data file '{path}' {problem}.")
     files = [(path, _format_of(path, cfg.format)) for path in paths]
-    if all(f == "text" for _, f in files) and cfg.changed("text_field"):
+    if all(f == "text" for _, f in files) and text_field_given(cfg):
         raise StackWiseError(
             "data.text_field picks fields of .jsonl/.json/.parquet rows, but every data file is "
             "plain text, so it would have no effect. Remove data.text_field."
@@ -338,7 +346,7 @@ def no_text(path: Path, fields: list[str]) -> StackWiseError:
     )
 
 
-def load_documents(cfg: DataConfig) -> list[tuple[str, str]]:
+def load_documents(cfg: DataSpec) -> list[tuple[str, str]]:
     """(source name, text) for every document, in a fixed order, all in memory (the training
     data reads the corpus piece by piece instead: stackwise.data.documents)."""
     if cfg.source == "shakespeare":

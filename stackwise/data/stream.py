@@ -22,18 +22,18 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from stackwise.config import DataConfig
 from stackwise.data.blocks import PreparedData, TokenBlocks
 from stackwise.data.documents import Corpus
 from stackwise.data.sources import hub_rows
 from stackwise.data.tokenize import piece_token_batches
 from stackwise.data.tokenizer import bytes_per_token, make_tokenizer
 from stackwise.errors import StackWiseError
+from stackwise.spec import DataSpec
 
 Position = tuple[int, int, int]  # (pieces read whole, tokens of the next one used, blocks cut)
 
 
-def _pieces(cfg: DataConfig) -> Iterator[tuple[str, bool]]:
+def _pieces(cfg: DataSpec) -> Iterator[tuple[str, bool]]:
     return hub_rows(cfg) if cfg.dataset_name else Corpus(cfg).pieces()
 
 
@@ -71,7 +71,7 @@ class StreamedBlocks(IterableDataset):
     """This rank's training blocks, from `start` (a Position; None: the epoch's start) on,
     each with the position after its group of world-size blocks, for the checkpoint."""
 
-    def __init__(self, cfg: DataConfig, tokenizer: Any, begin: Position) -> None:
+    def __init__(self, cfg: DataSpec, tokenizer: Any, begin: Position) -> None:
         self.cfg, self.tokenizer, self.begin = cfg, tokenizer, begin
         self.start: Position | None = None
         self.rank, self.world = 0, 1
@@ -97,7 +97,7 @@ class StreamedBlocks(IterableDataset):
                 group = []
 
 
-def _tokens(cfg: DataConfig, tokenizer: Any, skip: int) -> Iterator[tuple[int, np.ndarray]]:
+def _tokens(cfg: DataSpec, tokenizer: Any, skip: int) -> Iterator[tuple[int, np.ndarray]]:
     """(piece index, tokens) from piece `skip` on; the pieces before it are read, not encoded."""
     pieces = islice(_pieces(cfg), skip, None)
     k = skip
@@ -108,7 +108,7 @@ def _tokens(cfg: DataConfig, tokenizer: Any, skip: int) -> Iterator[tuple[int, n
             k += 1
 
 
-def build_streamed(cfg: DataConfig) -> PreparedData:
+def build_streamed(cfg: DataSpec) -> PreparedData:
     """The validation blocks (the stream's first ones, read now) and the training stream."""
     tok = make_tokenizer(cfg.tokenizer, [], cfg.bpe_vocab_size, cfg.cache_dir)
     probe = StreamedBlocks(cfg, tok, (0, 0, 0))
