@@ -1,22 +1,37 @@
-"""From a config to a trained, saved rack: the path `stackwise train` takes."""
+"""From a config to a trained, saved run: the door `stackwise train` and the Python API take.
+
+The config is settled here (an HF source made absolute, an imported shape, the vocabulary),
+the data prepared, and the whole is compiled once into the run's frozen Plan
+(stackwise.plan); everything below works from the Plan.
+"""
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from typing import Any
 
 from accelerate.utils import set_seed
+from torch import nn
+from torch.utils.data import Dataset
 
-from stackwise.config import Config
+from stackwise.config import Config, derive
 from stackwise.data.pack import PreparedData, build_data
 from stackwise.data.tokenizer import make_tokenizer
 from stackwise.errors import StackWiseError
 from stackwise.io.lock import release_run_folder
-from stackwise.objectives import build_objective
+from stackwise.objectives import Objective, objective_from
+from stackwise.plan import compile_plan
+from stackwise.progressive.recipe import ProgressiveRecipe
+from stackwise.progressive.timing import TimeMapping
+from stackwise.registry import OBJECTIVES
+from stackwise.spec import Plan
 from stackwise.strategies import RunResult, get_training_strategy, strategy_for
 from stackwise.train.adapters import get_model_adapter
+from stackwise.train.builders import build_trainer
+from stackwise.train.extensions import Extension
+from stackwise.train.hardware import process_state
 from stackwise.train.run_dir import precheck_run_dir
-from stackwise.train.trainer import Trainer
+from stackwise.train.trainer import EnhancedTrainer
 
 
 def resolve_vocab(config: Config, tokenizer_size: int) -> Config:
@@ -37,13 +52,12 @@ def with_hf_shape(config: Config) -> Config:
     """model.init_from_hf: the rack takes the checkpoint's shape and tokenizer."""
     if not config.model.init_from_hf:
         return config
-    from stackwise.config import derive
     from stackwise.io.hf_llama import init_changes
 
     return derive(config, init_changes(config), "model.init_from_hf")
 
 
-def adapter_for(config: Config) -> str:
+def adapter_for(config: Any) -> str:
     """The adapter a config's model.source asks for (registering the hf one on first use)."""
     if config.model.source == "hf":
         import stackwise.hf.adapter  # noqa: F401  (registers "hf")
@@ -54,7 +68,6 @@ def adapter_for(config: Config) -> str:
 
 def with_hf_source(config: Config) -> Config:
     """A local model dir recorded as an absolute path, so the run folder loads from anywhere."""
-    from stackwise.config import derive
     from stackwise.hf.load import source_path
 
     path = source_path(config.model.model_name_or_path or "")
@@ -63,21 +76,7 @@ def with_hf_source(config: Config) -> Config:
     return derive(config, {"model.model_name_or_path": path}, "model.model_name_or_path")
 
 
-def with_epochs(config: Config, n_rows: int) -> Config:
-    """train.num_train_epochs: max_steps from the number of training rows."""
-    tc = config.train
-    if tc.num_train_epochs is None:
-        return config
-    from stackwise.config import derive
-    from stackwise.train.hardware import process_state
-
-    per_step = tc.batch_size * tc.grad_accum_steps * process_state().num_processes
-    steps = max(1, math.ceil(tc.num_train_epochs * n_rows / per_step))
-    changes = {"train.max_steps": steps, "train.num_train_epochs": None}
-    return derive(config, changes, "train.num_train_epochs")
-
-
-def instruction_tokenizer(config: Config) -> Any:
+def instruction_tokenizer(config: Any) -> Any:
     """The tokenizer instruction rows are rendered with: the HF model's, or a rack's
     data.tokenizer (a local dir, or byte)."""
     m, d = config.model, config.data
@@ -88,9 +87,9 @@ def instruction_tokenizer(config: Config) -> Any:
     return make_tokenizer(d.tokenizer, [], d.bpe_vocab_size, d.cache_dir)
 
 
-def prepared(config: Config) -> tuple[Config, PreparedData]:
-    """The config as the run will use it (an HF source made absolute, an imported shape, the
-    vocabulary, epochs as steps), and its data; the run folder is checked before the data."""
+def prepared(config: Config, time_mapping: TimeMapping | None = None) -> tuple[Plan, PreparedData]:
+    """The run's Plan and its data. The config is settled first (an HF source made absolute,
+    an imported shape, the vocabulary); the run folder is checked before the data."""
     if config.model.source == "hf":
         config = with_hf_source(config)
     config = with_hf_shape(config)
@@ -100,22 +99,54 @@ def prepared(config: Config) -> tuple[Config, PreparedData]:
         from stackwise.chat.build import build_chat_data
 
         tok = instruction_tokenizer(config)
-        data = build_chat_data(config, tok)
+        data = build_chat_data(compile_plan(config), tok)
         if config.model.source == "rack":
             config = resolve_vocab(config, len(tok))
     else:
-        data = build_data(config.data)
+        data = build_data(compile_plan(config).data)
         config = resolve_vocab(config, len(data.tokenizer))
-    return with_epochs(config, data.train_size), data
+    return plan_for(config, data.train_size, time_mapping), data
 
 
-def build_trainer(config: Config) -> Trainer:
-    """The end-to-end Trainer of a config (its whole model), e.g. for the LR finder."""
+def plan_for(config: Config, train_rows: int, time_mapping: TimeMapping | None = None) -> Plan:
+    """The Plan of a settled config over `train_rows` training rows on this run's processes."""
+    world = process_state().num_processes
+    return compile_plan(config, train_rows=train_rows, world_size=world, time_mapping=time_mapping)
+
+
+def trainer_for(
+    config: Config,
+    model: nn.Module,
+    objective: Objective,
+    train_data: Dataset,
+    val_data: Dataset | None = None,
+    extensions: Sequence[Extension] = (),
+    **parts: Any,
+) -> EnhancedTrainer:
+    """A Trainer of your own model, objective and datasets for `config` (the Python API);
+    `parts` go to stackwise.train.builders.build_trainer (adapter, strategy, ...)."""
+    rows = len(train_data) if hasattr(train_data, "__len__") else None
+    plan = compile_plan(config, train_rows=rows, world_size=process_state().num_processes)
+    return build_trainer(
+        plan, model, objective, train_data, val_data, extensions=extensions, **parts
+    )
+
+
+def trainer_of(config: Config) -> EnhancedTrainer:
+    """The end-to-end Trainer of a config (its whole model and data), e.g. for the LR finder."""
     adapter = get_model_adapter(adapter_for(config))
-    config, data = prepared(config)
-    model = adapter.build(config, config.model.vocab_size or len(data.tokenizer))
-    objective = build_objective(config, data.specials)
-    return Trainer(config, model, objective, data.train, data.val, adapter=adapter)
+    plan, data = prepared(config)
+    model = adapter.build(plan, plan.model.vocab_size or len(data.tokenizer))
+    objective = objective_from(plan.objective, plan.masking, data.specials)
+    return build_trainer(plan, model, objective, data.train, data.val, adapter=adapter)
+
+
+def progressive_recipe(
+    config: Config, data: PreparedData, time_mapping: TimeMapping | None = None, **kw: Any
+) -> ProgressiveRecipe:
+    """The progressive recipe of a config over prepared `data` (the Python API)."""
+    config = resolve_vocab(config, len(data.tokenizer))
+    return ProgressiveRecipe(plan_for(config, data.train_size, time_mapping), data, **kw)
 
 
 def train_from_config(
@@ -123,14 +154,15 @@ def train_from_config(
 ) -> RunResult:
     """Prepare the data and train with `strategy` (default: the one the config asks for,
     see stackwise.strategies.strategy_for) on the model `adapter` builds."""
-    if config.objective.name == "custom":
+    if OBJECTIVES.capabilities(config.objective.name).labels_from_batch:
         raise StackWiseError(
-            "objective 'custom' reads labels from the batch, and the pretraining data has none. "
-            "Use the Python API (stackwise.Trainer) with a dataset that yields 'labels'."
+            f"objective '{config.objective.name}' reads labels from the batch, and the "
+            "pretraining data has none. Use the Python API (stackwise.pipeline.trainer_for) "
+            "with a dataset that yields 'labels'."
         )
     chosen = get_training_strategy(strategy or strategy_for(config))  # unknown: fail first
     model_adapter = get_model_adapter(adapter_for(config) if adapter == "rack" else adapter)
-    config, data = prepared(config)
-    result = chosen.run(config, data, model_adapter, quiet)
+    plan, data = prepared(config)
+    result = chosen.run(plan, data, model_adapter, quiet)
     release_run_folder(result.output_dir)  # finished: the next run may take the folder quietly
     return result

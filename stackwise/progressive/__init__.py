@@ -1,19 +1,23 @@
-"""Progressive (stack-by-stack) training: builder, activation cache, stages and local losses."""
+"""Progressive (stack-by-stack) training: the builder, the growing rack, the activation cache,
+the stages, and the recipe that loops over the plan's stage specs."""
 
 from stackwise.progressive.builder import ProgressiveRackBuilder
 from stackwise.progressive.cache import ActivationCache
-from stackwise.progressive.local import LocalLossTrainer
+from stackwise.progressive.growing import GrowingRack
+from stackwise.progressive.recipe import ProgressiveRecipe, ProgressiveTrainer
+from stackwise.progressive.records import ProgressiveResult, StackRecord, summary_table
 from stackwise.progressive.stage import KeyedSamples, StageModel
 from stackwise.progressive.timing import depth_range
-from stackwise.progressive.trainer import ProgressiveResult, ProgressiveTrainer, summary_table
 
 __all__ = [
     "ActivationCache",
+    "GrowingRack",
     "KeyedSamples",
-    "LocalLossTrainer",
     "ProgressiveRackBuilder",
+    "ProgressiveRecipe",
     "ProgressiveResult",
     "ProgressiveTrainer",
+    "StackRecord",
     "StageModel",
     "depth_range",
     "summary_table",

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 from torch import Generator, nn
 
-from stackwise.config import Config
 from stackwise.errors import StackWiseError
 from stackwise.model.memory import attach_memory, memory_layers, memory_metrics
 from stackwise.model.moe import moe_layers
@@ -25,10 +24,11 @@ from stackwise.registry import Registry
 
 class ModelAdapter(ABC):
     name = "adapter"
+    growable = False  # a rack the progressive recipe can grow stack by stack
 
     @abstractmethod
-    def build(self, config: Config, vocab_size: int) -> nn.Module:
-        """A fresh model for `config` over a vocabulary of `vocab_size` tokens."""
+    def build(self, plan: Any, vocab_size: int) -> nn.Module:
+        """A fresh model for `plan` over a vocabulary of `vocab_size` tokens."""
 
     def loss(
         self, model: nn.Module, objective: Objective, batch: Batch, gen: Generator, uses_time: bool
@@ -72,11 +72,11 @@ class ModelAdapter(ABC):
         """Metrics on the validation data, or None for the objective's own evaluation."""
         return None
 
-    def describe(self, model: nn.Module, config: Config) -> str | None:
+    def describe(self, model: nn.Module, plan: Any) -> str | None:
         """The model part of the run header, or None for the rack's."""
         return None
 
-    def final_files(self, model: nn.Module, tokenizer: Any, config: Config) -> Any:
+    def final_files(self, model: nn.Module, tokenizer: Any, plan: Any) -> Any:
         """A writer of extra files for the finished run's folder, or None."""
         return None
 
@@ -107,7 +107,7 @@ class ModelAdapter(ABC):
                 "another model shape; resume with its own config."
             ) from None
 
-    def load(self, folder: Path) -> tuple[Config, nn.Module, Any]:
+    def load(self, folder: Path) -> tuple[Any, nn.Module, Any]:
         """(config, model, tokenizer) of a run this adapter saved. Loading is optional: an
         adapter without it trains and saves, and refuses when asked to load."""
         raise StackWiseError(
@@ -146,17 +146,19 @@ get_model_adapter = ADAPTERS.create
 class RackAdapter(ModelAdapter):
     """StackWise's own transformer: stacks of blocks between embeddings and a head."""
 
-    def build(self, config: Config, vocab_size: int) -> nn.Module:
+    growable = True
+
+    def build(self, plan: Any, vocab_size: int) -> nn.Module:
         from stackwise.io.trained import build_rack
 
-        imported = config.model.init_from_hf
-        rack = build_rack(config, vocab_size, memory=not imported)
+        imported = plan.model.init_from_hf
+        rack = build_rack(plan, vocab_size, memory=not imported)
         if imported:
             from stackwise.io.hf_llama import load_llama_weights
 
             load_llama_weights(rack, imported)
-            if config.memory_on:  # gates at zero: the imported model's function, unchanged
-                attach_memory(rack, config)
+            if plan.memory_on:  # gates at zero: the imported model's function, unchanged
+                attach_memory(rack, plan)
         return rack
 
     def micro_scales(self, micros: list[dict[str, torch.Tensor]], acc: Any) -> list[float]:
@@ -177,7 +179,7 @@ class RackAdapter(ModelAdapter):
         compile_blocks(model)
         return model
 
-    def load(self, folder: Path) -> tuple[Config, nn.Module, Any]:
+    def load(self, folder: Path) -> tuple[Any, nn.Module, Any]:
         from stackwise.io.trained import load_trained
 
         return load_trained(folder)

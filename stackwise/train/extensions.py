@@ -13,8 +13,7 @@ module (and so registers the name) first.
 from __future__ import annotations
 
 import importlib
-import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from stackwise.errors import StackWiseError
@@ -75,7 +74,8 @@ class Extension:
         return set()
 
     def report(self) -> dict[str, Any]:
-        """Top-level entries for trainer_state.json (the best metric, say)."""
+        """Values worth logging at each save (the best metric, say); they go to the metrics
+        (metrics.jsonl as report/<key>), not into the checkpoint's run state."""
         return {}
 
 
@@ -129,97 +129,43 @@ def _imported(entry: str) -> str:
     return name
 
 
-def builtin_extensions(config: Any) -> list[Extension]:
-    """The extensions the `train` section turns on (best model, early stopping)."""
-    tc = config.train
-    out: list[Extension] = []
-    if tc.save_best_model:
-        out.append(BestModel())
-    if tc.early_stopping_patience is not None:
-        out.append(EarlyStopping())
-    return out
+class ExtensionManager:
+    """The run's extensions, in call order: it calls their hooks with the run's RunInfo, gathers
+    their states for a checkpoint and hands them back on resume, and names the checkpoints they
+    protect from rotation. The Trainer talks to this, never to an extension by name."""
 
+    def __init__(self, extensions: Sequence[Extension] = ()) -> None:
+        self.extensions = list(extensions)
+        self.info: RunInfo | None = None
 
-def better(value: float, best: float | None, greater: bool, threshold: float = 0.0) -> bool:
-    """Whether `value` improves on `best` by more than `threshold`."""
-    if not math.isfinite(value):
-        return False
-    if best is None:
-        return True
-    return value > best + threshold if greater else value < best - threshold
+    def bind(self, info: RunInfo) -> None:
+        """The run the hooks will see (its RunInfo is made once the Trainer is assembled)."""
+        self.info = info
 
+    def call(self, hook: str, *args: Any) -> None:
+        if hook not in HOOKS:
+            raise ValueError(f"unknown hook {hook!r}; hooks are {', '.join(HOOKS)}")
+        assert self.info is not None, "bind the run first"
+        for ext in self.extensions:
+            getattr(ext, hook)(self.info, *args)
 
-@register_extension("best_model")
-class BestModel(Extension):
-    """Tracks the best eval metric; on each improvement it asks for a checkpoint, which rotation
-    never deletes."""
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        return {e.name: e.state_dict() for e in self.extensions}
 
-    def __init__(self) -> None:
-        self.best: float | None = None
-        self.best_step: int | None = None
-        self.best_checkpoint: str | None = None
-
-    def on_eval(self, run: RunInfo, metrics: dict[str, float]) -> None:
-        tc = run.config.train
-        value = metrics.get(tc.metric_for_best)
-        if value is None:
-            return
-        if better(value, self.best, run.greater_is_better):
-            self.best, self.best_step = value, run.state.step
-            # named now, saved by the Trainer once every extension has seen this eval, so the
-            # checkpoint holds their updated state and rotation knows to keep it
-            self.best_checkpoint = f"checkpoint-{run.state.step}"
-            run.control.should_save = True
-            run.note(f"new best val/{tc.metric_for_best} {value:.4f} at step {run.state.step}")
+    def load_state_dict(self, states: dict[str, dict[str, Any]]) -> None:
+        """Each extension's saved state back, then its on_resume."""
+        assert self.info is not None, "bind the run first"
+        for ext in self.extensions:
+            if ext.name in states:
+                ext.load_state_dict(states[ext.name])
+                ext.on_resume(self.info)
 
     def protected_checkpoints(self) -> set[str]:
-        return {self.best_checkpoint} if self.best_checkpoint else set()
+        return set().union(*(e.protected_checkpoints() for e in self.extensions))
 
-    def report(self) -> dict[str, Any]:
-        return {"best_metric": self.best}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "best_step": self.best_step, "checkpoint": self.best_checkpoint}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best, self.best_step = state.get("best"), state.get("best_step")
-        self.best_checkpoint = state.get("checkpoint")
-
-
-@register_extension("early_stopping")
-class EarlyStopping(Extension):
-    """Stops after `early_stopping_patience` evals without an improvement larger than
-    `early_stopping_threshold` on `metric_for_best`."""
-
-    def __init__(self) -> None:
-        self.best: float | None = None
-        self.bad_evals = 0
-        self.stopped_at: int | None = None
-
-    def on_eval(self, run: RunInfo, metrics: dict[str, float]) -> None:
-        tc = run.config.train
-        value = metrics.get(tc.metric_for_best)
-        if value is None or tc.early_stopping_patience is None:
-            return
-        if better(value, self.best, run.greater_is_better, tc.early_stopping_threshold):
-            self.best, self.bad_evals = value, 0
-            return
-        self.bad_evals += 1
-        if self.bad_evals >= tc.early_stopping_patience:
-            self.stopped_at = run.state.step
-            run.control.should_stop = True
-            run.note(
-                f"early stopping at step {run.state.step}: val/{tc.metric_for_best} has not "
-                f"improved by more than {tc.early_stopping_threshold} for {self.bad_evals} evals"
-            )
-
-    def on_resume(self, run: RunInfo) -> None:
-        if self.stopped_at is not None:  # a run that had decided to stop stays stopped
-            run.control.should_stop = True
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "bad_evals": self.bad_evals, "stopped_at": self.stopped_at}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best, self.bad_evals = state.get("best"), int(state.get("bad_evals", 0))
-        self.stopped_at = state.get("stopped_at")
+    def reports(self) -> dict[str, Any]:
+        """What the extensions report (the best metric, say): logged with the metrics."""
+        out: dict[str, Any] = {}
+        for ext in self.extensions:
+            out.update(ext.report())
+        return out

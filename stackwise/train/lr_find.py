@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from stackwise.errors import StackWiseError
-from stackwise.train.trainer import Trainer
+from stackwise.train.trainer import EnhancedTrainer as Trainer
 
 
 @dataclass
@@ -85,7 +85,7 @@ def lr_find(
         )
     # group_lr ratios, from the scheduler's base LRs (warmup may have set the current ones to 0)
     ratios = [g.get("initial_lr", g["lr"]) / base for g in opt.param_groups]
-    batches = trainer._batches()
+    batches = trainer.batches()
     factor = (max_lr / min_lr) ** (1.0 / max(steps - 1, 1))
     lrs: list[float] = []
     losses: list[float] = []
@@ -123,7 +123,11 @@ def lr_find(
 
 def _sweep_step(trainer: Trainer, batch: dict[str, torch.Tensor], i: int) -> float:
     """One update at the LR already set; returns its (unsmoothed) loss."""
-    loss = float(trainer.micro_step(batch, trainer._seed_gen(i, 0, 0), 1.0))
+    ctx = trainer.strategy.context
+    ctx.gen, ctx.scale = trainer.seeded(i, 0, 0), 1.0
+    loss_t = trainer.strategy.compute_loss(trainer.model, batch)
+    trainer.accelerator.backward(loss_t)
+    loss = float(loss_t.detach())
     clip = trainer.config.train.max_grad_norm
     if clip > 0:
         trainer.accelerator.clip_grad_norm_(trainer.model.parameters(), clip)

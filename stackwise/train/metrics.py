@@ -1,8 +1,9 @@
-"""Where metrics go: console, metrics.jsonl, TensorBoard, W&B and the progress bar.
+"""The MetricsLogger: where every logged value goes (console, metrics.jsonl, TensorBoard, W&B,
+the progress bar), each a sink the `logging` section turns on, active on the main process only.
 
-Each is an extension (see `stackwise.train.extensions`), turned on by the `logging` section and
-active on the main process only. On resume, rows logged after the checkpoint's step are dropped
-from metrics.jsonl and TensorBoard, so a crashed-and-resumed run reads like one run.
+The Trainer hands it each log row (losses with the tokens seen, LRs, eval metrics, what the
+extensions report). On resume, rows logged after the checkpoint's step are dropped from
+metrics.jsonl and TensorBoard, so a crashed-and-resumed run reads like one run.
 """
 
 from __future__ import annotations
@@ -16,11 +17,29 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from stackwise.config import Config
 from stackwise.errors import StackWiseError
 from stackwise.io.files import write_atomic
-from stackwise.train.extensions import Extension, register_extension
 from stackwise.train.state import RunInfo
+
+
+class Sink:
+    """One destination of the metrics; override what it needs."""
+
+    name = "sink"
+
+    def begin(self, run: RunInfo) -> None: ...
+
+    def log(self, run: RunInfo, metrics: dict[str, Any]) -> None: ...
+
+    def step_done(self, run: RunInfo) -> None: ...
+
+    def close(self, run: RunInfo) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
 
 
 def _fmt(key: str, value: Any) -> str:
@@ -31,17 +50,19 @@ def _fmt(key: str, value: Any) -> str:
     return f"{key}={value}"
 
 
-@register_extension("console")
-class ConsoleLogger(Extension):
-    def on_log(self, run: RunInfo, metrics: dict[str, Any]) -> None:
+class ConsoleSink(Sink):
+    name = "console"
+
+    def log(self, run: RunInfo, metrics: dict[str, Any]) -> None:
         if run.is_main:
             shown = " ".join(_fmt(k, v) for k, v in metrics.items())
             tqdm.write(f"step {run.state.step}: {shown}")
 
 
-@register_extension("jsonl")
-class JsonlLogger(Extension):
-    def on_train_begin(self, run: RunInfo) -> None:
+class JsonlSink(Sink):
+    name = "jsonl"
+
+    def begin(self, run: RunInfo) -> None:
         self.path = run.output_dir / "metrics.jsonl"
         if run.is_main and run.resumed_from is None and self.path.is_file():
             self.path.unlink()  # a fresh start (the dir held no finished run): begin anew
@@ -55,18 +76,19 @@ class JsonlLogger(Extension):
                     continue
             write_atomic(self.path, "".join(f"{line}\n" for line in keep))
 
-    def on_log(self, run: RunInfo, metrics: dict[str, Any]) -> None:
+    def log(self, run: RunInfo, metrics: dict[str, Any]) -> None:
         if run.is_main:
             record = {"step": run.state.step, "time": time.time(), **metrics}
             with self.path.open("a", encoding="utf-8") as fh:
                 fh.write(json.dumps(record) + "\n")
 
 
-@register_extension("tensorboard")
-class TensorBoardLogger(Extension):
+class TensorBoardSink(Sink):
+    name = "tensorboard"
+
     writer: Any = None
 
-    def on_train_begin(self, run: RunInfo) -> None:
+    def begin(self, run: RunInfo) -> None:
         if run.is_main:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -75,29 +97,30 @@ class TensorBoardLogger(Extension):
                 log_dir=str(run.output_dir / "tensorboard"), purge_step=purge
             )
 
-    def on_log(self, run: RunInfo, metrics: dict[str, Any]) -> None:
+    def log(self, run: RunInfo, metrics: dict[str, Any]) -> None:
         if self.writer is not None:
             for k, v in metrics.items():
                 if isinstance(v, int | float) and math.isfinite(v):
                     self.writer.add_scalar(k, v, run.state.step)
 
-    def on_train_end(self, run: RunInfo) -> None:
+    def close(self, run: RunInfo) -> None:
         if self.writer is not None:
             self.writer.flush()
             self.writer.close()
             self.writer = None
 
 
-@register_extension("wandb")
-class WandbLogger(Extension):
+class WandbSink(Sink):
     """Weights & Biases; `WANDB_MODE=offline` writes the run under output_dir/wandb."""
+
+    name = "wandb"
 
     run: Any = None
 
     def __init__(self) -> None:
         self.run_id: str | None = None
 
-    def on_train_begin(self, run: RunInfo) -> None:
+    def begin(self, run: RunInfo) -> None:
         if not run.is_main or self.run is not None:
             return
         try:
@@ -112,18 +135,18 @@ class WandbLogger(Extension):
             project=lc.wandb_project,
             name=run.output_dir.name,
             dir=str(run.output_dir),
-            config=run.config.model_dump(mode="json"),
+            config=run.plan.source,
             id=self.run_id,  # a resumed run continues the same W&B run
             resume="allow",
             reinit="create_new",
         )
         self.run_id = self.run.id
 
-    def on_log(self, run: RunInfo, metrics: dict[str, Any]) -> None:
+    def log(self, run: RunInfo, metrics: dict[str, Any]) -> None:
         if self.run is not None:
             self.run.log(metrics, step=run.state.step)
 
-    def on_train_end(self, run: RunInfo) -> None:
+    def close(self, run: RunInfo) -> None:
         if self.run is not None:
             self.run.finish()
             self.run = None
@@ -135,13 +158,14 @@ class WandbLogger(Extension):
         self.run_id = state.get("run_id")
 
 
-@register_extension("progress_bar")
-class ProgressBar(Extension):
+class ProgressBarSink(Sink):
     """tqdm with loss, LR and tokens/s; on rank 0, and (mode auto) only on a terminal."""
+
+    name = "progress_bar"
 
     bar: Any = None
 
-    def on_train_begin(self, run: RunInfo) -> None:
+    def begin(self, run: RunInfo) -> None:
         mode = run.config.logging.progress_bar
         show = mode == "always" or (mode == "auto" and sys.stdout.isatty())
         self.bar = tqdm(
@@ -152,11 +176,11 @@ class ProgressBar(Extension):
             desc=run.progress_desc,
         )
 
-    def on_step_end(self, run: RunInfo) -> None:
+    def step_done(self, run: RunInfo) -> None:
         if self.bar is not None:
             self.bar.update(1)
 
-    def on_log(self, run: RunInfo, metrics: dict[str, Any]) -> None:
+    def log(self, run: RunInfo, metrics: dict[str, Any]) -> None:
         if self.bar is not None and "train/loss" in metrics:
             self.bar.set_postfix(
                 loss=f"{metrics['train/loss']:.3f}",
@@ -164,25 +188,58 @@ class ProgressBar(Extension):
                 tok_s=f"{metrics['train/tokens_per_s']:,.0f}",
             )
 
-    def on_train_end(self, run: RunInfo) -> None:
+    def close(self, run: RunInfo) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
 
 
-def logging_extensions(config: Config) -> list[Extension]:
-    """The built-in loggers the `logging` section turns on, progress bar first."""
-    lc = config.logging
-    out: list[Extension] = [ProgressBar()]
-    if lc.console:
-        out.append(ConsoleLogger())
-    if lc.jsonl:
-        out.append(JsonlLogger())
-    if lc.tensorboard:
-        out.append(TensorBoardLogger())
-    if lc.log_to_wandb:
-        out.append(WandbLogger())
-    return out
+class MetricsLogger:
+    """The run's sinks, fed one row at a time at the run's current step."""
+
+    def __init__(self, sinks: list[Sink]) -> None:
+        self.sinks = sinks
+        self.info: RunInfo | None = None
+
+    @classmethod
+    def from_plan(cls, plan: Any) -> MetricsLogger:
+        """The sinks the `logging` section turns on, progress bar first."""
+        lc = plan.logging
+        wanted = [
+            (True, ProgressBarSink),
+            (lc.console, ConsoleSink),
+            (lc.jsonl, JsonlSink),
+            (lc.tensorboard, TensorBoardSink),
+            (lc.log_to_wandb, WandbSink),
+        ]
+        return cls([kind() for on, kind in wanted if on])
+
+    def _each(self, action: str, *args: Any) -> None:
+        assert self.info is not None, "begin the run first"
+        for sink in self.sinks:
+            getattr(sink, action)(self.info, *args)
+
+    def begin(self, info: RunInfo) -> None:
+        self.info = info
+        self._each("begin")
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        self._each("log", metrics)
+
+    def step_done(self) -> None:
+        self._each("step_done")
+
+    def close(self) -> None:
+        if self.info is not None:
+            self._each("close")
+
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        return {s.name: s.state_dict() for s in self.sinks if s.state_dict()}
+
+    def load_state_dict(self, states: dict[str, dict[str, Any]]) -> None:
+        for sink in self.sinks:
+            if sink.name in states:
+                sink.load_state_dict(states[sink.name])
 
 
 class LossWindow:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from stackwise.config import TrainConfig
+from stackwise.spec import TrainSpec
 
 
 def model_groups(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
@@ -27,8 +27,8 @@ def model_groups(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
 
 def build_param_groups(
     named_groups: dict[str, list[tuple[str, nn.Parameter]]],
-    cfg: TrainConfig,
-    lr_of: Callable[[str, TrainConfig], float] | None = None,
+    cfg: TrainSpec,
+    lr_of: Callable[[str, TrainSpec], float] | None = None,
 ) -> list[dict[str, Any]]:
     """AdamW groups; a group's LR is `lr_of(name, cfg)`, by default train.group_lr.<name>."""
     out = []
@@ -48,20 +48,20 @@ def build_param_groups(
     return out
 
 
-def build_optimizer(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.Optimizer:
+def build_optimizer(groups: list[dict[str, Any]], cfg: TrainSpec) -> torch.optim.Optimizer:
     kwargs: dict[str, Any] = {"betas": cfg.betas, "eps": cfg.adam_eps}
     if cfg.fused_adamw:
         kwargs["fused"] = True
     return torch.optim.AdamW(groups, **kwargs)
 
 
-def warmup_steps(cfg: TrainConfig) -> int:
+def warmup_steps(cfg: TrainSpec) -> int:
     if cfg.warmup_ratio is not None:
         return math.ceil(cfg.warmup_ratio * cfg.max_steps)
     return cfg.warmup_steps
 
 
-def lr_factor(step: int, cfg: TrainConfig) -> float:
+def lr_factor(step: int, cfg: TrainSpec) -> float:
     """Multiplier of each group's base LR at optimizer step `step` (0-based)."""
     warm = warmup_steps(cfg)
     if cfg.scheduler == "constant":
@@ -81,7 +81,7 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     return floor + (1.0 - floor) * decay
 
 
-def build_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig) -> LambdaLR:
+def build_scheduler(opt: torch.optim.Optimizer, cfg: TrainSpec) -> LambdaLR:
     return LambdaLR(opt, lambda step: lr_factor(step, cfg))
 
 

@@ -11,16 +11,16 @@ from typing import Any
 
 from accelerate import Accelerator
 
-from stackwise.config import Config
 from stackwise.errors import StackWiseError
 from stackwise.io import checkpoints as ckpt
 from stackwise.io.final import MARKER, is_finished
 from stackwise.io.lock import LOCK, lock_holder, lock_run_folder, unlock_run_folder
 from stackwise.io.stack_files import HISTORY
 from stackwise.io.trained import WEIGHTS
+from stackwise.spec import Plan
 
 
-def run_dir_of(config: Config, output_dir: str | Path | None) -> str | Path | None:
+def run_dir_of(config: Plan, output_dir: str | Path | None) -> str | Path | None:
     """The dir a Trainer was given, else the resumed checkpoint's run (when the config names
     one and no train.output_dir), else None: the config decides."""
     tc = config.train
@@ -30,12 +30,12 @@ def run_dir_of(config: Config, output_dir: str | Path | None) -> str | Path | No
     return output_dir
 
 
-def default_run_name(config: Config) -> str:
+def default_run_name(config: Plan) -> str:
     kind = "finetune" if config.model.source == "hf" else config.objective.name
     return f"{kind}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def resolve_output_dir(config: Config) -> Path:
+def resolve_output_dir(config: Plan) -> Path:
     """train.output_dir, else outputs/<logging.run_name>, else a time-stamped folder; two
     runs started in the same second (scripts, tests) get -2, -3, ... rather than a refusal."""
     if config.train.output_dir:
@@ -108,7 +108,7 @@ def _refuse_foreign(path: Path) -> None:
     )
 
 
-def _read_paths(config: Config) -> list[tuple[str, Path]]:
+def _read_paths(config: Plan) -> list[tuple[str, Path]]:
     """(config key, path) of the local files and folders a run reads."""
     m, d = config.model, config.data
     named = [("model.init_from_hf", m.init_from_hf), ("data.dataset_dir", d.dataset_dir)]
@@ -125,7 +125,7 @@ def _read_paths(config: Config) -> list[tuple[str, Path]]:
     return [(k, p.resolve()) for k, p in found]
 
 
-def refuse_inputs(path: Path, config: Config) -> None:
+def refuse_inputs(path: Path, config: Plan) -> None:
     """The output folder may not be, hold, or lie inside anything the run reads (the base
     model above all: its files would be rewritten), whatever train.overwrite_output_dir says."""
     out = path.expanduser().resolve()
@@ -190,7 +190,7 @@ def _refuse_taken(path: Path, resuming: bool) -> None:
         )
 
 
-def claim_output_dir(acc: Accelerator, config: Config, output_dir: str | Path | None) -> Path:
+def claim_output_dir(acc: Accelerator, config: Plan, output_dir: str | Path | None) -> Path:
     """Rank 0 picks the (time-stamped) dir and checks it; every rank gets the same path and
     raises the same verdict, so none waits on a dead peer."""
     shared: list[Any] = [str(output_dir) if output_dir else None, None]
@@ -217,7 +217,7 @@ def claim_output_dir(acc: Accelerator, config: Config, output_dir: str | Path | 
     return Path(shared[0])
 
 
-def precheck_run_dir(config: Config) -> None:
+def precheck_run_dir(config: Plan) -> None:
     """Before data preparation and the model build: a run that would be refused for its
     output folder or its resume path is refused now, in seconds. Reads only; the real claim
     (lock, clearing) is made by claim_output_dir."""

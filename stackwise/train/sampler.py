@@ -176,3 +176,26 @@ def batch_stream(
         state.epoch += 1
         state.batch_in_epoch = 0
         state.stream_position = None
+
+
+class TrainingData:
+    """The training set as the loop reads it: a seeded order sharded by rank, whose position is
+    the run state's (epoch, batch in epoch), or a stream that goes on from its recorded
+    position. `loading`: (batch size, loader workers, seed)."""
+
+    def __init__(self, data: Dataset, train: Any, workers: int, rank: int, world: int) -> None:
+        self.data, self.shard = data, (rank, world)
+        self.sampler = training_sampler(data, train, rank, world)
+        self.loading = (train.batch_size, workers, train.seed)
+
+    def batches(self, state: Any, device: torch.device) -> Iterator[dict[str, torch.Tensor]]:
+        """Endless batches from `state`'s position on, advancing it."""
+
+        def loader(start: int) -> DataLoader:
+            if self.sampler is None:  # a stream goes on from its recorded position
+                assert isinstance(self.data, StreamedBlocks)
+                at = state.stream_position
+                return stream_loader(self.data, at, self.shard, self.loading, state.epoch)
+            return epoch_loader(self.data, self.sampler, state.epoch, start, self.loading)
+
+        return batch_stream(loader, state, device)

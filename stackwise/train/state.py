@@ -9,12 +9,10 @@ by name.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
-
-from stackwise.config import Config
 
 
 @dataclass
@@ -59,40 +57,52 @@ class Stage:
     defer_finish: bool = False
 
 
+class Live:
+    """The parts of a run that move while it trains: its state (replaced on resume) and the
+    model being trained. The Trainer owns one; RunInfo reads through it."""
+
+    def __init__(self, state: TrainState, model: Callable[[], Any] = lambda: None) -> None:
+        self.state, self.model = state, model
+
+
+@dataclass(frozen=True)
 class RunInfo:
-    """What a hook may read. Attributes are live (the step moves on) but not writable."""
+    """What a hook may read: fixed facts of the run, and live views of its state and model.
+    Frozen: a hook cannot reassign anything; it asks through `control`."""
 
-    def __init__(
-        self,
-        config: Config,
-        state: Callable[[], TrainState],
-        output_dir: Path,
-        is_main: bool,
-        greater_is_better: bool,
-        stage: Stage,
-        extensions: Sequence[Any],
-        control: Control,
-        note: Callable[[str], None],
-        model: Callable[[], Any] = lambda: None,
-    ) -> None:
-        self._model = model
-        self._config, self._state, self._output_dir = config, state, output_dir
-        self._is_main, self._greater = is_main, greater_is_better
-        self._stage, self._extensions = stage, tuple(extensions)
-        self.control, self.note = control, note
+    plan: Any  # the run's Plan (stackwise.spec): read its sections, never change them
+    output_dir: Path
+    is_main: bool  # the process that writes logs and files
+    greater_is_better: bool  # for train.metric_for_best
+    stage: Stage
+    extensions: tuple[Any, ...]
+    control: Control
+    note: Callable[[str], None]
+    live: Live = field(repr=False, default_factory=lambda: Live(TrainState()))
 
-    config = property(lambda self: self._config)
-    state = property(lambda self: self._state())  # TrainState: read it, do not assign to it
-    output_dir = property(lambda self: self._output_dir)
-    is_main = property(lambda self: self._is_main)  # the process that writes logs and files
-    greater_is_better = property(lambda self: self._greater)  # for train.metric_for_best
-    extensions = property(lambda self: self._extensions)
-    stack_index = property(lambda self: self._stage.index)
-    progress_desc = property(lambda self: self._stage.label)
-    # the model being trained, unwrapped (no DDP): read its state, do not swap its parameters
-    model = property(lambda self: self._model())
+    @property
+    def config(self) -> Any:
+        """The plan, under the name extensions written against a config know."""
+        return self.plan
+
+    @property
+    def state(self) -> TrainState:
+        return self.live.state
+
+    @property
+    def model(self) -> Any:
+        """The model being trained, unwrapped (no DDP): read it, do not swap its parameters."""
+        return self.live.model()
+
+    @property
+    def stack_index(self) -> int | None:
+        return self.stage.index
+
+    @property
+    def progress_desc(self) -> str:
+        return self.stage.label
 
     @property
     def resumed_from(self) -> Path | None:
-        saved = self._state().resumed_from
+        saved = self.live.state.resumed_from
         return Path(saved) if saved else None

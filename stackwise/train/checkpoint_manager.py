@@ -1,4 +1,5 @@
-"""The checkpoint protocol of a (possibly distributed) run; the layout: stackwise.io.checkpoints.
+"""The CheckpointManager: a run's checkpoints (atomic saves, rotation, exact resume) and its
+final save. The folder layout is stackwise.io.checkpoints'.
 
 Every rank takes part in a save (each writes its RNG state), and every rank learns whether any
 rank failed before anyone moves on, so no rank waits at a barrier for a peer that gave up. A
@@ -11,9 +12,11 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from accelerate import Accelerator
 
 from stackwise.errors import StackWiseError
@@ -45,10 +48,43 @@ def on_main(acc: Accelerator, action: Callable[[], None]) -> None:
     agree(acc, error)
 
 
-class Checkpointer:
+@dataclass
+class CheckpointContents:
+    """What one checkpoint holds, handed over by the Trainer: the model (as saved, through its
+    adapter), the optimizer, the LR schedule, the loss scaler, the config and the run state."""
+
+    adapter: Any  # a ModelAdapter: how the weights are written and read
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    scaler: Any
+    plan: Any  # the run's Plan: config.yaml is its to_yaml()
+    state: dict[str, Any]
+
+
+class CheckpointManager:
     def __init__(self, accelerator: Accelerator, output_dir: Path, limit: int | None) -> None:
         self.acc, self.output_dir, self.limit = accelerator, output_dir, limit
         self.saved_steps: set[int] = set()  # best and periodic saves of one step coincide
+
+    def save_run(
+        self, step: int, contents: CheckpointContents, protected: set[str]
+    ) -> tuple[Path, bool]:
+        """checkpoint-<step> of the run; see `save`."""
+        return self.save(step, lambda folder: write_contents(folder, contents), protected)
+
+    def restore(self, path: Path, contents: CheckpointContents) -> dict[str, Any]:
+        """Weights, optimizer, scheduler, scaler and this rank's RNG from checkpoint `path`
+        into `contents`' objects; returns the saved run state (trainer_state.json)."""
+        saved = self.read_state(path)
+        contents.adapter.load_weights(contents.model, path)
+        contents.optimizer.load_state_dict(ckpt.load_bin(path / "optimizer.bin"))
+        contents.scheduler.load_state_dict(ckpt.load_bin(path / "scheduler.bin"))
+        if contents.scaler is not None and (path / "scaler.bin").is_file():
+            contents.scaler.load_state_dict(ckpt.load_bin(path / "scaler.bin"))
+        self.saved_steps = {int(saved.get("step", 0))}
+        self.read_rng(path)
+        return saved
 
     def agree(self, error: str | None) -> None:
         agree(self.acc, error)
@@ -120,23 +156,35 @@ class Checkpointer:
     def read_rng(self, path: Path) -> None:
         ckpt.set_rng_state(ckpt.load_json(path / f"rng_state_{self.acc.process_index}.json"))
 
+    def save_final(
+        self, contents: CheckpointContents, tokenizer: Any, weights: bool, also: Any
+    ) -> None:
+        """The finished run's folder, staged (io.final): weights, config.yaml, tokenizer/,
+        history.json and `also`'s files; a failure is raised on every rank, not a hang."""
+        from stackwise.io.final import final_save
+        from stackwise.io.trained import save_run
 
-def save_finished(trainer: Any, tokenizer: Any, weights: bool, also: Any) -> None:
-    """The finished run's folder, staged (io.final): weights, config.yaml, tokenizer/,
-    history.json and `also`'s files; a failure is raised on every rank, not a hang."""
-    from stackwise.io.final import final_save
-    from stackwise.io.trained import save_run
+        st = contents.state
+        summary = {"steps": st["step"], "tokens_seen": st["tokens_seen"], "history": st["history"]}
 
-    st = trainer.state
-    summary = {"steps": st.step, "tokens_seen": st.tokens_seen, "history": st.history}
+        def write() -> None:
+            with final_save(self.output_dir) as folder:
+                if weights:
+                    contents.adapter.save(contents.model, folder)
+                save_run(folder, contents.plan, tokenizer, summary)
+                if also is not None:
+                    also(folder)
 
-    def write() -> None:
-        with final_save(trainer.output_dir) as folder:
-            if weights:
-                trainer.adapter.save(trainer.unwrapped(), folder)
-            save_run(folder, trainer.config, tokenizer, summary)
-            if also is not None:
-                also(folder)
+        self.acc.wait_for_everyone()
+        on_main(self.acc, write)
 
-    trainer.accelerator.wait_for_everyone()
-    on_main(trainer.accelerator, write)
+
+def write_contents(folder: Path, contents: CheckpointContents) -> None:
+    """One checkpoint's files, into its (temporary) folder."""
+    contents.adapter.save(contents.model, folder)
+    torch.save(contents.optimizer.state_dict(), folder / "optimizer.bin")
+    torch.save(contents.scheduler.state_dict(), folder / "scheduler.bin")
+    if contents.scaler is not None:
+        torch.save(contents.scaler.state_dict(), folder / "scaler.bin")
+    files.write_atomic(folder / "config.yaml", contents.plan.to_yaml())
+    (folder / ckpt.STATE).write_text(json.dumps(contents.state, indent=1))

@@ -1,0 +1,319 @@
+"""The progressive recipe: grow a rack one stack at a time, looping over the plan's stage specs.
+
+For each stage it grows the stack (GrowingRack sets the roles), builds that stage's objective
+(its overrides, its noise range when time is depth) and a Trainer for its budget, trains it,
+saves the stack and adds a row to the history. Each stage logs under `<run>/stack_<g>/`, so
+TensorBoard shows one curve per stack. Every stage's settings were decided at the door
+(stackwise.plan); nothing here derives a config.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+
+from stackwise.data.pack import PreparedData
+from stackwise.errors import StackWiseError
+from stackwise.io.files import write_atomic
+from stackwise.io.final import final_save
+from stackwise.io.stack_files import HISTORY
+from stackwise.io.trained import save_model
+from stackwise.model.chain import DenoisingChain
+from stackwise.model.rack import count_parameters
+from stackwise.objectives import Objective, objective_from
+from stackwise.progressive.growing import GrowingRack
+from stackwise.progressive.records import ProgressiveResult, StackRecord
+from stackwise.progressive.scoring import routed_scores
+from stackwise.progressive.stage import KeyedSamples, StageModel
+from stackwise.progressive.stage_cache import StageCache
+from stackwise.progressive.stage_specs import (
+    global_schedule,
+    joint_plan,
+    stage_line,
+    stage_objective,
+    stage_plan,
+)
+from stackwise.spec import Plan, StageSpec
+from stackwise.train.builders import build_trainer
+from stackwise.train.checkpoint_manager import on_main
+from stackwise.train.evaluation import score_model
+from stackwise.train.hardware import make_accelerator
+from stackwise.train.interrupts import (
+    StopSignals,
+    TrainingInterrupted,
+    any_rank_signalled,
+    stop_signals,
+)
+from stackwise.train.run_dir import claim_output_dir
+from stackwise.train.state import Stage
+from stackwise.train.strategy import TrainingStrategy
+from stackwise.train.trainer import EnhancedTrainer
+
+
+class ProgressiveRecipe:
+    def __init__(
+        self,
+        plan: Plan,
+        data: PreparedData,
+        output_dir: str | Path | None = None,
+        quiet: bool = False,
+        strategy: TrainingStrategy | None = None,
+    ) -> None:
+        """`plan` must hold its stage specs (compile_plan with the training set's size)."""
+        if plan.model.vocab_size is None or not plan.stages:
+            raise ValueError("compile the plan with the data first (vocab_size, stages)")
+        self.plan, self.data, self.quiet = plan, data, quiet
+        self.p = plan.progressive
+        self.strategy = strategy  # each stage's step (None: the standard one)
+        self.accelerator: Accelerator = make_accelerator(plan.train.mixed_precision)
+        self.output_dir = claim_output_dir(self.accelerator, plan, output_dir)
+        self.growing = GrowingRack(plan, self.output_dir, self.accelerator, self.log)
+        self.base_objective = objective_from(plan.objective, plan.masking, data.specials)
+        self._chain = self._build_chain()
+        self.stage_cache = StageCache(plan, data.train_size, self.output_dir, self.accelerator)
+        self.last_trainer: EnhancedTrainer | None = None
+
+    # views, for callers that knew them as attributes
+    builder = property(lambda self: self.growing.builder)
+    records = property(lambda self: self.growing.records)
+    config = property(lambda self: self.plan)
+    cache = property(lambda self: self.stage_cache.cache)
+
+    def log(self, msg: str) -> None:
+        if not self.quiet and self.accelerator.is_main_process:
+            print(msg, flush=True)
+
+    def chain(self) -> DenoisingChain | None:
+        """The denoising chain of a rack grown high-noise-to-low (time as depth), else None."""
+        return self._chain
+
+    def _build_chain(self) -> DenoisingChain | None:
+        if self.p.time_interpretation != "depth" or self.p.depth_order != "high_to_low":
+            return None
+        schedule = self.base_objective.schedule  # type: ignore[attr-defined]
+        return DenoisingChain(self.data.specials.mask_id, schedule.mask_fraction)
+
+    # -- one stage ---------------------------------------------------------------------------
+
+    def train_stage(self, index: int, n_stacks: int) -> StackRecord:
+        stage = self.plan.stages[index]
+        b = self.builder
+        new = self.growing.grow(stage)
+        plan = stage_plan(self.plan, stage, self.output_dir / f"stack_{index}")
+        objective = stage_objective(stage, self.data.specials)
+        train_data, carried = self._stage_data(stage, plan, objective, new)
+        chain = self.chain()
+        b.rack.set_depth_routing(self.growing.depth_ranges() if chain else None, chain)
+        cache = self.cache if carried is not None else None
+        model = StageModel(b.rack, new, cache, self.accelerator.mixed_precision)
+        trainable = count_parameters(b.rack, trainable_only=True)
+        self.log(stage_line(stage, n_stacks, b.position(new), trainable, carried))
+        trainer = self._stage_trainer(stage, n_stacks, plan, model, objective, train_data)
+        before = self.stage_cache.snapshot()
+        start = time.perf_counter()
+        state = trainer.train()
+        seconds = time.perf_counter() - start
+        b.rack.set_depth_routing(None)  # the next stage grows the rack
+        losses = [h for h in state.history if "loss" in h]
+        record = StackRecord(
+            index=index,
+            position=b.position(new),
+            steps=state.step,
+            tokens=state.tokens_seen,
+            seconds=round(seconds, 3),
+            trainable_params=count_parameters(b.rack, trainable_only=True),
+            t_range=stage.t_range,
+            train_loss=trainer.last_train_loss,
+            eval=losses[-1] if losses else {},
+            cache=self.stage_cache.since(before, carried) if cache is not None else {},
+        )
+        self._after_stage(new)
+        return record
+
+    def _stage_data(
+        self, stage: StageSpec, plan: Plan, objective: Objective, new: Any
+    ) -> tuple[Any, int | None]:
+        """The stage's training samples, and the cache entries carried into it (None: the
+        stage runs without the cache)."""
+        if not (self.p.cache.enabled and stage.index > 0):
+            return self.data.train, None
+        probe = StageModel(self.builder.rack, new)
+        carried = self.stage_cache.prepare(plan, objective, probe, self.builder.rack)
+        variants, times = self.stage_cache.variants(objective)
+        return KeyedSamples(self.data.train, variants, stage.seed, times), carried
+
+    def _stage_trainer(
+        self,
+        stage: StageSpec,
+        n_stacks: int,
+        plan: Plan,
+        model: Any,
+        objective: Objective,
+        data: Any,
+    ) -> EnhancedTrainer:
+        index = stage.index
+        global_lr = self.p.lr_schedule == "global"
+        trainer = build_trainer(
+            plan,
+            model,
+            objective,
+            data,
+            self.data.val,
+            strategy=self.strategy or TrainingStrategy(),
+            accelerator=self.accelerator,
+            stage=Stage(index, f"stack {index + 1}/{n_stacks}", defer_finish=True),
+            eval_objective=self.base_objective,
+            eval_seed=self.plan.train.seed,
+            scheduler=(lambda opt: global_schedule(self.plan, opt, index)) if global_lr else None,
+        )
+        self.last_trainer = trainer  # inspected by tests (optimizer membership)
+        trainer.call_hook("on_stack_begin", index)
+        return trainer
+
+    def _after_stage(self, new: Any) -> None:
+        acc = self.accelerator
+        self.growing.finish_stack(new)
+        if self.p.save_stacks and acc.is_main_process:
+            # a trunk that trains, gains adapters or is quantized on freezing is saved again
+            self.growing.save_stacks(
+                changed_only=self.p.trunk_strategy == "frozen"
+                and self.growing.backbone_format() is None
+                and self.plan.trunk_adapter is None,
+                chained=self.chain() is not None,
+            )
+        acc.wait_for_everyone()
+
+    # -- the run -----------------------------------------------------------------------------
+
+    def train_progressively(self, target_stacks: int | None = None) -> ProgressiveResult:
+        """Grow to `target_stacks` (default model.n_stacks), under the run's stop signals: one
+        that arrives between stages stops the run at the boundary, every finished stage saved."""
+        with stop_signals(announce=self.accelerator.is_main_process) as signals:
+            return self._grow(target_stacks, signals)
+
+    def _start(self, n: int) -> None:
+        """An imported trunk first, then a resumed run's finished stacks."""
+        if self.builder.grown:
+            return
+        if self.plan.model.init_from_hf:
+            self.growing.import_trunk(chained=self.chain() is not None)
+        if self.plan.train.resume_from_checkpoint:
+            self.growing.restore(n)
+
+    def _grow(self, target_stacks: int | None, signals: StopSignals) -> ProgressiveResult:
+        n_all = self.plan.model.n_stacks
+        n = target_stacks or n_all
+        if n > n_all:
+            raise StackWiseError(
+                f"target_stacks={n} exceeds model.n_stacks={n_all}, which sets the depth used "
+                "to scale initialisation and the noise mapping."
+            )
+        self._start(n)
+        self.builder.rack.set_depth_routing(None)  # routing is for the finished rack only
+        for index in range(len(self.builder.grown), n):
+            self.stop_at_boundary(signals, n)
+            try:
+                record = self.train_stage(index, n)
+                self.records.append(record)
+                self.growing.write_history()
+                assert self.last_trainer is not None
+                self.last_trainer.call_hook("on_stack_end", index, record)
+            except TrainingInterrupted as err:
+                raise err.of_run(self.output_dir) from None
+            finally:  # the stage's loggers close after its stack's own report, or on failure
+                if self.last_trainer is not None:
+                    self.last_trainer.finish()
+        self.stop_at_boundary(signals, n)
+        try:
+            self.growing.joint = self.joint_tuning() if self.p.mode == "fused" else None
+        except TrainingInterrupted as err:
+            raise err.of_run(self.output_dir) from None
+        self.growing.final = self.final_eval()
+        self.growing.write_history()
+        if self.cache is not None:
+            self.cache.close()
+        g = self.growing
+        return ProgressiveResult(g.rack, self.output_dir, g.records, g.final or {}, g.joint)
+
+    def stop_at_boundary(self, signals: StopSignals, n: int) -> None:
+        """Stop between stages when a signal came while one ended or the next was being set
+        up: the finished stacks and the history, which resume from there, are on disk. Before
+        any stage finished, the first stage's own checkpoint holds the work instead."""
+        if not self.records or not any_rank_signalled(self.accelerator, signals):
+            return
+        raise TrainingInterrupted(
+            signals.received or "SIGTERM",  # a peer rank's signal
+            sum(r.steps for r in self.records),
+            self.output_dir / HISTORY,
+            self.output_dir,
+            where=f"after stack {len(self.records)} of {n}",
+        )
+
+    def joint_tuning(self) -> dict[str, Any]:
+        """mode fused: every parameter that can train trains together, ordinary backprop over
+        the rack: embeddings, norms, head, full-precision stacks and LoRA adapters. Quantized
+        base weights (packed integer codes) cannot, so a qlora trunk adapts through its
+        adapters."""
+        rack = self.builder.rack
+        for p in rack.parameters():
+            p.requires_grad_(p.is_floating_point() and not getattr(p, "_stackwise_fixed", False))
+        steps = self.p.joint_tuning_steps
+        folder = self.output_dir / "joint"
+        plan = joint_plan(self.plan, steps, folder)
+        self.log(f"joint tuning of the whole rack: {steps} steps")
+        trainer = build_trainer(
+            plan,
+            rack,
+            self.base_objective,
+            self.data.train,
+            self.data.val,
+            strategy=self.strategy or TrainingStrategy(),
+            accelerator=self.accelerator,
+            stage=Stage(None, "joint"),
+            eval_seed=self.plan.train.seed,
+        )
+        start = time.perf_counter()
+        state = trainer.train()
+        evals = [h for h in state.history if "loss" in h]
+        return {
+            "steps": state.step,
+            "tokens": state.tokens_seen,
+            "seconds": round(time.perf_counter() - start, 3),
+            "eval": evals[-1] if evals else {},
+        }
+
+    def final_eval(self) -> dict[str, float]:
+        """The grown rack on the base objective (full noise range); see routed_scores."""
+        rack, acc = self.builder.rack, self.accelerator
+        ranges = self.growing.depth_ranges()
+
+        def score() -> dict[str, float]:
+            return score_model(rack, self.base_objective, self.data.val, acc, self.plan)
+
+        return routed_scores(rack, ranges, self.chain(), score)
+
+    def save(self, tokenizer: Any = None) -> Path:
+        """config.yaml, tokenizer/, the full rack (save_rack) and stacks/ (save_stacks)."""
+        acc = self.accelerator
+        acc.wait_for_everyone()
+
+        def write() -> None:
+            with final_save(self.output_dir) as out:
+                write_atomic(out / "config.yaml", self.plan.to_yaml())
+                if tokenizer is not None:
+                    tokenizer.save_pretrained(str(out / "tokenizer"))
+                if self.p.save_rack:
+                    save_model(self.builder.rack, out)
+                if self.p.save_stacks:  # final positions (prepend shifts them), joint tuning
+                    chained = self.chain() is not None
+                    self.growing.save_stacks(changed_only=False, chained=chained, folder=out)
+
+        on_main(acc, write)  # a failed save is raised on every rank
+        acc.wait_for_everyone()
+        return self.output_dir
+
+
+ProgressiveTrainer = ProgressiveRecipe

@@ -1,0 +1,55 @@
+"""`progressive`: grow the rack one stack at a time (and with mode fused, tune it whole)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stackwise.data.pack import PreparedData
+from stackwise.errors import StackWiseError
+from stackwise.io.trained import save_tokenizer
+from stackwise.progressive import ProgressiveRecipe, summary_table
+from stackwise.strategies.base import RunResult, register_training_strategy
+from stackwise.strategies.report import data_line, precision, saving_note
+from stackwise.train.adapters import ModelAdapter
+from stackwise.train.checkpoint_manager import on_main
+from stackwise.train.strategy import TrainingStrategy
+
+
+@register_training_strategy("progressive")
+class ProgressiveStrategy(TrainingStrategy):
+    """Each stage trains with this strategy's step (the standard one)."""
+
+    def run(
+        self, plan: Any, data: PreparedData, adapter: ModelAdapter, quiet: bool
+    ) -> RunResult:
+        if not adapter.growable:
+            raise StackWiseError(
+                f"Progressive growth builds a rack stack by stack; the '{adapter.name}' model "
+                "adapter cannot be grown. Use strategy 'standard', or the rack adapter."
+            )
+        recipe = ProgressiveRecipe(plan, data, quiet=quiet, strategy=self)
+        on_main(recipe.accelerator, lambda: save_tokenizer(recipe.output_dir, data.tokenizer))
+        if not quiet and recipe.accelerator.is_main_process:
+            print(growth_header(plan, data, recipe), flush=True)
+        result = recipe.train_progressively()
+        recipe.save(data.tokenizer)
+        if not quiet and recipe.accelerator.is_main_process:
+            print(summary_table(result), flush=True)
+        return RunResult(plan, recipe.output_dir, result.rack, data, None, recipe, result)
+
+
+def growth_header(plan: Any, data: PreparedData, recipe: ProgressiveRecipe) -> str:
+    p = plan.progressive
+    return (
+        f"StackWise: growing a {plan.objective.name} rack to {plan.model.n_stacks} "
+        f"stacks of {plan.model.blocks_per_stack} blocks ({p.building_mode}, trunk "
+        f"{p.trunk_strategy}, head {p.head_policy}, time as {p.time_interpretation}"
+        + (", activation cache" if p.cache.enabled else "")
+        + (f", then {p.joint_tuning_steps} joint steps" if p.mode == "fused" else "")
+        + f"); {data_line(data, plan)}; device {recipe.accelerator.device}, "
+        f"precision {precision(plan, recipe)}; output {recipe.output_dir}"
+        + saving_note(plan)
+    )
+
+
+Progressive = ProgressiveStrategy

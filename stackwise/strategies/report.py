@@ -1,0 +1,93 @@
+"""What a run prints about itself: its first line (model, data, device, precision, where it
+saves) and its last evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from stackwise.data.pack import PreparedData
+from stackwise.io.stack_files import save_anchor_and_manifest, save_stack
+from stackwise.model.rack import count_parameters
+from stackwise.train.hardware import describe_precision
+
+
+def data_line(data: PreparedData, config: Any) -> str:
+    """What the run trains on, for its first line."""
+    return data.describe or (
+        f"{len(data.train):,} train / {len(data.val):,} val sequences of "
+        f"{config.data.seq_len} tokens"
+    )
+
+
+def routed(config: Any) -> str:
+    """The rack's routed layers, for the header: experts, memory chapters."""
+    out, moe, mem = "", config.model.moe, config.memory
+    if moe.num_experts:
+        out += f", {moe.num_experts} experts (top-{moe.top_k})"
+    if config.memory_on:
+        where = ", ".join(str(i % config.model.n_layers) for i in mem.layers)
+        out += (
+            f", memory after block(s) {where} ({mem.chapters} chapters x "
+            f"{mem.slots_per_chapter} slots, top-{mem.top_k})"
+        )
+    return out
+
+
+def header(
+    config: Any,
+    data: PreparedData,
+    adapter: Any,
+    model: nn.Module,
+    trainer: Any,
+    note: str,
+) -> str:
+    """The run's first line: model, data, device, precision, where it saves."""
+    what = adapter.describe(model, config) or (
+        f"{config.objective.name} {adapter.name}, {count_parameters(model):,} parameters, "
+        f"{config.model.n_stacks}x{config.model.blocks_per_stack} blocks{note}{routed(config)}"
+    )
+    rows = data_line(data, config)
+    return (
+        f"StackWise: {what}; {rows}; device {trainer.accelerator.device}, precision "
+        f"{precision(config, trainer)}; output {trainer.output_dir}" + saving_note(config)
+    )
+
+
+def final_eval_line(ev: dict[str, Any]) -> str:
+    """The run's last evaluation in one line, bits per character included."""
+    parts = [f"val loss {ev['loss']:.3f}"]
+    if "nelbo" in ev:
+        parts.append(f"NELBO {ev['nelbo']:.3f} nats/token")
+    elif "ppl" in ev:
+        parts.append(f"ppl {ev['ppl']:.2f}")
+    if "bpc" in ev:
+        parts.append(f"{ev['bpc']:.3f} bits per character")
+    return f"final eval (step {ev.get('step', '?')}): " + ", ".join(parts)
+
+
+def saving_note(config: Any) -> str:
+    """What survives a crash, said before the run starts rather than after it is lost."""
+    every = config.train.save_steps
+    if every:
+        return f"; a checkpoint every {every} steps"
+    return (
+        "; no periodic checkpoints (train.save_steps: 0): Ctrl-C or SIGTERM still saves one, "
+        "a hard kill or power loss loses the run"
+    )
+
+
+def precision(config: Any, trainer: Any) -> str:
+    return describe_precision(config.train.mixed_precision, trainer.accelerator.device)
+
+
+def save_all_stacks(rack: nn.Module, output_dir: Path) -> None:
+    """End-to-end runs also write stacks/ (save_stacks), so any rack can be regrown from it."""
+    stacks = getattr(rack, "stacks", None)
+    if stacks is None:
+        return  # another adapter's model has no stacks to save one by one
+    for i, stack in enumerate(stacks):
+        save_stack(output_dir, i, stack, {"position": i, "precision": "full", "t_range": None})
+    save_anchor_and_manifest(output_dir, rack, list(range(len(stacks))))  # type: ignore[arg-type]

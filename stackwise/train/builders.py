@@ -1,0 +1,122 @@
+"""Builders: the Trainer's parts, made from the run's Plan and handed in.
+
+`build_trainer` is what every recipe calls (a standard run, each progressive stage, the LR
+finder): it makes the accelerator, claims the run folder, places the model with its optimizer,
+binds the strategy's step, and assembles the EnhancedTrainer. Each part can be built alone too,
+for a Trainer assembled by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+from torch import nn
+from torch.utils.data import Dataset
+
+from stackwise.objectives.base import Objective
+from stackwise.registry import PARALLELIZERS
+from stackwise.train import best
+from stackwise.train.adapters import ModelAdapter, RackAdapter
+from stackwise.train.checkpoint_manager import CheckpointManager
+from stackwise.train.evaluation import Evaluator
+from stackwise.train.extensions import Extension, ExtensionManager, build_extensions
+from stackwise.train.hardware import keep_freed_memory, make_accelerator
+from stackwise.train.metrics import MetricsLogger
+from stackwise.train.placement import ParamGroups, place_model
+from stackwise.train.run_dir import claim_output_dir, run_dir_of
+from stackwise.train.sampler import TrainingData
+from stackwise.train.state import Stage
+from stackwise.train.strategy import StepContext, TrainingStrategy
+from stackwise.train.trainer import EnhancedTrainer, RunData
+
+
+def extension_manager(plan: Any, extra: Sequence[Extension] = ()) -> ExtensionManager:
+    """The extensions the plan turns on (best model, early stopping, enabled_extensions),
+    then `extra` (given in code)."""
+    user = build_extensions(list(plan.train.enabled_extensions))  # unknown names: fail first
+    return ExtensionManager(best.builtin_extensions(plan) + user + list(extra))
+
+
+def accelerator_for(plan: Any) -> Accelerator:
+    acc = make_accelerator(plan.train.mixed_precision)
+    if acc.device.type == "cpu":
+        keep_freed_memory()
+    return acc
+
+
+def parallelizer_for(plan: Any, strategy: TrainingStrategy) -> Any:
+    """The strategy's own placement when it needs one (local losses), else the plan's."""
+    name = strategy.parallelizer or plan.parallel.name
+    return PARALLELIZERS.create(name, where="parallel")
+
+
+def bind_step(
+    strategy: TrainingStrategy,
+    placement: Any,
+    adapter: ModelAdapter,
+    objective: Objective,
+    plan: Any,
+) -> None:
+    strategy.bind(
+        StepContext(
+            accelerator=placement.accelerator,
+            adapter=adapter,
+            objective=objective,
+            train=plan.train,
+            parallelizer=placement.parallelizer,
+            raw_model=placement.raw_model,
+            uses_time=bool(getattr(placement.raw_model, "uses_time", False)),
+            length_ratio=plan.objective.random_length_ratio,
+        )
+    )
+
+
+def build_trainer(
+    plan: Any,
+    model: nn.Module,
+    objective: Objective,
+    train_data: Dataset,
+    val_data: Dataset | None = None,
+    *,
+    adapter: ModelAdapter | None = None,
+    strategy: TrainingStrategy | None = None,
+    extensions: Sequence[Extension] = (),
+    accelerator: Accelerator | None = None,
+    output_dir: str | Path | None = None,
+    stage: Stage | None = None,
+    eval_objective: Objective | None = None,
+    eval_seed: int | None = None,
+    param_groups: ParamGroups | None = None,
+    scheduler: Callable[[Any], Any] | None = None,
+) -> EnhancedTrainer:
+    """A Trainer of `model` on `train_data` for `plan`. `eval_objective` (default: the
+    training one) is what evaluation scores, with masks seeded by `eval_seed` (default
+    train.seed); `scheduler(optimizer)` replaces the plan's LR schedule."""
+    adapter = adapter or RackAdapter()
+    strategy = strategy or TrainingStrategy()
+    tc = plan.train
+    ext = extension_manager(plan, extensions)
+    acc = accelerator or accelerator_for(plan)
+    out = claim_output_dir(acc, plan, run_dir_of(plan, output_dir))
+    parallelizer = parallelizer_for(plan, strategy)
+    placement = place_model(model, adapter, tc, acc, parallelizer, param_groups, scheduler)
+    bind_step(strategy, placement, adapter, objective, plan)
+    workers = plan.data.num_workers
+    data = RunData(
+        TrainingData(train_data, tc, workers, acc.process_index, acc.num_processes),
+        Evaluator(
+            val_data,
+            eval_objective or objective,
+            tc.seed if eval_seed is None else eval_seed,
+            adapter,
+            tc,
+        ),
+    )
+    checkpoints = CheckpointManager(acc, out, tc.save_total_limit)
+    metrics = MetricsLogger.from_plan(plan)
+    return EnhancedTrainer(
+        plan, adapter, strategy, placement, data, ext, checkpoints, metrics, stage
+    )

@@ -1,0 +1,58 @@
+"""Where the model trains: placed by a parallelizer, with its optimizer and LR schedule."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from accelerate import Accelerator
+from torch import nn
+
+from stackwise.train.optim import build_optimizer, build_param_groups, build_scheduler
+
+ParamGroups = dict[str, list[tuple[str, nn.Parameter]]]
+
+
+@dataclass
+class Placement:
+    """The model as it trains (`model`: wrapped by the parallelizer, maybe compiled) and as it
+    is (`raw_model`), its optimizer (Accelerate's wrapper) and LR schedule."""
+
+    accelerator: Accelerator
+    parallelizer: Any  # a registered parallelizer (stackwise.parallel)
+    raw_model: nn.Module
+    model: nn.Module
+    optimizer: Any
+    scheduler: Any
+
+    def unwrapped(self) -> nn.Module:
+        """The model itself, out of its DDP/FSDP wrapper and compiled form: what is saved."""
+        model = self.accelerator.unwrap_model(self.model)
+        return getattr(model, "_orig_mod", model)
+
+    def checkpointed(self) -> nn.Module:
+        """What a checkpoint stores: a stage's model names its own part (the rack)."""
+        model = self.unwrapped()
+        return model.checkpoint_module() if hasattr(model, "checkpoint_module") else model
+
+
+def place_model(
+    model: nn.Module,
+    adapter: Any,
+    train: Any,
+    accelerator: Accelerator,
+    parallelizer: Any,
+    param_groups: ParamGroups | None = None,
+    scheduler: Callable[[Any], Any] | None = None,
+) -> Placement:
+    """The optimizer over the parameter groups (the adapter's, or `param_groups`), the model
+    and optimizer placed by `parallelizer`, and the LR schedule (`scheduler(optimizer)`
+    replaces the train spec's)."""
+    groups = param_groups if param_groups is not None else adapter.named_groups(model)
+    optimizer = build_optimizer(build_param_groups(groups, train, adapter.group_lr), train)
+    placed = adapter.compile(model) if train.compile else model
+    placed, optimizer = parallelizer.place(placed, optimizer, accelerator)
+    inner = optimizer.optimizer
+    schedule = scheduler(inner) if scheduler else build_scheduler(inner, train)
+    return Placement(accelerator, parallelizer, model, placed, optimizer, schedule)

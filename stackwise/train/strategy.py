@@ -1,0 +1,154 @@
+"""The TrainingStrategy (seed 002's name): what trains when, and the step.
+
+`train_step(model, batch, optimizer, scaler, scheduler, update_gradients=True)` is the step
+function: the forward and backward of one micro-batch and, when `update_gradients` is set, the
+optimizer update. The Trainer calls it once per micro-batch (gradient accumulation) and never
+knows what it does; a strategy changes training by overriding it, not by subclassing the
+Trainer. What the step needs from its run (accelerator, objective, model adapter, parallelizer,
+the micro-batch's seeded generator and loss scale) comes bound as a `StepContext`.
+
+The recipes that drive whole runs (standard, local losses, progressive) are the registered
+strategies of `stackwise.strategies`; their `run` builds Trainers around this step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from stackwise.errors import StackWiseError
+from stackwise.objectives.base import Objective, random_lengths
+
+Batch = dict[str, torch.Tensor]
+
+
+@dataclass
+class StepContext:
+    """One run's view for its steps. The Trainer fills `gen`, `scale` and `step` before each
+    micro-batch; the strategy adds to `step_loss` and sets `updated` after an update."""
+
+    accelerator: Any
+    adapter: Any  # the ModelAdapter: how a batch becomes the model's loss
+    objective: Objective
+    train: Any  # the TrainSpec: clipping, skipping non-finite steps
+    parallelizer: Any  # syncs gradients where the model is not wrapped
+    raw_model: nn.Module
+    uses_time: bool = False
+    length_ratio: float = 0.0  # objective.random_length_ratio
+    gen: torch.Generator | None = None
+    scale: float = 1.0
+    step: int = 0
+    step_loss: torch.Tensor | None = field(default=None, repr=False)
+    updated: bool = False
+
+    def begin_step(self, step: int) -> None:
+        self.step, self.updated = step, False
+        self.step_loss = torch.zeros((), device=self.accelerator.device)
+
+
+class TrainingStrategy:
+    """The standard step: one loss over the whole model. Override `train_step` (or
+    `compute_loss`) for another algorithm; `run` is what a registered strategy does with a
+    whole config (see stackwise.strategies)."""
+
+    name = "strategy"
+    # how this strategy's model must be placed; None: the plan's parallelizer
+    parallelizer: str | None = None
+
+    def __init__(self, config: Any = None, logger: Any = None) -> None:
+        self.config, self.logger = config, logger
+        self.ctx: StepContext | None = None
+
+    def bind(self, ctx: StepContext) -> None:
+        self.ctx = ctx
+
+    @property
+    def context(self) -> StepContext:
+        if self.ctx is None:
+            raise RuntimeError("the strategy is not bound to a run: build it into a Trainer")
+        return self.ctx
+
+    def train_step(
+        self,
+        model: nn.Module,
+        batch: Batch,
+        optimizer: Any,
+        scaler: Any,
+        scheduler: Any,
+        update_gradients: bool = True,
+    ) -> torch.Tensor:
+        """Forward and backward of `batch`; with `update_gradients`, clip and step. Returns the
+        micro-batch's detached, scaled loss. (`scaler`: Accelerate applies it in backward and
+        in the optimizer's step, so the standard step needs it only to know it is there.)"""
+        ctx = self.context
+        with accumulating(ctx, model, update_gradients):
+            loss = self.compute_loss(model, batch) * ctx.scale
+            ctx.accelerator.backward(loss)
+        self.record(loss)
+        if update_gradients:
+            self.update(model, optimizer, scheduler)
+        return loss.detach()
+
+    def compute_loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        ctx = self.context
+        batch = training_batch(ctx, batch)
+        return ctx.adapter.loss(model, ctx.objective, batch, ctx.gen, ctx.uses_time)
+
+    def record(self, loss: torch.Tensor) -> None:
+        ctx = self.context
+        if ctx.step_loss is not None:
+            ctx.step_loss += loss.detach()
+
+    def update(self, model: nn.Module, optimizer: Any, scheduler: Any) -> None:
+        """Sync (where unwrapped), clip, and step, unless the loss or gradient is NaN/inf:
+        then no update, and either the step is skipped or the run stops with a clear error."""
+        ctx, tc, acc = self.context, self.context.train, self.context.accelerator
+        ctx.parallelizer.sync_gradients(ctx.raw_model, acc)
+        norm = None
+        if tc.max_grad_norm > 0:
+            norm = acc.clip_grad_norm_(model.parameters(), tc.max_grad_norm)
+        loss = ctx.step_loss if ctx.step_loss is not None else torch.zeros((), device=acc.device)
+        # NaN/inf in the loss or the gradient norm (inf * 0 is NaN) poisons this sum
+        check = loss.detach().float() + (norm.detach().float() * 0 if norm is not None else 0)
+        # fp16 (GPU): the GradScaler skips overflowing steps itself and adapts its scale
+        finite = acc.scaler is not None or bool(torch.isfinite(acc.reduce(check, "sum")))
+        if not finite:  # every rank decides alike
+            optimizer.zero_grad(set_to_none=True)
+            if not tc.skip_nonfinite_steps:
+                raise StackWiseError(
+                    f"The training loss or gradient became NaN/inf at step {ctx.step + 1}; "
+                    "no update was applied and nothing after the last checkpoint was saved. "
+                    "Lower train.lr, keep train.max_grad_norm > 0, use mixed_precision bf16/no, "
+                    "or set train.skip_nonfinite_steps: true to skip such steps."
+                )
+            scheduler.step()  # keep the schedule aligned with the step count
+            return
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        ctx.updated = True
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            f"strategy '{self.name}' defines a step but no run; register a recipe in "
+            "stackwise.strategies to train whole configs with it"
+        )
+
+
+def accumulating(ctx: StepContext, model: nn.Module, last: bool) -> Any:
+    """Gradients of a micro-batch that is not the step's last stay local (no all-reduce)."""
+    if last or ctx.accelerator.num_processes == 1:
+        return contextlib.nullcontext()
+    return ctx.accelerator.no_sync(model)
+
+
+def training_batch(ctx: StepContext, batch: Batch) -> Batch:
+    """The batch as training sees it: some rows cut short (objective.random_length_ratio)."""
+    pad_id = ctx.objective.specials.pad_id
+    if ctx.length_ratio <= 0 or pad_id is None or ctx.gen is None:
+        return batch
+    return random_lengths(batch, ctx.length_ratio, pad_id, ctx.gen)
