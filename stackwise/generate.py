@@ -1,6 +1,9 @@
 """Sampling from a trained rack: left to right for causal racks, by unmasking for masked ones.
 
-The masked samplers live in `stackwise.samplers`; this module picks one from `config.sample`.
+The masked samplers live in `stackwise.samplers`; this module picks one from the plan's
+SampleSpec (plan.sample), with any setting given by keyword recorded as the caller's. Keyword
+settings are not validated here: the door that takes them from a user checks them first
+(`stackwise generate` through the config's rules).
 """
 
 from __future__ import annotations
@@ -13,11 +16,10 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from stackwise.config import Config, SampleConfig, derive
 from stackwise.errors import StackWiseError
 from stackwise.model.layers import KVCache
 from stackwise.model.rack import Rack
-from stackwise.objectives import build_objective
+from stackwise.objectives import objective_from
 from stackwise.objectives.diffusion import Diffusion
 from stackwise.repeat_guard import WordRepeatGuard
 from stackwise.samplers import (
@@ -28,6 +30,7 @@ from stackwise.samplers import (
     draw,
     truncate_at_eos,
 )
+from stackwise.spec import Plan, SampleSpec
 
 
 @torch.no_grad()
@@ -35,7 +38,7 @@ def generate_clm(
     rack: Rack,
     ids: torch.Tensor,
     max_new: int,
-    s: SampleConfig,
+    s: SampleSpec,
     gen: torch.Generator,
     eos_id: int | None = None,
     stats: SampleStats | None = None,
@@ -82,9 +85,15 @@ def repeat_guard(tokenizer: PreTrainedTokenizerBase, mask_id: int) -> WordRepeat
     return WordRepeatGuard.from_pieces(pieces, mask_id)
 
 
-def masked_settings(config: Config, s: SampleConfig) -> MaskedSampling:
+def sample_spec(plan: Plan, overrides: dict[str, Any]) -> SampleSpec:
+    """plan.sample with `overrides` (those not None) applied and recorded as asked for."""
+    updates = {k: v for k, v in overrides.items() if v is not None}
+    return plan.sample.with_changes(**updates) if updates else plan.sample
+
+
+def masked_settings(s: SampleSpec) -> MaskedSampling:
     return MaskedSampling(
-        sampler=s.resolved_sampler(config.objective.name),
+        sampler=s.sampler,
         remasking=s.remasking,
         steps=s.steps,
         block_length=s.block_length,
@@ -96,17 +105,22 @@ def masked_settings(config: Config, s: SampleConfig) -> MaskedSampling:
 
 
 def masked_sampler(
-    config: Config, rack: Rack, tokenizer: PreTrainedTokenizerBase, gen: torch.Generator
+    plan: Plan,
+    s: SampleSpec,
+    rack: Rack,
+    tokenizer: PreTrainedTokenizerBase,
+    gen: torch.Generator,
 ) -> MaskedSampler:
-    """The masked sampler config.sample describes, with the specials of `tokenizer` banned."""
+    """The masked sampler `s` describes for plan's objective, with the specials of `tokenizer`
+    banned."""
     from stackwise.data.pack import specials_of
 
-    specials, s = specials_of(tokenizer), config.sample
-    obj = build_objective(config, specials)
+    specials = specials_of(tokenizer)
+    obj = objective_from(plan.objective, plan.masking, specials)
     banned = [i for i in (specials.mask_id, specials.pad_id, specials.bos_id) if i is not None]
     return MaskedSampler(
         rack,
-        masked_settings(config, s),
+        masked_settings(s),
         specials.mask_id,
         banned,
         gen,
@@ -137,12 +151,12 @@ def unknown_characters(tokenizer: PreTrainedTokenizerBase, prompt: str, ids: lis
 
 
 def prompt_ids(
-    config: Config, tokenizer: PreTrainedTokenizerBase, prompt: str, context: int
+    causal: bool, tokenizer: PreTrainedTokenizerBase, prompt: str, context: int
 ) -> list[int]:
     """The prompt's ids (an EOS for an empty causal prompt); refused if it fills the context."""
     prefix = tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt else []
     unknown_characters(tokenizer, prompt, prefix)
-    if config.objective.causal and not prefix:
+    if causal and not prefix:
         prefix = [tokenizer.eos_token_id]  # training text follows an EOS document boundary
     if len(prefix) >= context:
         raise StackWiseError(
@@ -153,7 +167,7 @@ def prompt_ids(
 
 
 def generate(
-    config: Config,
+    plan: Plan,
     rack: Rack,
     tokenizer: PreTrainedTokenizerBase,
     *,
@@ -163,27 +177,24 @@ def generate(
     stream: Callable[[str], None] | None = None,
     **overrides: object,
 ) -> Samples:
-    """`n` samples with the settings of config.sample (any of them overridable by keyword; every
-    option is a keyword, so a value is never taken for the wrong one).
+    """`n` samples with the settings of plan.sample (any of them overridable by keyword, taken
+    as checked; every option is a keyword, so a value is never taken for the wrong one).
     With `stream`, the first sample's text is passed to it piece by piece as it is made:
     token by token from a causal rack, block by block (sample.block_length) from a masked one."""
     from stackwise.data.pack import specials_of
 
-    updates = {k: v for k, v in overrides.items() if v is not None}
-    if updates:  # checked against the whole config: a setting this rack ignores is refused
-        changes = {f"sample.{key}": value for key, value in updates.items()}
-        config = derive(config, changes, "the sampling settings")
-    s = config.sample
+    s, causal = sample_spec(plan, overrides), plan.objective.causal
     n = s.num_samples if n is None else n
     if n < 1:
         raise StackWiseError(f"The number of samples must be at least 1 (got {n}).")
     dev = next(rack.parameters()).device
     gen = torch.Generator(device=dev).manual_seed(seed)
     prefix = prompt_ids(
-        config, tokenizer, s.prompt if prompt is None else prompt, rack.cfg.max_seq_len
+        causal, tokenizer, s.prompt if prompt is None else prompt, rack.cfg.max_seq_len
     )
     room = rack.cfg.max_seq_len - len(prefix)
-    if not config.objective.causal and "max_new_tokens" in updates and s.max_new_tokens > room:
+    asked = overrides.get("max_new_tokens") is not None
+    if not causal and asked and s.max_new_tokens > room:
         raise StackWiseError(
             f"max_new_tokens={s.max_new_tokens} does not fit: a masked rack fills its whole "
             f"context ({rack.cfg.max_seq_len} tokens) at once, and the prompt takes "
@@ -197,13 +208,13 @@ def generate(
     shown = TextStream(tokenizer, stream, specials.eos_id, len(prefix)) if stream else None
     progress = shown.update if shown else None
     with torch.no_grad():
-        if config.objective.causal:
+        if causal:
             out = generate_clm(
                 rack, ids, s.max_new_tokens, s, gen, specials.eos_id, stats, on_token=progress
             )
         else:
-            sampler = masked_sampler(config, rack, tokenizer, gen)
-            length = min(s.max_new_tokens, room)  # the config's default is fitted to the room
+            sampler = masked_sampler(plan, s, rack, tokenizer, gen)
+            length = min(s.max_new_tokens, room)  # the run's own setting is fitted to the room
             out = sampler.run(ids, length, on_block=progress)
             out = truncate_at_eos(out, ids.shape[1], specials.eos_id, specials.mask_id)
             stats = sampler.stats
@@ -247,7 +258,7 @@ class TextStream:
 
 
 def chat_reply(
-    config: Config,
+    plan: Plan,
     rack: Rack,
     tokenizer: PreTrainedTokenizerBase,
     messages: list[dict],
@@ -259,7 +270,7 @@ def chat_reply(
     from stackwise.chat.template import render
 
     prompt = render(tokenizer, messages, generation_prompt=True)
-    out = generate(config, rack, tokenizer, prompt=prompt, n=1, seed=seed, **overrides)
+    out = generate(plan, rack, tokenizer, prompt=prompt, n=1, seed=seed, **overrides)
     return tokenizer.decode(out.ids[0, out.prompt_len :].tolist(), skip_special_tokens=True)
 
 

@@ -194,8 +194,10 @@ def test_every_sampler_runs_on_a_trained_rack(tiny):
         got = generate(res.config, res.rack, res.data.tokenizer, n=2, **kw)
         assert len(got.texts) == 2 and got.stats.forward_passes > 0
         outs[str(kw)] = got.ids
+    from stackwise.cli.commands import check_sampling  # the door generate's flags pass
+
     with pytest.raises(StackWiseError, match="only applies to sampler: remask"):
-        generate(res.config, res.rack, res.data.tokenizer, remasking="margin")
+        check_sampling(cfg, {"remasking": "margin"})
 
 
 def test_only_rows_that_changed_run_again():

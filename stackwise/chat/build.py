@@ -1,4 +1,4 @@
-"""From data config to prepared instruction data: rows, template, targets, rows for the loader."""
+"""From the data spec to prepared instruction data: rows, template, targets, rows for the loader."""
 
 from __future__ import annotations
 
@@ -10,19 +10,19 @@ from stackwise.chat.sources import load_rows, split_off
 from stackwise.chat.template import use_template
 from stackwise.data.pack import PreparedData
 from stackwise.errors import StackWiseError
+from stackwise.spec import DataSpec, ModelSpec, Plan
 
 
-def shared_rows(config: Any) -> bool:
+def shared_rows(cfg: DataSpec, model: ModelSpec) -> bool:
     """Whether batches lay several examples in one row (padding-free); packing or padding-free
     asked for where examples could see each other is refused. Racks always pad (their rules
     refuse both)."""
-    cfg = config.data
-    if config.model.source != "hf":
+    if model.source != "hf":
         return False
     asked = (
         "data.packing" if cfg.packing else "data.padding_free" if cfg.padding_free is True else None
     )
-    problem = shared_row_problem(config) if asked or cfg.padding_free == "auto" else None
+    problem = shared_row_problem(model) if asked or cfg.padding_free == "auto" else None
     if problem and asked:
         raise StackWiseError(
             f"{asked} lays several examples in one row, but {problem}, so they could attend to "
@@ -32,9 +32,10 @@ def shared_rows(config: Any) -> bool:
     return cfg.padding_free is True or (cfg.padding_free == "auto" and problem is None)
 
 
-def build_chat_data(config: Any, tok: Any) -> PreparedData:
-    """Instruction rows rendered with `tok` (its chat template set: use_template)."""
-    cfg = config.data
+def build_chat_data(plan: Plan, tok: Any) -> PreparedData:
+    """Instruction rows of plan.data rendered with `tok` (its chat template set: use_template);
+    plan.model decides whether examples may share a row."""
+    cfg = plan.data
     template = use_template(tok, cfg.chat_template)
     rows, eval_rows = load_rows(cfg)
     if eval_rows is None:
@@ -45,7 +46,7 @@ def build_chat_data(config: Any, tok: Any) -> PreparedData:
     train = examples_of(rows, tok, cfg, stats)
     val = examples_of(eval_rows, tok, cfg, eval_stats)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    free = shared_rows(config)
+    free = shared_rows(cfg, plan.model)
     train_rows = to_rows(train, pad, cfg.packing, cfg.seq_len, free)
     val_rows = to_rows(val, pad, False, cfg.seq_len, free)  # each example scored on its own
     packed = f", packed into {len(train_rows):,} rows" if cfg.packing else ""

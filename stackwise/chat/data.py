@@ -20,6 +20,7 @@ from torch.utils.data import Dataset
 from stackwise.chat.formats import detect_format, to_messages
 from stackwise.chat.labels import tokenize_conversation
 from stackwise.chat.sources import ORIGIN
+from stackwise.data.sources import text_field_given
 from stackwise.errors import StackWiseError
 
 IGNORE = -100
@@ -105,7 +106,7 @@ def examples_of(
     if fmt == "auto":
         fmt = detect_format(sorted(k for k in rows[0] if k != ORIGIN) if rows else [], fields)
     stats.format = fmt
-    if fmt not in ("text",) and cfg.changed("text_field"):
+    if fmt not in ("text",) and text_field_given(cfg):
         raise StackWiseError(
             f"data.text_field names the fields of plain-text rows, but these rows are "
             f"'{fmt}' conversations, so it would do nothing. Remove it, or set "

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+
+from stackwise.spec import ModelSpec
 
 VERIFIED = ("llama", "mistral", "qwen2", "qwen3")
 ATTENTION = ("sdpa", "eager")
@@ -28,9 +29,8 @@ def model_type(path: str, trust_remote_code: bool) -> str:
     return str(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code).model_type)
 
 
-def shared_row_problem(config: Any) -> str | None:
-    """Why examples sharing a row could see each other in this run's model, or None."""
-    m = config.model
+def shared_row_problem(m: ModelSpec) -> str | None:
+    """Why examples sharing a row could see each other in the model `m` names, or None."""
     if m.attn_implementation not in ATTENTION:
         return (
             f"model.attn_implementation: {m.attn_implementation} keeps examples apart only in a "

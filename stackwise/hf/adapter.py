@@ -9,7 +9,6 @@ from typing import Any
 import torch
 from torch import Generator, nn
 
-from stackwise.config import Config
 from stackwise.errors import StackWiseError
 from stackwise.hf import loss as hf_loss
 from stackwise.hf.load import ADAPTER_WEIGHTS, FULL_WEIGHTS, device_now
@@ -18,6 +17,7 @@ from stackwise.io.files import read_json, read_tensors, write_json
 from stackwise.model.memory import memory_layers, memory_metrics
 from stackwise.model.routing import router_loss, routing_scope
 from stackwise.objectives.base import Batch, Objective
+from stackwise.spec import Plan
 from stackwise.train.adapters import ModelAdapter, register_model_adapter
 
 SHARD_INDEX = "model.safetensors.index.json"
@@ -74,22 +74,22 @@ def check_base(folder: Path, base: dict[str, Any]) -> None:
 @register_model_adapter("hf")
 class HFAdapter(ModelAdapter):
     def __init__(self) -> None:
-        self.config: Config | None = None
+        self.plan: Plan | None = None
         self.base: dict[str, Any] = {}
 
-    def build(self, config: Config, vocab_size: int) -> nn.Module:
+    def build(self, plan: Plan, vocab_size: int) -> nn.Module:
         from stackwise.hf.load import load_base
         from stackwise.hf.lora import attach_lora
 
-        self.config = config
-        model = load_base(config, device_now())
-        self.base = base_identity(model, config.model.model_name_or_path or "")
-        if config.lora.enabled:
-            model = attach_lora(model, config)
-        if config.memory_on:
+        self.plan = plan
+        model = load_base(plan, device_now())
+        self.base = base_identity(model, plan.model.model_name_or_path or "")
+        if plan.lora.enabled:
+            model = attach_lora(model, plan)
+        if plan.memory_on:
             from stackwise.hf.memory import attach_memory_hf
 
-            attach_memory_hf(model, config)
+            attach_memory_hf(model, plan)
         return model
 
     def loss(
@@ -130,21 +130,21 @@ class HFAdapter(ModelAdapter):
     def named_groups(self, model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
         from stackwise.hf.lora import named_groups
 
-        assert self.config is not None
-        return named_groups(model, self.config)
+        assert self.plan is not None
+        return named_groups(model, self.plan)
 
     def group_lr(self, name: str, tc: Any) -> float:
         from stackwise.hf.lora import group_lr
 
-        return group_lr(name, tc, self.config)
+        return group_lr(name, tc, self.plan)
 
-    def describe(self, model: nn.Module, config: Config) -> str:
+    def describe(self, model: nn.Module, plan: Plan) -> str:
         total = sum(p.numel() for p in model.parameters())
         trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        m = config.model
+        m = plan.model
         quant = "4-bit " if m.load_in_4bit else "8-bit " if m.load_in_8bit else ""
-        how = "LoRA" if config.lora.enabled else "full fine-tuning"
-        if config.memory_on and not config.lora.enabled:
+        how = "LoRA" if plan.lora.enabled else "full fine-tuning"
+        if plan.memory_on and not plan.lora.enabled:
             how = "its weights frozen"
         return (
             f"{quant}{Path(m.model_name_or_path or '').name or m.model_name_or_path} with {how}"
@@ -155,11 +155,11 @@ class HFAdapter(ModelAdapter):
         """PEFT's own format (adapter_config.json + adapter_model.safetensors), or the whole
         model's save_pretrained; both safetensors."""
         folder.mkdir(parents=True, exist_ok=True)
-        assert self.config is not None
+        assert self.plan is not None
         write_json(folder / BASE_IDENTITY, self.base)
-        if self.config.memory_on:  # the frozen base is not saved again, the memory apart
+        if self.plan.memory_on:  # the frozen base is not saved again, the memory apart
             save_memory(model, folder)
-            if not self.config.lora.enabled:
+            if not self.plan.lora.enabled:
                 return
         model.save_pretrained(str(folder), safe_serialization=True)
 
@@ -174,12 +174,12 @@ class HFAdapter(ModelAdapter):
 
     def _load_weights(self, model: nn.Module, folder: Path) -> None:
         fix = "Use another checkpoint of the run, or train it again."
-        assert self.config is not None
-        if self.config.lora.enabled or self.config.memory_on:  # trained beside a frozen base
+        assert self.plan is not None
+        if self.plan.lora.enabled or self.plan.memory_on:  # trained beside a frozen base
             check_base(folder, self.base)
-        if self.config.memory_on:
+        if self.plan.memory_on:
             load_memory(model, folder)
-            if not self.config.lora.enabled:
+            if not self.plan.lora.enabled:
                 return
         if (folder / ADAPTER_WEIGHTS).is_file():
             from peft import set_peft_model_state_dict
@@ -214,12 +214,12 @@ class HFAdapter(ModelAdapter):
                 f"{unexpected[0]}). It was made with other LoRA settings; resume with its config."
             )
 
-    def final_files(self, model: nn.Module, tokenizer: Any, config: Config) -> Any:
+    def final_files(self, model: nn.Module, tokenizer: Any, plan: Plan) -> Any:
         from stackwise.hf.outputs import final_files
 
-        return lambda folder: final_files(folder, model, tokenizer, config)
+        return lambda folder: final_files(folder, model, tokenizer, plan)
 
-    def load(self, folder: Path) -> tuple[Config, nn.Module, Any]:
+    def load(self, folder: Path) -> tuple[Any, nn.Module, Any]:
         from stackwise.hf.outputs import load_finetuned
 
         return load_finetuned(folder)

@@ -17,10 +17,12 @@ def tied(model: nn.Module) -> bool:
     return bool(getattr(text, "tie_word_embeddings", False))
 
 
-def _targets(value: str | list[str]) -> str | list[str]:
+def _targets(value: str | list[str] | tuple[str, ...]) -> str | list[str]:
     """all-linear stays PEFT's keyword; any other single name is a list of one (PEFT would
     read a bare string as a regular expression over full module paths)."""
-    return value if isinstance(value, list) or value == "all-linear" else [value]
+    if isinstance(value, list | tuple):
+        return list(value)
+    return value if value == "all-linear" else [value]
 
 
 def attach_lora(model: nn.Module, config: Any) -> nn.Module:

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from stackwise.config import Config
 from stackwise.errors import StackWiseError
 from stackwise.io.files import read_tensors, save_tensors
 from stackwise.model.memory import MemoryLayer, chosen_indices, new_memory
+from stackwise.spec import Plan
 
 MEMORY_WEIGHTS = "memory.safetensors"
 ATTRIBUTE = "stackwise_memory"
@@ -70,20 +70,21 @@ class MemoryAdapter(nn.Module):
             self.handles.append(decoder[int(index)].register_forward_hook(hook))
 
 
-def attach_memory_hf(model: nn.Module, config: Config) -> MemoryAdapter:
-    """Memory layers after the decoder layers named by memory.layers, on the model's device;
-    without LoRA the base is frozen (with it, PEFT froze it and left LoRA's weights on)."""
+def attach_memory_hf(model: nn.Module, plan: Plan) -> MemoryAdapter:
+    """Memory layers after the decoder layers named by plan.memory.layers, on the model's
+    device; without LoRA the base is frozen (with it, PEFT froze it and left LoRA's weights
+    on)."""
     if memory_of(model) is not None:
         raise ValueError("this model has its memory layers already; attach them once")
-    if not config.lora.enabled:
+    if not plan.lora.enabled:
         model.requires_grad_(False)
     decoder = decoder_layers(model)
     try:
-        where = chosen_indices(config.memory.layers, len(decoder), "decoder layer")
+        where = chosen_indices(plan.memory.layers, len(decoder), "decoder layer")
     except ValueError as err:
         raise StackWiseError(f"{err}. Pick memory.layers within this model's layers.") from None
     text = getattr(_base(model).config, "get_text_config", lambda: _base(model).config)()
-    adapter = MemoryAdapter({i: new_memory(text.hidden_size, config) for i in where})
+    adapter = MemoryAdapter({i: new_memory(text.hidden_size, plan.memory) for i in where})
     for i, layer in adapter.layers.items():
         layer.where = int(i)
     adapter.to(next(model.parameters()).device)
