@@ -60,10 +60,22 @@ SAMPLE_OVERRIDES = (
 )
 
 
+def check_sampling(config: Any, overrides: dict[str, Any]) -> None:
+    """The sampling flags given, checked against the run's config by every rule (a setting
+    this rack would ignore, or a value out of range, is refused); `generate` takes them as
+    checked."""
+    from stackwise.config import derive
+
+    changes = {f"sample.{k}": v for k, v in overrides.items() if v is not None}
+    if changes:
+        derive(config, changes, "the sampling settings")
+
+
 def cmd_generate(ns: argparse.Namespace) -> int:
     from stackwise.cli.hf_commands import generate_chat, is_finetuned
     from stackwise.generate import generate
     from stackwise.io.trained import load_trained
+    from stackwise.plan import compile_plan
 
     overrides = {name: getattr(ns, name) for name in SAMPLE_OVERRIDES}
     if is_finetuned(ns.checkpoint):
@@ -80,8 +92,9 @@ def cmd_generate(ns: argparse.Namespace) -> int:
             print(printable(piece), end="", flush=True)
 
     try:
+        check_sampling(config, overrides)
         texts = generate(
-            config,
+            compile_plan(config),
             rack,
             tok,
             prompt=ns.prompt,

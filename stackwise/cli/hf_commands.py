@@ -57,12 +57,12 @@ def show_replies(result: Any, n: int) -> None:
     from stackwise.generate import chat_reply
     from stackwise.hf.chat import questions, reply
 
-    config, sample = result.config, result.config.sample
-    for i, convo in enumerate(questions(result.data, n, sample.prompt)):
-        if config.model.source == "hf":
-            answer = reply(result.rack, result.data.tokenizer, convo, sample, seed=i)
+    plan = result.config  # the run's Plan
+    for i, convo in enumerate(questions(result.data, n, plan.sample.prompt)):
+        if plan.model.source == "hf":
+            answer = reply(result.rack, result.data.tokenizer, convo, plan.sample, seed=i)
         else:
-            answer = chat_reply(config, result.rack.eval(), result.data.tokenizer, convo, seed=i)
+            answer = chat_reply(plan, result.rack.eval(), result.data.tokenizer, convo, seed=i)
         print(f"--- sample {i + 1} ---\n{convo[-1]['role']}: {convo[-1]['content']}")
         print(f"assistant: {printable(answer.strip())}")
 
@@ -117,6 +117,7 @@ def rack_chat(
 ) -> int:
     """`generate --chat` on a rack trained on instruction rows."""
     from stackwise.generate import chat_reply
+    from stackwise.plan import compile_plan
 
     if config.data.mode != "instruction" or not getattr(tok, "chat_template", None):
         raise StackWiseError(
@@ -126,10 +127,12 @@ def rack_chat(
     if ns.prompt is not None:
         raise StackWiseError("Give --chat or --prompt, not both: --chat asks the trained model.")
     messages = [{"role": "user", "content": ns.chat}]
+    checked_sampling(config, overrides)
+    plan = compile_plan(config)
     for i in range(ns.num_samples):
         if ns.num_samples > 1:
             print(f"--- sample {i + 1} ---")
-        text = chat_reply(config, rack, tok, messages, ns.seed + i, **overrides).strip()
+        text = chat_reply(plan, rack, tok, messages, ns.seed + i, **overrides).strip()
         print(printable(text) or "(an empty reply: the model ended its turn at once)")
     return 0
 
@@ -180,8 +183,8 @@ def cmd_data(ns: argparse.Namespace) -> int:
     from stackwise.chat.preview import marked
     from stackwise.cli.common import load_args
     from stackwise.cli.finetune import finetune_config, is_finetune_file
-    from stackwise.config.derive import derive
     from stackwise.pipeline import instruction_tokenizer
+    from stackwise.plan import compile_plan
 
     if ns.args and is_finetune_file(ns.args[0]):  # the flat keys of a `finetune --config`
         config = finetune_config(["--config", ns.args[0], *ns.args[1:]])
@@ -193,7 +196,8 @@ def cmd_data(ns: argparse.Namespace) -> int:
             "data.mode: pretraining, where every token is a target."
         )
     packed = config.data.packing  # --index counts examples, one per row, packed or not
-    data = build_chat_data(derive(config, {"data.packing": False}), instruction_tokenizer(config))
+    plan = compile_plan(config).with_section("data", packing=False)
+    data = build_chat_data(plan, instruction_tokenizer(config))
     rows = data.train
     if not 0 <= ns.index < len(rows):
         raise StackWiseError(
