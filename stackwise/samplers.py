@@ -17,6 +17,9 @@
 The first two can be semi-autoregressive: with `block_length`, blocks are filled left to right,
 each with its share of the steps, and later blocks stay masked. Draws are made in float64, so a low
 temperature stays a low temperature. Sampling stops once every row holds an EOS.
+
+Each sampler is an entry of stackwise.registry.SAMPLERS (`@register_sampler`): a `Stepwise`
+subclass with its own `reveal` rule, or a `Method` that fills the whole generation itself.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from stackwise.objectives.schedules import Linear, Schedule, time_for_fraction
+from stackwise.registry import SAMPLERS, register_sampler
 from stackwise.repeat_guard import WordRepeatGuard
 
 REMASKING = ("low_confidence", "random", "entropy", "margin")
@@ -37,7 +41,7 @@ REDRAW_STEPS = 8  # a block's extra steps for words the repeat guard masked agai
 
 @dataclass(frozen=True)
 class MaskedSampling:
-    sampler: str = "ancestral"  # or "remask"
+    sampler: str = "ancestral"  # a name registered with @register_sampler
     remasking: str = "low_confidence"
     steps: int = 32
     block_length: int = 0  # 0: the whole generation is one block
@@ -160,48 +164,112 @@ class MaskedSampler:
         if self.guard is not None:
             self.guard.bans.clear()  # bans are per run: (row, position) of this run's rows
         x = torch.cat([prompt, prompt.new_full((b, length), self.mask_id)], dim=1)
-        if self.s.sampler == "single_pass":
-            x = self._single_pass(x)
-            self.stats.tokens += int((x[:, p:] != self.mask_id).sum())
-            return x
-        block = self.s.block_length or length
-        starts = list(range(p, p + length, block))
-        for start, steps in zip(starts, split_steps(self.s.steps, len(starts)), strict=True):
-            in_block = torch.zeros_like(x, dtype=torch.bool)
-            in_block[:, start : min(start + block, p + length)] = True
-            x = self._fill_block(x, in_block, steps)
-            if on_block is not None:
-                on_block(x[:, : min(start + block, p + length)])
-            if self.eos_id is not None and bool((x[:, p:] == self.eos_id).any(1).all()):
-                break  # every row has ended: later blocks are not generated
+        x = SAMPLERS.create(self.s.sampler, self, where="sampler").fill(x, p, length, on_block)
         self.stats.tokens += int((x[:, p:] != self.mask_id).sum())
         return x
 
-    def _fill_block(self, x: torch.Tensor, in_block: torch.Tensor, steps: int) -> torch.Tensor:
-        """`steps` steps; with a repeat guard, up to REDRAW_STEPS more redraw what it masked
-        again (each extra step reveals everything still masked, as a last step does)."""
-        budget = steps + (REDRAW_STEPS if self.guard is not None else 0)
-        for j in range(budget):
-            masked = (x == self.mask_id) & in_block
-            if not bool(masked.any()):
-                break
-            self.stats.steps += 1
-            logits = self.logits(x)
-            if self.guard is not None:
-                logits = self.guard.apply_bans(logits)
-            tokens = draw(logits, self.s.temperature, self.s.top_k, self.s.top_p, self.gen)
-            k = min(j, steps - 1)
-            if self.s.sampler == "ancestral":
-                reveal = self._ancestral(masked, k, steps)
-            else:
-                reveal = self._remask(masked, logits, tokens, steps - k)
-            x = torch.where(reveal, tokens, x)
-            if self.guard is not None and j < budget - 1:
-                x, in_block = self.guard.mend(x, self.prompt_len, in_block)
+    def remask(
+        self, masked: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor, left: float
+    ) -> torch.Tensor:
+        """Reveal a 1/`left` share of each row's masked positions, ranked by `remasking`."""
+        scores = rank_scores(self.s.remasking, logits, tokens, self.gen)
+        scores = scores.masked_fill(~masked, -math.inf)
+        reveal = torch.zeros_like(masked)
+        for row in range(masked.shape[0]):
+            n = int(masked[row].sum())
+            k = min(n, math.ceil(n / left - 1e-9)) if n else 0
+            if k:
+                reveal[row, scores[row].topk(k).indices] = True
+        return reveal & masked
+
+
+class Method:
+    """A registered sampler: fills the masked part of `x` for one run (which holds the rack,
+    the settings, the generator and the logits cache)."""
+
+    def __init__(self, run: MaskedSampler) -> None:
+        self.run = run
+
+    def fill(self, x: torch.Tensor, p: int, length: int, on_block: Progress | None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Stepwise(Method):
+    """Blocks left to right, each revealed over its share of the steps; `reveal` says which
+    masked positions a step reveals."""
+
+    def reveal(
+        self, masked: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor, j: int, steps: int
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def fill(self, x: torch.Tensor, p: int, length: int, on_block: Progress | None) -> torch.Tensor:
+        run = self.run
+        block = run.s.block_length or length
+        starts = list(range(p, p + length, block))
+        for start, steps in zip(starts, split_steps(run.s.steps, len(starts)), strict=True):
+            in_block = torch.zeros_like(x, dtype=torch.bool)
+            in_block[:, start : min(start + block, p + length)] = True
+            x = self.fill_block(x, in_block, steps)
+            if on_block is not None:
+                on_block(x[:, : min(start + block, p + length)])
+            if run.eos_id is not None and bool((x[:, p:] == run.eos_id).any(1).all()):
+                break  # every row has ended: later blocks are not generated
         return x
 
-    def _single_pass(self, x: torch.Tensor) -> torch.Tensor:
-        rack = self.rack
+    def fill_block(self, x: torch.Tensor, in_block: torch.Tensor, steps: int) -> torch.Tensor:
+        """`steps` steps; with a repeat guard, up to REDRAW_STEPS more redraw what it masked
+        again (each extra step reveals everything still masked, as a last step does)."""
+        run, s = self.run, self.run.s
+        budget = steps + (REDRAW_STEPS if run.guard is not None else 0)
+        for j in range(budget):
+            masked = (x == run.mask_id) & in_block
+            if not bool(masked.any()):
+                break
+            run.stats.steps += 1
+            logits = run.logits(x)
+            if run.guard is not None:
+                logits = run.guard.apply_bans(logits)
+            tokens = draw(logits, s.temperature, s.top_k, s.top_p, run.gen)
+            reveal = self.reveal(masked, logits, tokens, min(j, steps - 1), steps)
+            x = torch.where(reveal, tokens, x)
+            if run.guard is not None and j < budget - 1:
+                x, in_block = run.guard.mend(x, run.prompt_len, in_block)
+        return x
+
+
+@register_sampler("ancestral")
+class Ancestral(Stepwise):
+    """Each masked position is revealed with probability (m(t) - m(s)) / m(t)."""
+
+    def reveal(
+        self, masked: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor, j: int, steps: int
+    ) -> torch.Tensor:
+        grid = torch.tensor([1 - j / steps, 1 - (j + 1) / steps], dtype=torch.float32)
+        m_t, m_s = self.run.schedule.mask_fraction(grid.clamp_min(0.0)).double().tolist()
+        p = 1.0 if j == steps - 1 or m_t <= 0 else (m_t - m_s) / m_t
+        gen = self.run.gen
+        u = torch.rand(masked.shape, generator=gen, device=masked.device, dtype=torch.float64)
+        return masked & (u < p)
+
+
+@register_sampler("remask", uses_remasking=True)
+class Remask(Stepwise):
+    """Each step reveals its share of the still-masked positions, ranked by `remasking`."""
+
+    def reveal(
+        self, masked: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor, j: int, steps: int
+    ) -> torch.Tensor:
+        return self.run.remask(masked, logits, tokens, steps - j)
+
+
+@register_sampler("single_pass", needs_chain=True, uses_remasking=True)
+class SinglePass(Method):
+    """One pass through a rack grown as a denoising chain, revealing after each stack."""
+
+    def fill(self, x: torch.Tensor, p: int, length: int, on_block: Progress | None) -> torch.Tensor:
+        run, s = self.run, self.run.s
+        rack = run.rack
         chain = getattr(rack, "chain", None)
         if chain is None or rack.depth_ranges is None:
             raise ValueError(
@@ -215,44 +283,24 @@ class MaskedSampler:
             if g:
                 h = rack.chain_input(h, x)
             h = rack.run_stacks(h, None, [stack])
-            masked = x == self.mask_id
+            masked = x == run.mask_id
             if not bool(masked.any()):
                 break
-            self.stats.steps += 1
+            run.stats.steps += 1
             logits = rack.logits(h).float()
-            logits[..., self.banned] = -math.inf
-            tokens = draw(logits, self.s.temperature, self.s.top_k, self.s.top_p, self.gen)
+            logits[..., run.banned] = -math.inf
+            tokens = draw(logits, s.temperature, s.top_k, s.top_p, run.gen)
             m_t, m_s = fractions[g], fractions[g + 1]
             share = 1.0 if g == len(rack.stacks) - 1 or m_t <= 0 else (m_t - m_s) / m_t
-            if self.s.remasking_set:
-                reveal = self._remask(masked, logits, tokens, 1.0 / max(share, 1e-12))
+            if s.remasking_set:
+                reveal = run.remask(masked, logits, tokens, 1.0 / max(share, 1e-12))
             else:
-                u = torch.rand(masked.shape, generator=self.gen, dtype=torch.float64)
+                u = torch.rand(masked.shape, generator=run.gen, dtype=torch.float64)
                 reveal = masked & (u.to(masked.device) < share)
             x = torch.where(reveal, tokens, x)
-        self.stats.forward_passes += 1
-        self.stats.row_passes += x.shape[0]
+        run.stats.forward_passes += 1
+        run.stats.row_passes += x.shape[0]
         return x
-
-    def _ancestral(self, masked: torch.Tensor, j: int, steps: int) -> torch.Tensor:
-        grid = torch.tensor([1 - j / steps, 1 - (j + 1) / steps], dtype=torch.float32)
-        m_t, m_s = self.schedule.mask_fraction(grid.clamp_min(0.0)).double().tolist()
-        p = 1.0 if j == steps - 1 or m_t <= 0 else (m_t - m_s) / m_t
-        u = torch.rand(masked.shape, generator=self.gen, device=masked.device, dtype=torch.float64)
-        return masked & (u < p)
-
-    def _remask(
-        self, masked: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor, left: int
-    ) -> torch.Tensor:
-        scores = rank_scores(self.s.remasking, logits, tokens, self.gen)
-        scores = scores.masked_fill(~masked, -math.inf)
-        reveal = torch.zeros_like(masked)
-        for row in range(masked.shape[0]):
-            n = int(masked[row].sum())
-            k = min(n, math.ceil(n / left - 1e-9)) if n else 0
-            if k:
-                reveal[row, scores[row].topk(k).indices] = True
-        return reveal & masked
 
 
 def truncate_at_eos(x: torch.Tensor, start: int, eos_id: int | None, fill: int) -> torch.Tensor:

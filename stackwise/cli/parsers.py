@@ -6,6 +6,7 @@ import argparse
 import inspect
 from typing import Any, NoReturn
 
+from stackwise import registry
 from stackwise.cli.commands import (
     cmd_config,
     cmd_env,
@@ -168,7 +169,7 @@ def _masked_sampling_flags(
     parser.add_argument("--steps", type=int, default=None, help=f"denoising steps{steps}")
     parser.add_argument(
         "--sampler",
-        choices=["ancestral", "remask", "single_pass"],
+        choices=registry.SAMPLERS.names(),
         default=None,
         help="mlm/diffusion: see below" + _shown(defaults, "sampler", where),
     )

@@ -6,12 +6,25 @@ from collections.abc import Iterator
 
 from stackwise.config.base import cross_rule
 from stackwise.config.root import Config
+from stackwise.registry import OBJECTIVES, SAMPLERS
+
+
+def declaring(capability: str) -> str:
+    """The objectives that declare `capability` (true or holding it), quoted: 'diffusion'."""
+    return " or ".join(f"'{n}'" for n in OBJECTIVES.names() if has(n, capability))
+
+
+def has(objective: str, capability: str, value: str | None = None) -> bool:
+    """Whether `objective` declares `capability` (or, with `value`, lists it)."""
+    declared = getattr(OBJECTIVES.capabilities(objective), capability)
+    return value in declared if value is not None else bool(declared)
 
 
 @cross_rule
 def sampling(cfg: Config) -> Iterator[str]:
     """Sampling settings that the rack's kind would ignore are refused."""
     sm = cfg.sample
+    resolved = SAMPLERS.capabilities(sm.resolved_sampler(cfg.objective.name))
     if cfg.objective.causal:
         for name in ("steps", "sampler", "remasking", "block_length", "no_repeat_words"):
             if sm.changed(name):
@@ -21,16 +34,16 @@ def sampling(cfg: Config) -> Iterator[str]:
                     f"samples left to right. Remove it, or set sample.{name}={default} (its "
                     "default) when overriding a preset"
                 )
-    elif sm.resolved_sampler(cfg.objective.name) == "ancestral" and sm.changed("remasking"):
+    elif not resolved.uses_remasking and sm.changed("remasking"):
         yield (
             "sample.remasking only applies to sampler: remask (ancestral reveals positions "
             "at random, as the reverse process says); set sample.sampler: remask or remove it"
         )
-    if sm.sampler == "single_pass":
+    if resolved.needs_chain:
         p = cfg.progressive
         if p.strategy != "progressive" or p.depth_order != "high_to_low":
             yield (
-                "sample.sampler: single_pass runs a rack grown as a denoising chain, one "
+                f"sample.sampler: {sm.sampler} runs a rack grown as a denoising chain, one "
                 "stack per step; it needs progressive.strategy: progressive with "
                 "time_interpretation: depth and depth_order: high_to_low"
             )
@@ -38,7 +51,7 @@ def sampling(cfg: Config) -> Iterator[str]:
             if sm.changed(name):
                 default = type(sm).model_fields[name].get_default()
                 yield (
-                    f"sample.{name} does not apply to sampler single_pass: it takes one "
+                    f"sample.{name} does not apply to sampler {sm.sampler}: it takes one "
                     f"step per stack over the whole generation; remove it, or set "
                     f"sample.{name}={default} (its default) when overriding a preset"
                 )
@@ -54,30 +67,20 @@ def relevance_objective(cfg: Config) -> Iterator[str]:
     """Fields that only some objectives or model settings read."""
     name = cfg.objective.name
     m = cfg.masking
-    only = {
-        "mlm": ("mask_ratio", "bert_mix"),
-        "diffusion": (
-            "schedule",
-            "eps",
-            "antithetic",
-            "num_time_steps",
-            "time_step_mask_fractions",
-        ),
-    }
-    for owner, fields in only.items():
-        for f in fields:
-            if name != owner and m.changed(f):
-                yield (
-                    f"masking.{f} only applies to objective '{owner}', not '{name}'; "
-                    "remove it or change objective.name"
-                )
-    if name != "diffusion" and cfg.objective.changed("weighting"):
-        yield "objective.weighting only applies to objective 'diffusion'"
+    for f in type(m).model_fields:
+        owners = " or ".join(f"'{o}'" for o in OBJECTIVES.names() if has(o, "masking_fields", f))
+        if owners and not has(name, "masking_fields", f) and m.changed(f):
+            yield (
+                f"masking.{f} only applies to objective {owners}, not '{name}'; "
+                "remove it or change objective.name"
+            )
+    if not has(name, "nelbo") and cfg.objective.changed("weighting"):
+        yield f"objective.weighting only applies to objective {declaring('nelbo')}"
     tc = cfg.model.time_conditioning
-    if tc != "none" and name != "diffusion":
+    if tc != "none" and not has(name, "uses_time"):
         yield (
             f"model.time_conditioning '{tc}' feeds the diffusion time step; it needs "
-            "objective 'diffusion'"
+            f"objective {declaring('uses_time')}"
         )
     if tc == "learned" and m.num_time_steps is None:
         yield "time_conditioning 'learned' needs masking.num_time_steps (its table)"
@@ -130,8 +133,8 @@ def relevance_run(cfg: Config) -> Iterator[str]:
             "train.output_dir (or logging.run_name) to the run to resume"
         )
     metric, name = cfg.train.metric_for_best, cfg.objective.name
-    diffusion_only = metric in ("nelbo", "ppl_bound")
-    if (diffusion_only and name != "diffusion") or (metric == "ppl" and name == "diffusion"):
+    diffusion_only, nelbo = metric in ("nelbo", "ppl_bound"), has(name, "nelbo")
+    if (diffusion_only and not nelbo) or (metric == "ppl" and nelbo):
         yield (
             f"train.metric_for_best '{metric}' is not reported for objective '{name}' "
             "(diffusion reports nelbo and ppl_bound; clm and mlm report ppl; all report loss "

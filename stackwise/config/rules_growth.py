@@ -13,6 +13,7 @@ from stackwise.config.growth import QUANTIZED
 from stackwise.config.loading import InvalidConfig
 from stackwise.config.root import Config
 from stackwise.precision import QUANT_FORMATS, storage_of
+from stackwise.registry import OBJECTIVES
 
 if TYPE_CHECKING:
     from stackwise.config.growth import LoraConfig, ProgressiveConfig, QuantConfig
@@ -48,7 +49,7 @@ def growth_budget(cfg: Config) -> Iterator[str]:
                     f"model.init_from_hf grows stacks on the imported (frozen) trunk, after it; "
                     f"{why} does not fit that. Remove it"
                 )
-    if p.time_interpretation == "depth" and name != "diffusion":
+    if p.time_interpretation == "depth" and not OBJECTIVES.capabilities(name).uses_time:
         yield (
             "time_interpretation 'depth' ties the diffusion time step to the stack; it "
             f"needs objective 'diffusion', not '{name}'"
@@ -255,14 +256,15 @@ def growth_cache_grid(cfg: Config) -> Iterator[str]:
     """Cache variants need masked inputs."""
     c = cfg.progressive.cache
     name = cfg.objective.name
+    caps = OBJECTIVES.capabilities(name)
     steps = cfg.masking.num_time_steps
-    if c.store_all_time_steps and (name != "diffusion" or steps is None):
+    if c.store_all_time_steps and (not caps.uses_time or steps is None):
         yield (
             "progressive.cache.store_all_time_steps keeps one entry per grid step: it needs "
             "objective 'diffusion' with masking.num_time_steps"
         )
-    if c.enabled and name == "clm" and c.changed("time_step_cache_size"):
-        yield "progressive.cache.time_step_cache_size must stay 1 with clm (nothing is masked)"
+    if c.enabled and not caps.masked and c.changed("time_step_cache_size"):
+        yield f"progressive.cache.time_step_cache_size must stay 1 with {name} (nothing is masked)"
 
 
 @rack_rule

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from stackwise.config.base import cross_rule, section_rule
 from stackwise.config.root import Config
 from stackwise.config.sections import RACK_SHAPE_FIELDS, DataConfig, ModelConfig
+from stackwise.registry import OBJECTIVES
 
 RACK_SHAPE = (*RACK_SHAPE_FIELDS, "dropout", "init_std", "init_from_hf")
 HF_ONLY = [
@@ -111,10 +112,11 @@ def hf_runs(cfg: Config) -> Iterator[str]:
         if cfg.train.group_lr.base is not None:
             yield "train.group_lr.base only applies to Hugging Face models (model.source: hf)"
         return
-    if cfg.objective.name != "clm":
+    if not OBJECTIVES.capabilities(cfg.objective.name).hf_models:
+        ready = " or ".join(n for n in OBJECTIVES.names() if OBJECTIVES.capabilities(n).hf_models)
         yield (
             f"objective {cfg.objective.name} is not available for Hugging Face models yet; "
-            "fine-tune them with objective clm"
+            f"fine-tune them with objective {ready}"
         )
     p = cfg.progressive
     if p.strategy != "end_to_end" or p.end_to_end_scope != "rackwise":
@@ -195,8 +197,9 @@ def rack_chat(cfg: Config) -> Iterator[str]:
             "a rack on instruction data needs data.tokenizer: a local tokenizer dir (its chat "
             "template is used, or ours) or byte; a tokenizer trained on the rows is not built"
         )
-    if cfg.objective.name not in ("clm", "diffusion"):
-        yield f"objective {cfg.objective.name} on instruction data: use clm or diffusion"
+    if not OBJECTIVES.capabilities(cfg.objective.name).instruction_rows:
+        able = [n for n in OBJECTIVES.names() if OBJECTIVES.capabilities(n).instruction_rows]
+        yield f"objective {cfg.objective.name} on instruction data: use {' or '.join(able)}"
     if cfg.progressive.strategy != "end_to_end" or cfg.progressive.end_to_end_scope != "rackwise":
         yield "instruction data trains a rack end to end; progressive growth reads pretraining text"
     if d.packing:

@@ -20,7 +20,9 @@ from pydantic import (
 
 from stackwise.config.base import Section
 from stackwise.config.moe import MoEConfig
+from stackwise.config.names import ObjectiveName, SamplerName, ScheduleName
 from stackwise.precision import MixedPrecision, ModelDtype, Storage4bit
+from stackwise.registry import OBJECTIVES
 
 # the model fields that make a rack's weights a different function
 RACK_SHAPE_FIELDS = (
@@ -207,7 +209,7 @@ class DataConfig(Section):
 
 
 class ObjectiveConfig(Section):
-    name: Literal["clm", "mlm", "diffusion", "custom"] = "clm"
+    name: ObjectiveName = "clm"
     attention: Literal["auto", "causal", "bidirectional"] = Field(
         "auto", description="auto: causal for clm/custom, bidirectional for mlm/diffusion."
     )
@@ -225,7 +227,7 @@ class ObjectiveConfig(Section):
     @property
     def causal(self) -> bool:
         if self.attention == "auto":
-            return self.name in ("clm", "custom")
+            return bool(OBJECTIVES.capabilities(self.name).causal)
         return self.attention == "causal"
 
 
@@ -234,7 +236,7 @@ class MaskingConfig(Section):
         0.15, description="mlm: a ratio, or [low, high] drawn per example."
     )
     bert_mix: bool = Field(False, description="mlm: 80% mask, 10% random, 10% kept.")
-    schedule: Literal["linear", "loglinear", "cosine", "table"] = "linear"
+    schedule: ScheduleName = "linear"
     eps: float = Field(1e-3, gt=0.0, lt=0.5, description="diffusion: t ~ U(eps, 1).")
     antithetic: bool = True
     num_time_steps: PositiveInt | None = Field(
@@ -373,7 +375,7 @@ class SampleConfig(Section):
     top_k: NonNegativeInt = Field(0, description="Keep the k likeliest tokens; 0 disables.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling.")
     steps: PositiveInt = Field(32, description="mlm/diffusion: denoising steps.")
-    sampler: Literal["auto", "ancestral", "remask", "single_pass"] = Field(
+    sampler: SamplerName = Field(
         "auto",
         description="mlm/diffusion. auto: ancestral (MDLM) for diffusion, remask for mlm; "
         "single_pass: one pass through a rack grown with depth_order high_to_low.",
@@ -393,4 +395,4 @@ class SampleConfig(Section):
     def resolved_sampler(self, objective: str) -> str:
         if self.sampler != "auto":
             return self.sampler
-        return "ancestral" if objective == "diffusion" else "remask"
+        return str(OBJECTIVES.capabilities(objective).default_sampler)  # auto

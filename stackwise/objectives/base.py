@@ -7,6 +7,7 @@ Objectives are the only place that corrupts inputs. The trainer never looks insi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +68,12 @@ class Objective:
 
     def __init__(self, specials: Specials) -> None:
         self.specials = specials
+
+    @classmethod
+    def from_spec(cls, objective: Any, masking: Any, specials: Specials) -> Objective:
+        """The objective `objective` and `masking` describe (anything with the fields of the
+        config's objective/masking sections). Subclasses that read settings override it."""
+        return cls(specials)
 
     def prepare(self, batch: dict[str, torch.Tensor], gen: torch.Generator) -> Prepared:
         raise NotImplementedError

@@ -6,8 +6,10 @@ import torch
 
 from stackwise.objectives.base import IGNORE, Objective, Prepared
 from stackwise.objectives.positions import real_tokens
+from stackwise.registry import register_objective
 
 
+@register_objective("clm", causal=True, instruction_rows=True, hf_models=True)
 class CLM(Objective):
     name = "clm"
     causal = True

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from stackwise.errors import StackWiseError
 from stackwise.objectives.base import IGNORE, Objective, Prepared, Specials
+from stackwise.registry import register_objective
 
 
+@register_objective("custom", causal=True, labels_from_batch=True)
 class Custom(Objective):
     name = "custom"
 
     def __init__(self, specials: Specials, causal: bool) -> None:
         super().__init__(specials)
         self.causal = causal
+
+    @classmethod
+    def from_spec(cls, objective: Any, masking: Any, specials: Specials) -> Custom:
+        return cls(specials, objective.causal)
 
     def prepare(self, batch: dict[str, torch.Tensor], gen: torch.Generator) -> Prepared:
         if "labels" not in batch:

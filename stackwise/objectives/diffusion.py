@@ -8,14 +8,25 @@ exponential bounds the perplexity. On instruction rows only reply tokens are mas
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
 from stackwise.objectives.base import IGNORE, Objective, Prepared, Specials
 from stackwise.objectives.positions import masked_targets, real_tokens, uniforms
-from stackwise.objectives.schedules import Schedule
+from stackwise.objectives.schedules import Schedule, schedule_from
+from stackwise.registry import register_objective
 
 
+@register_objective(
+    "diffusion",
+    masked=True,
+    uses_time=True,
+    default_sampler="ancestral",
+    nelbo=True,
+    masking_fields=("schedule", "eps", "antithetic", "num_time_steps", "time_step_mask_fractions"),
+    instruction_rows=True,
+)
 class Diffusion(Objective):
     name = "diffusion"
 
@@ -36,6 +47,17 @@ class Diffusion(Objective):
         self.num_time_steps = num_time_steps
         self.uniform_weight = uniform_weight
         self.t_range = t_range
+
+    @classmethod
+    def from_spec(cls, objective: Any, masking: Any, specials: Specials) -> Diffusion:
+        return cls(
+            specials,
+            schedule_from(masking),
+            eps=masking.eps,
+            antithetic=masking.antithetic,
+            num_time_steps=masking.num_time_steps,
+            uniform_weight=objective.weighting == "uniform",
+        )
 
     def with_range(self, lo: float, hi: float) -> Diffusion:
         """The same objective restricted to t in (lo, hi]: how a stack trains at its depth."""

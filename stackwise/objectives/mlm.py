@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from stackwise.objectives.base import Objective, Prepared, Specials
 from stackwise.objectives.positions import masked_targets, real_tokens, uniforms
+from stackwise.registry import register_objective
 
 
+@register_objective("mlm", masked=True, masking_fields=("mask_ratio", "bert_mix"))
 class MLM(Objective):
     name = "mlm"
 
@@ -17,6 +21,10 @@ class MLM(Objective):
         super().__init__(specials)
         self.lo, self.hi = (ratio, ratio) if isinstance(ratio, float | int) else ratio
         self.bert_mix = bert_mix
+
+    @classmethod
+    def from_spec(cls, objective: Any, masking: Any, specials: Specials) -> MLM:
+        return cls(specials, masking.mask_ratio, masking.bert_mix)
 
     def prepare(self, batch: dict[str, torch.Tensor], gen: torch.Generator) -> Prepared:
         ids = batch["input_ids"]

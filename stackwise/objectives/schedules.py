@@ -6,11 +6,23 @@ The weight is w(t) = -alpha'(t) / (1 - alpha(t)); for the linear schedule that i
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
+from stackwise.registry import SCHEDULES, register_schedule
+
 
 class Schedule:
+    """A registered schedule is built with `build(eps, num_steps, fractions)` (the masking
+    section's eps, num_time_steps and time_step_mask_fractions); most read none of them."""
+
+    @classmethod
+    def build(
+        cls, eps: float, num_steps: int | None, fractions: dict[int, float] | None
+    ) -> Schedule:
+        return cls()
+
     def mask_fraction(self, t: torch.Tensor) -> torch.Tensor:
         """1 - alpha(t)."""
         raise NotImplementedError
@@ -19,6 +31,7 @@ class Schedule:
         raise NotImplementedError
 
 
+@register_schedule("linear")
 class Linear(Schedule):
     def mask_fraction(self, t: torch.Tensor) -> torch.Tensor:
         return t
@@ -27,11 +40,18 @@ class Linear(Schedule):
         return 1.0 / t
 
 
+@register_schedule("loglinear")
 class LogLinear(Schedule):
     """MDLM's log-linear noise: sigma(t) = -log(1 - (1 - eps) t), so alpha = 1 - (1 - eps) t."""
 
     def __init__(self, eps: float) -> None:
         self.eps = eps
+
+    @classmethod
+    def build(
+        cls, eps: float, num_steps: int | None, fractions: dict[int, float] | None
+    ) -> Schedule:
+        return cls(eps)
 
     def mask_fraction(self, t: torch.Tensor) -> torch.Tensor:
         return (1.0 - self.eps) * t
@@ -40,6 +60,7 @@ class LogLinear(Schedule):
         return 1.0 / t
 
 
+@register_schedule("cosine")
 class Cosine(Schedule):
     """alpha(t) = cos(pi t / 2)."""
 
@@ -50,6 +71,7 @@ class Cosine(Schedule):
         return 0.5 * math.pi * torch.sin(0.5 * math.pi * t) / (1.0 - torch.cos(0.5 * math.pi * t))
 
 
+@register_schedule("table")
 class Table(Schedule):
     """A table {step: fraction} over `num_steps` steps, step k sitting at t = (k + 1) / T.
 
@@ -62,6 +84,13 @@ class Table(Schedule):
         steps = sorted(fractions)
         self.knots_t = [0.0] + [(s + 1) / num_steps for s in steps]
         self.knots_m = [0.0] + [fractions[s] for s in steps]
+
+    @classmethod
+    def build(
+        cls, eps: float, num_steps: int | None, fractions: dict[int, float] | None
+    ) -> Schedule:
+        assert num_steps is not None and fractions is not None
+        return cls(num_steps, fractions)
 
     def _segment(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         kt = torch.tensor(self.knots_t, dtype=torch.float64, device=t.device)
@@ -89,16 +118,17 @@ class Table(Schedule):
 def build_schedule(
     name: str, eps: float, num_steps: int | None, fractions: dict[int, float] | None
 ) -> Schedule:
-    if name == "linear":
-        return Linear()
-    if name == "loglinear":
-        return LogLinear(eps)
-    if name == "cosine":
-        return Cosine()
-    if name == "table":
-        assert num_steps is not None and fractions is not None
-        return Table(num_steps, fractions)
-    raise ValueError(f"unknown schedule {name!r}")
+    """The schedule registered as `name` (a class builds through `build`, a factory function
+    is called with the same arguments); an unknown name is the registry's error."""
+    entry = SCHEDULES.get(name, "masking.schedule")
+    return getattr(entry, "build", entry)(eps, num_steps, fractions)
+
+
+def schedule_from(masking: Any) -> Schedule:
+    """The schedule a masking section (or spec) names, built from its fields."""
+    return build_schedule(
+        masking.schedule, masking.eps, masking.num_time_steps, masking.time_step_mask_fractions
+    )
 
 
 def time_for_fraction(schedule: Schedule, frac: torch.Tensor, iters: int = 40) -> torch.Tensor:

@@ -1,0 +1,28 @@
+"""Config fields that name a registered entry (stackwise.registry): a plain string checked
+against its family, so a newly registered objective, schedule or sampler needs no config edit.
+An unknown name is the registry's own error (nearest match, known names, how to register)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
+
+from stackwise.registry import OBJECTIVES, SAMPLERS, SCHEDULES, Family
+
+
+def registered(family: Family[Any], *allow: str) -> Any:
+    """A str type whose value must be registered in `family` (or be one of `allow`)."""
+
+    def check(name: str) -> str:
+        problem = None if name in allow else family.problem(name)
+        if problem is not None:
+            raise ValueError(problem)
+        return name
+
+    return Annotated[str, AfterValidator(check)]
+
+
+ObjectiveName = registered(OBJECTIVES)
+ScheduleName = registered(SCHEDULES)
+SamplerName = registered(SAMPLERS, "auto")
