@@ -15,11 +15,12 @@ import torch
 from torch import nn
 
 from stackwise.config import ModelConfig
-from stackwise.model.layers import Stack, init_weights
+from stackwise.model.layers import Stack
 from stackwise.model.rack import Rack
 from stackwise.precision import FLOAT_STORAGE, PACKED, STACK_PRECISIONS, StackPrecision, torch_dtype
 from stackwise.quant.layers import quantize_linears
 from stackwise.quant.lora import STACK, TRUNK, adapter_names, add_adapter, set_adapter_trainable
+from stackwise.registry import GROWTH_OPERATORS
 
 Precision = StackPrecision
 QUANTIZED = PACKED  # a packed precision -> its storage format
@@ -67,8 +68,11 @@ class ProgressiveRackBuilder:
         building_mode: Literal["append", "prepend"] = "append",
         num_time_steps: int | None = None,
         double_quant: bool = False,
+        growth_operator: str = "random",
     ) -> None:
+        """`growth_operator` names how a new stack is initialised (stackwise.growth)."""
         self.cfg = cfg
+        self.grow = GROWTH_OPERATORS.get(growth_operator, "growth_operator")  # unknown: fail now
         self.double_quant = double_quant  # nf4: quantize the block scales too
         self.causal = causal
         self.building_mode = building_mode
@@ -91,7 +95,7 @@ class ProgressiveRackBuilder:
                 f"a '{precision}' stack stores frozen weights; give it an adapter to train"
             )
         stack = Stack(self.cfg, self.causal, n_blocks, index=len(self.grown))
-        init_weights(stack, self.cfg.init_std, self.cfg.n_layers, self.cfg.d_model)
+        self.grow(stack, list(self.rack.stacks), self.rack)
         for p in stack.parameters():
             if not p.requires_grad:
                 p._stackwise_fixed = True  # type: ignore[attr-defined]

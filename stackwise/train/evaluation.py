@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 from stackwise import seeds
 from stackwise.objectives.base import IGNORE, Objective
 from stackwise.objectives.positions import real_tokens
+from stackwise.registry import OBJECTIVES
 from stackwise.train.sampler import EpochSampler
 
 
@@ -70,7 +71,7 @@ def evaluate_model(
         "loss": s["loss_sum"] / max(s["norm"], 1.0),
         "accuracy": s["correct"] / max(s["scored"], 1.0),
     }
-    if objective.name == "diffusion":
+    if OBJECTIVES.capabilities_of(objective).nelbo:
         nelbo = s["nelbo_sum"] / max(s["norm"], 1.0)
         out["nelbo"] = nelbo
         out["ppl_bound"] = math.exp(min(nelbo, 50.0))
