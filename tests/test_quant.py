@@ -16,8 +16,7 @@ from stackwise.data.pack import build_data
 from stackwise.errors import StackWiseError
 from stackwise.io.merge import probe_logits
 from stackwise.io.trained import load_trained
-from stackwise.pipeline import resolve_vocab, train_from_config
-from stackwise.progressive.trainer import ProgressiveTrainer
+from stackwise.pipeline import progressive_recipe, resolve_vocab, train_from_config
 from stackwise.quant.formats import (
     E2M1_VALUES,
     dequantize_fp8,
@@ -27,6 +26,7 @@ from stackwise.quant.formats import (
 )
 from stackwise.quant.layers import dequantized_weight, nf4_linear, quantize_linears, weight_bytes
 from stackwise.quant.lora import add_adapter, rank_for, set_adapter_trainable
+from stackwise.spec import AdapterSpec, MemorySpec, ModelSpec, Plan, ProgressiveSpec
 
 # every finite e4m3 value, from its bit patterns: an independent reference for fp8 rounding
 E4M3 = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
@@ -127,7 +127,7 @@ def test_lora_trains_through_a_frozen_quantized_layer(fmt):
     m = Attn()
     quantize_linears(m, fmt)
     base = {k: v.clone() for k, v in m.state_dict().items()}
-    add_adapter(m, "stack", rank=4, alpha=8)
+    add_adapter(m, "stack", AdapterSpec(rank=4, alpha=8))
     set_adapter_trainable(m, "stack", True)
     trainable = {n: p for n, p in m.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
@@ -156,7 +156,7 @@ def test_backward_never_keeps_a_dequantized_weight(fmt):
     but no full-precision copy of the frozen weight."""
     m = Attn()
     quantize_linears(m, fmt)
-    add_adapter(m, "stack", rank=4, alpha=8)
+    add_adapter(m, "stack", AdapterSpec(rank=4, alpha=8))
     set_adapter_trainable(m, "stack", True)
     saved: list[torch.Tensor] = []
 
@@ -309,7 +309,7 @@ def test_dual_lora_every_adapter_trains_and_frozen_weights_do_not(tiny):
     cfg = tiny(**QLORA)
     data = build_data(cfg.data)
     cfg = resolve_vocab(cfg, len(data.tokenizer))
-    pt = ProgressiveTrainer(cfg, data, quiet=True)
+    pt = progressive_recipe(cfg, data, quiet=True)
     b = pt.builder
     for k in range(3):
         before = {
@@ -365,6 +365,51 @@ def test_rank_each_stack_ends_up_with(tiny, lora, expected):
     # a reload rebuilds each stack's adapter with its own rank
     _, again, _ = load_trained(res.output_dir)
     assert torch.equal(probe_logits(cfg, res.rack.eval()), probe_logits(cfg, again))
+
+
+def spec_plan(model: ModelSpec) -> Plan:
+    """A Plan of default specs around `model` (a causal objective, no memory)."""
+    from stackwise import spec
+
+    sections = ("data", "objective", "masking", "train", "logging", "sample", "lora", "quant")
+    made = {k: getattr(spec, f"{k.capitalize()}Spec")() for k in sections}
+    return Plan(model=model, progressive=ProgressiveSpec(), memory=MemorySpec(), **made)
+
+
+def test_stack_files_record_the_adapter_spec_and_old_lists_still_load(tmp_path):
+    """The adapter spec flows builder -> stack file -> reload; metadata written before it
+    (`adapters: {name: [rank, alpha, "float32"]}`) loads to the same rack."""
+    from stackwise.io.stack_files import rack_from_stacks, save_anchor_and_manifest, save_stack
+    from stackwise.progressive import ProgressiveRackBuilder
+
+    plan = spec_plan(ModelSpec(d_model=32, n_heads=2, n_stacks=1, blocks_per_stack=1))
+    b = ProgressiveRackBuilder(plan.model, 50, causal=True)
+    stack = b.add_stack(precision="fp8", adapter=AdapterSpec(4, 8.0, 0.1, "bf16"))
+    b.ensure_trunk_adapter(stack, AdapterSpec(2, 4.0))
+    with torch.no_grad():
+        for n, p in stack.named_parameters():
+            if "lora_B" in n:
+                p.normal_()  # adapters that change the output, so a reload must rebuild them
+    save_stack(tmp_path, 0, stack, b.meta[stack].as_dict())
+    save_anchor_and_manifest(tmp_path, b.rack, [0])
+    path = tmp_path / "stacks" / "stack_0.json"
+    meta = json.loads(path.read_text())
+    assert meta["adapters"] == {
+        "stack": {"rank": 4, "alpha": 8.0, "dropout": 0.1, "dtype": "bf16"},
+        "trunk": {"rank": 2, "alpha": 4.0, "dropout": 0.0, "dtype": "fp32"},
+    }
+    ids = torch.randint(0, 50, (2, 8))
+    want = b.rack.eval()(ids)
+    old = {"stack": [4, 8.0, "bfloat16"], "trunk": [2, 4.0, "float32"]}
+    for adapters in (meta["adapters"], old):
+        path.write_text(json.dumps({**meta, "adapters": adapters}))
+        rack = rack_from_stacks(plan, 50, tmp_path).eval()
+        q = rack.stacks[0].blocks[0].attn.q_proj
+        assert q.lora_A["stack"].weight.dtype == torch.bfloat16 and q.r["stack"] == 4
+        assert q.lora_A["trunk"].weight.dtype == torch.float32 and q.r["trunk"] == 2
+        assert torch.equal(rack(ids), want)
+    with pytest.raises(ValueError, match="not an adapter dtype"):
+        add_adapter(Attn(), "x", AdapterSpec(2, 4.0, 0.0, "int8"))
 
 
 # -- every precision and trunk strategy from YAML --------------------------------------------

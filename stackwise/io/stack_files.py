@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from stackwise.config import Config
 from stackwise.errors import StackWiseError
 from stackwise.io.files import read_json, read_tensors, save_tensors, write_json
 from stackwise.model.layers import Stack
 from stackwise.model.rack import Rack
 from stackwise.precision import HALF_FLOATS, QUANT_FORMATS, torch_dtype
+from stackwise.spec import Plan
 
 STACKS_DIR = "stacks"
 MANIFEST = "manifest.json"
@@ -77,23 +77,24 @@ def needs_structure(metas: list[dict[str, Any]] | None) -> bool:
 def restructure_stack(stack: Stack, meta: dict[str, Any]) -> Stack:
     """Give a fresh stack the storage and adapters recorded in its metadata."""
     from stackwise.quant.layers import quantize_linears
-    from stackwise.quant.lora import add_adapter
+    from stackwise.quant.lora import adapter_from_record, add_adapter
 
     storage = meta.get("storage", "full")
     if storage in HALF_FLOATS:
         stack.to(torch_dtype(storage))
     elif storage in QUANT_FORMATS:
         quantize_linears(stack, storage)
-    for name, (rank, alpha, dtype) in sorted(meta.get("adapters", {}).items()):
-        add_adapter(stack, name, rank, alpha, 0.0, getattr(torch, dtype))
+    for name, record in sorted(meta.get("adapters", {}).items()):
+        add_adapter(stack, name, adapter_from_record(record))
     return stack
 
 
 def rack_from_stacks(
-    config: Config, vocab_size: int, folder: Path, weights: Path | None = None
+    plan: Plan, vocab_size: int, folder: Path, weights: Path | None = None
 ) -> Rack:
-    """Rebuild the rack from stacks/: anchor, then each stack at its position with its storage
-    and adapters. With `weights` (a full model.safetensors) those weights are loaded instead."""
+    """Rebuild the rack of `plan` (its model, objective, masking and memory) from stacks/:
+    anchor, then each stack at its position with its storage and adapters. With `weights` (a
+    full model.safetensors) those weights are loaded instead."""
     from stackwise.quant.layers import load_quantized_state
 
     root = folder / STACKS_DIR
@@ -103,20 +104,15 @@ def rack_from_stacks(
             f"'{folder}' has neither model.safetensors nor {STACKS_DIR}/{MANIFEST}. Pass a "
             "folder written by `stackwise train`."
         )
-    rack = Rack(
-        config.model,
-        vocab_size,
-        config.objective.causal,
-        config.masking.num_time_steps,
-        n_stacks=0,
-    )
+    causal = plan.objective.causal
+    rack = Rack(plan.model, vocab_size, causal, plan.masking.num_time_steps, n_stacks=0)
     for meta in metas:
-        stack = Stack(config.model, config.objective.causal, meta["n_blocks"], meta["growth_index"])
+        stack = Stack(plan.model, causal, meta["n_blocks"], meta["growth_index"])
         rack.stacks.append(restructure_stack(stack, meta))
-    if config.memory_on:  # the memory layers sit in the stacks' blocks, and in their files
+    if plan.memory_on:  # the memory layers sit in the stacks' blocks, and in their files
         from stackwise.model.memory import attach_memory
 
-        attach_memory(rack, config)
+        attach_memory(rack, plan.memory)
     try:
         if weights is not None:
             load_quantized_state(rack, _load(weights))

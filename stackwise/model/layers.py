@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from stackwise.config import ModelConfig
+from stackwise.spec import ModelSpec
 
 Rope = tuple[Tensor, Tensor]  # (cos, sin) tables for the positions being run
 
@@ -92,15 +92,15 @@ class KVCache:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, causal: bool) -> None:
+    def __init__(self, spec: ModelSpec, causal: bool) -> None:
         super().__init__()
-        self.n_heads = cfg.n_heads
-        self.n_kv = cfg.n_kv_heads or cfg.n_heads
-        self.head_dim = cfg.d_model // cfg.n_heads
+        self.n_heads = spec.n_heads
+        self.n_kv = spec.n_kv_heads or spec.n_heads
+        self.head_dim = spec.d_model // spec.n_heads
         self.causal = causal
-        self.dropout = cfg.dropout
-        d, hd = cfg.d_model, self.head_dim
-        bias = cfg.attention_bias  # Qwen2-style: q, k and v carry biases, o does not
+        self.dropout = spec.dropout
+        d, hd = spec.d_model, self.head_dim
+        bias = spec.attention_bias  # Qwen2-style: q, k and v carry biases, o does not
         self.q_proj = nn.Linear(d, self.n_heads * hd, bias=bias)
         self.k_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
         self.v_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
@@ -130,13 +130,13 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        d, h = cfg.d_model, cfg.ffn_width
+        d, h = spec.d_model, spec.ffn_width
         self.gate_proj = nn.Linear(d, h, bias=False)
         self.up_proj = nn.Linear(d, h, bias=False)
         self.down_proj = nn.Linear(h, d, bias=False)
-        self.frozen_up = cfg.frozen_up_proj
+        self.frozen_up = spec.frozen_up_proj
         if self.frozen_up:
             self.up_proj.weight.requires_grad_(False)
 
@@ -147,13 +147,13 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """Pre-norm layer: x + attn(norm(x)), then x + ffn(norm(x)), then the memory's gated read."""
 
-    def __init__(self, cfg: ModelConfig, causal: bool, moe: bool = False) -> None:
+    def __init__(self, spec: ModelSpec, causal: bool, moe: bool = False) -> None:
         super().__init__()
-        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg, causal)
-        self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.ffn: nn.Module = moe_ffn(cfg) if moe else SwiGLU(cfg)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.attn_norm = RMSNorm(spec.d_model, spec.norm_eps)
+        self.attn = Attention(spec, causal)
+        self.ffn_norm = RMSNorm(spec.d_model, spec.norm_eps)
+        self.ffn: nn.Module = moe_ffn(spec) if moe else SwiGLU(spec)
+        self.drop = nn.Dropout(spec.dropout)
         self.memory: nn.Module | None = None  # a routed memory layer (model.memory.attach_memory)
 
     def forward(
@@ -168,13 +168,13 @@ class Stack(nn.Module):
     """`blocks_per_stack` Blocks: the unit that is grown, frozen, cached and saved."""
 
     def __init__(
-        self, cfg: ModelConfig, causal: bool, n_blocks: int | None = None, index: int = 0
+        self, spec: ModelSpec, causal: bool, n_blocks: int | None = None, index: int = 0
     ) -> None:
         """`index`: the stack's growth index, which says whether it is an MoE stack."""
         super().__init__()
-        n = n_blocks if n_blocks is not None else cfg.blocks_per_stack
-        self.blocks = nn.ModuleList(Block(cfg, causal, cfg.moe.at(index)) for _ in range(n))
-        self.gradient_checkpointing = cfg.gradient_checkpointing
+        n = n_blocks if n_blocks is not None else spec.blocks_per_stack
+        self.blocks = nn.ModuleList(Block(spec, causal, spec.moe.at(index)) for _ in range(n))
+        self.gradient_checkpointing = spec.gradient_checkpointing
         self.fast: Any = None  # train.compile: a compiled run_block, shared by every stack
 
     def forward(
@@ -200,13 +200,13 @@ class Stack(nn.Module):
         return x
 
 
-def moe_ffn(cfg: ModelConfig) -> nn.Module:
+def moe_ffn(spec: ModelSpec) -> nn.Module:
     from stackwise.model.moe import MoEFeedForward
 
-    m = cfg.moe
-    hidden = m.expert_hidden or cfg.ffn_width
+    m = spec.moe
+    hidden = m.expert_hidden or spec.ffn_width
     return MoEFeedForward(
-        cfg.d_model, hidden, m.num_experts, m.top_k, m.capacity_factor, m.shared_expert,
+        spec.d_model, hidden, m.num_experts, m.top_k, m.capacity_factor, m.shared_expert,
         m.router_jitter, m.coefs(),
     )  # fmt: skip
 

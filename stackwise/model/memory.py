@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from stackwise.config import Config
 from stackwise.model.routing import RoutingRecord, grouped, route, router_metrics
+from stackwise.spec import MemorySpec
 
 
 class MemoryLayer(RoutingRecord, nn.Module):
@@ -120,17 +121,26 @@ def chosen_indices(layers: Sequence[int], n: int, what: str) -> list[int]:
     return sorted(i % n for i in layers)
 
 
-def new_memory(d: int, config: Config) -> MemoryLayer:
-    """A memory layer of width d from the `memory` config section."""
-    m = config.memory
+def memory_spec(memory: MemorySpec | Any) -> MemorySpec:
+    """`memory` itself, or the `memory` section of what holds one (a Plan; until every caller
+    passes the spec, a config)."""
+    return memory if isinstance(memory, MemorySpec) else getattr(memory, "memory", memory)
+
+
+def new_memory(d: int, memory: MemorySpec) -> MemoryLayer:
+    """A memory layer of width d, shaped by `memory`."""
+    m = memory_spec(memory)
     return MemoryLayer(d, m.chapters, m.slots_per_chapter, m.top_k, loss_coefs=m.coefs())
 
 
-def attach_memory(rack: nn.Module, config: Config) -> list[int]:
-    """A memory layer after each block named by memory.layers; returns their indices."""
+def attach_memory(rack: nn.Module, memory: MemorySpec) -> list[int]:
+    """A memory layer (as wide as the rack's embeddings) after each block named by
+    memory.layers; returns their indices."""
+    m = memory_spec(memory)
     blocks = [b for stack in rack.stacks for b in stack.blocks]  # type: ignore[union-attr]
-    where = chosen_indices(config.memory.layers, len(blocks), "block")
+    where = chosen_indices(m.layers, len(blocks), "block")
+    d = rack.embed_tokens.embedding_dim  # type: ignore[union-attr]
     for i in where:
-        blocks[i].memory = layer = new_memory(config.model.d_model, config)
+        blocks[i].memory = layer = new_memory(d, m)
         layer.where = i
     return where

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from stackwise.config import ModelConfig
 from stackwise.model.chain import DenoisingChain, nested_inputs
 from stackwise.model.layers import KVCache, RMSNorm, Rotary, Stack, init_weights
 from stackwise.model.time import LearnedTime, SinusoidalTime
+from stackwise.spec import ModelSpec
 
 
 def sdpa_mask(
@@ -41,35 +41,35 @@ def sdpa_mask(
 class Rack(nn.Module):
     def __init__(
         self,
-        cfg: ModelConfig,
+        spec: ModelSpec,
         vocab_size: int,
         causal: bool,
         num_time_steps: int | None = None,
         n_stacks: int | None = None,
     ) -> None:
-        """`n_stacks` overrides cfg.n_stacks; progressive growth starts from 0 stacks."""
+        """`n_stacks` overrides spec.n_stacks; progressive growth starts from 0 stacks."""
         super().__init__()
-        self.cfg = cfg
+        self.cfg = spec  # the rack's ModelSpec
         self.vocab_size = vocab_size
         self.causal = causal
-        self.embed_tokens = nn.Embedding(vocab_size, cfg.d_model)
+        self.embed_tokens = nn.Embedding(vocab_size, spec.d_model)
         self.time_embed: nn.Module | None = None
-        if cfg.time_conditioning == "sinusoidal":
-            self.time_embed = SinusoidalTime(cfg.d_model)
-        elif cfg.time_conditioning == "learned":
+        if spec.time_conditioning == "sinusoidal":
+            self.time_embed = SinusoidalTime(spec.d_model)
+        elif spec.time_conditioning == "learned":
             if num_time_steps is None:
                 raise ValueError("learned time conditioning needs num_time_steps")
-            self.time_embed = LearnedTime(cfg.d_model, num_time_steps)
-        self.rotary = Rotary(cfg.d_model // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
-        n = cfg.n_stacks if n_stacks is None else n_stacks
-        self.stacks = nn.ModuleList(Stack(cfg, causal, index=i) for i in range(n))
-        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+            self.time_embed = LearnedTime(spec.d_model, num_time_steps)
+        self.rotary = Rotary(spec.d_model // spec.n_heads, spec.max_seq_len, spec.rope_theta)
+        n = spec.n_stacks if n_stacks is None else n_stacks
+        self.stacks = nn.ModuleList(Stack(spec, causal, index=i) for i in range(n))
+        self.norm = RMSNorm(spec.d_model, spec.norm_eps)
         self.depth_ranges: list[tuple[int, float, float]] | None = None
         self.chain: DenoisingChain | None = None
         self.lm_head: nn.Linear | None = None
-        if not cfg.tie_embeddings:
-            self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
-        init_weights(self, cfg.init_std, cfg.n_layers, cfg.d_model)
+        if not spec.tie_embeddings:
+            self.lm_head = nn.Linear(spec.d_model, vocab_size, bias=False)
+        init_weights(self, spec.init_std, spec.n_layers, spec.d_model)
 
     @property
     def uses_time(self) -> bool:

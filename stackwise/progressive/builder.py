@@ -8,30 +8,28 @@ shifts every index) never confuses the new stack with the trunk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-import torch
 from torch import nn
 
-from stackwise.config import ModelConfig
-from stackwise.model.layers import Stack
+from stackwise.model.layers import Stack, init_weights
 from stackwise.model.rack import Rack
 from stackwise.precision import FLOAT_STORAGE, PACKED, STACK_PRECISIONS, StackPrecision, torch_dtype
 from stackwise.quant.layers import quantize_linears
-from stackwise.quant.lora import STACK, TRUNK, adapter_names, add_adapter, set_adapter_trainable
-from stackwise.registry import GROWTH_OPERATORS
+from stackwise.quant.lora import (
+    STACK,
+    TRUNK,
+    adapter_names,
+    adapter_record,
+    add_adapter,
+    dtype_name,
+    set_adapter_trainable,
+)
+from stackwise.spec import AdapterSpec, ModelSpec
 
 Precision = StackPrecision
 QUANTIZED = PACKED  # a packed precision -> its storage format
-
-
-@dataclass(frozen=True)
-class AdapterSpec:
-    rank: int
-    alpha: float
-    dropout: float = 0.0
-    dtype: torch.dtype = torch.float32
 
 
 def _fixed(p: nn.Parameter) -> bool:
@@ -51,32 +49,26 @@ class StackMeta:
         return {
             "precision": self.precision,
             "storage": self.storage,
-            "adapters": {
-                k: [v.rank, v.alpha, str(v.dtype).removeprefix("torch.")]
-                for k, v in self.adapters.items()
-            },
+            "adapters": {k: adapter_record(v) for k, v in self.adapters.items()},
         }
 
 
 class ProgressiveRackBuilder:
     def __init__(
         self,
-        cfg: ModelConfig,
+        spec: ModelSpec,
         vocab_size: int,
         causal: bool,
         *,
         building_mode: Literal["append", "prepend"] = "append",
         num_time_steps: int | None = None,
         double_quant: bool = False,
-        growth_operator: str = "random",
     ) -> None:
-        """`growth_operator` names how a new stack is initialised (stackwise.growth)."""
-        self.cfg = cfg
-        self.grow = GROWTH_OPERATORS.get(growth_operator, "growth_operator")  # unknown: fail now
+        self.spec = spec
         self.double_quant = double_quant  # nf4: quantize the block scales too
         self.causal = causal
         self.building_mode = building_mode
-        self.rack = Rack(cfg, vocab_size, causal, num_time_steps, n_stacks=0)
+        self.rack = Rack(spec, vocab_size, causal, num_time_steps, n_stacks=0)
         self.new_stack: Stack | None = None
         self.grown: list[Stack] = []  # in the order they were grown (growth index)
         # keyed by the stack itself (held here, so no key is ever another stack's)
@@ -94,8 +86,8 @@ class ProgressiveRackBuilder:
             raise ValueError(
                 f"a '{precision}' stack stores frozen weights; give it an adapter to train"
             )
-        stack = Stack(self.cfg, self.causal, n_blocks, index=len(self.grown))
-        self.grow(stack, list(self.rack.stacks), self.rack)
+        stack = Stack(self.spec, self.causal, n_blocks, index=len(self.grown))
+        init_weights(stack, self.spec.init_std, self.spec.n_layers, self.spec.d_model)
         for p in stack.parameters():
             if not p.requires_grad:
                 p._stackwise_fixed = True  # type: ignore[attr-defined]
@@ -110,13 +102,19 @@ class ProgressiveRackBuilder:
         return stack
 
     def append_stack(
-        self, n_blocks: int | None = None, precision: Precision = "full", adapter: Any = None
+        self,
+        n_blocks: int | None = None,
+        precision: Precision = "full",
+        adapter: AdapterSpec | None = None,
     ) -> Stack:
         """A new stack after the trunk (next to the head): the trunk's output feeds it."""
         return self.add_stack(n_blocks, precision, adapter, "append")
 
     def prepend_stack(
-        self, n_blocks: int | None = None, precision: Precision = "full", adapter: Any = None
+        self,
+        n_blocks: int | None = None,
+        precision: Precision = "full",
+        adapter: AdapterSpec | None = None,
     ) -> Stack:
         """A new stack before the trunk (next to the embeddings): it feeds the trunk."""
         return self.add_stack(n_blocks, precision, adapter, "prepend")
@@ -159,7 +157,8 @@ class ProgressiveRackBuilder:
 
     def add_adapter(self, stack: Stack, name: str, spec: AdapterSpec) -> None:
         """A PEFT LoRA adapter on every linear of the stack; at most one per name."""
-        add_adapter(stack, name, spec.rank, spec.alpha, spec.dropout, spec.dtype)
+        spec = replace(spec, dtype=dtype_name(spec.dtype))  # a torch dtype, from older callers
+        add_adapter(stack, name, spec)
         self.meta[stack].adapters[name] = spec
 
     def ensure_trunk_adapter(self, stack: Stack, spec: AdapterSpec) -> bool:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stackwise.config import Config
 from stackwise.objectives import Diffusion, Objective
 from stackwise.progressive.cache import ActivationCache
 from stackwise.progressive.stage import advance_cache
+from stackwise.spec import CacheSpec, Plan
 
 
 class StageCache:
@@ -16,48 +16,36 @@ class StageCache:
     carried forward (pushed through the newly frozen stack) when the next stage sees the same
     corrupted inputs, and emptied when they change (objective, noise range or seed)."""
 
-    def __init__(self, config: Config, n_items: int, output_dir: Path, acc: Any) -> None:
-        self.config, self.n_items, self.output_dir, self.acc = config, n_items, output_dir, acc
+    def __init__(self, plan: Plan, n_items: int, output_dir: Path, acc: Any) -> None:
+        """`plan`: the run's (progressive.cache, data.seq_len, model.d_model and n_stacks)."""
+        self.spec: CacheSpec = plan.progressive.cache
+        self.seq_len, self.d_model = plan.data.seq_len, plan.model.d_model
+        self.boundaries = max(1, plan.model.n_stacks - 1)
+        self.n_items, self.output_dir, self.acc = n_items, output_dir, acc
         self.cache: ActivationCache | None = None
         self.signature: Any = None
 
     def variants(self, objective: Objective) -> tuple[int, list[float] | None]:
-        c = self.config.progressive.cache
+        c = self.spec
         if c.store_all_time_steps:
             assert isinstance(objective, Diffusion) and objective.num_time_steps
             steps = objective.grid_steps()
             return len(steps), [(k + 1) / objective.num_time_steps for k in steps]
         return c.time_step_cache_size, None
 
-    def prepare(self, cfg: Config, objective: Objective, model: Any, rack: Any) -> int:
-        """Make the cache ready for this stage; returns entries carried over incrementally."""
-        c = self.config.progressive.cache
+    def prepare(self, stage: Plan, objective: Objective, model: Any, rack: Any) -> int:
+        """Make the cache ready for this stage (`stage`: its objective, masking and the seed
+        its samples are keyed by); returns entries carried over incrementally."""
         variants, _ = self.variants(objective)
-        n_keys = self.n_items * variants
         signature = (
-            cfg.objective.model_dump_json(),
-            cfg.masking.model_dump_json(),
+            stage.objective,
+            stage.masking,
             getattr(objective, "t_range", None),
             variants,
-            cfg.train.seed,
+            stage.train.seed,
         )
         if self.cache is None:
-            folder = None
-            if c.storage == "disk":
-                root = Path(c.dir) / self.output_dir.name if c.dir else self.output_dir / "cache"
-                folder = root / f"rank{self.acc.process_index}"
-            self.cache = ActivationCache(
-                n_keys,
-                cfg.data.seq_len,
-                cfg.model.d_model,
-                c.dtype,
-                c.storage,
-                folder,
-                c.max_bytes,
-                c.on_full,
-                c.mode,
-                boundaries=max(1, self.config.model.n_stacks - 1),
-            )
+            self.cache = self._new_cache(self.n_items * variants)
         carried = 0
         b = model.boundary
         if signature == self.signature and b - 1 in self.cache.stores:
@@ -75,6 +63,25 @@ class StageCache:
             self.cache.drop_except(-1)
         self.signature = signature
         return carried
+
+    def _new_cache(self, n_keys: int) -> ActivationCache:
+        c = self.spec
+        folder = None
+        if c.storage == "disk":
+            root = Path(c.dir) / self.output_dir.name if c.dir else self.output_dir / "cache"
+            folder = root / f"rank{self.acc.process_index}"
+        return ActivationCache(
+            n_keys,
+            self.seq_len,
+            self.d_model,
+            c.dtype,
+            c.storage,
+            folder,
+            c.max_bytes,
+            c.on_full,
+            c.mode,
+            boundaries=self.boundaries,
+        )
 
     def snapshot(self) -> tuple[dict[str, Any], int]:
         if self.cache is None:

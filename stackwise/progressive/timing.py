@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stackwise.config import ProgressiveConfig
+from stackwise.spec import ProgressiveSpec
 
 # (growth index, number of stacks, num_time_steps or None) -> t, or (t_lo, t_hi)
 TimeMapping = Callable[[int, int, int | None], float | tuple[float, float]]
@@ -28,7 +28,7 @@ def _as_range(value: float | tuple[float, float] | list[float]) -> tuple[float, 
 def depth_range(
     index: int,
     n_stacks: int,
-    cfg: ProgressiveConfig,
+    spec: ProgressiveSpec,
     num_time_steps: int | None = None,
     mapping: TimeMapping | None = None,
 ) -> tuple[float, float]:
@@ -37,27 +37,29 @@ def depth_range(
         raise ValueError(f"stack {index} is outside 0..{n_stacks - 1}")
     if mapping is not None:
         lo, hi = _as_range(mapping(index, n_stacks, num_time_steps))
-    elif cfg.depth_mapping == "custom":
-        assert cfg.depth_time_table is not None
-        lo, hi = _as_range(cfg.depth_time_table[index])
-    elif cfg.depth_order == "high_to_low":
-        lo, hi = depth_range(
-            n_stacks - 1 - index,
-            n_stacks,
-            cfg.model_copy(update={"depth_order": "low_to_high"}),
-            num_time_steps,
-        )
-    elif cfg.depth_mapping == "exponential":
-        g = cfg.depth_growth
-        total = g**n_stacks - 1.0
-        lo, hi = (g**index - 1.0) / total, (g ** (index + 1) - 1.0) / total
-    elif cfg.time_per_stack is not None and num_time_steps is not None:
-        w = cfg.time_per_stack
-        lo, hi = index * w / num_time_steps, (index + 1) * w / num_time_steps
+    elif spec.depth_mapping == "custom":
+        assert spec.depth_time_table is not None
+        lo, hi = _as_range(spec.depth_time_table[index])
+    elif spec.depth_order == "high_to_low":  # the low_to_high range of the mirrored stack
+        lo, hi = _low_to_high(n_stacks - 1 - index, n_stacks, spec, num_time_steps)
     else:
-        lo, hi = index / n_stacks, (index + 1) / n_stacks
+        lo, hi = _low_to_high(index, n_stacks, spec, num_time_steps)
     if not 0.0 <= lo <= hi <= 1.0:
         raise ValueError(
             f"time mapping gave ({lo}, {hi}) for stack {index}; need 0 <= lo <= hi <= 1"
         )
     return lo, hi
+
+
+def _low_to_high(
+    index: int, n_stacks: int, spec: ProgressiveSpec, num_time_steps: int | None
+) -> tuple[float, float]:
+    """The built-in mappings with t growing with the growth index."""
+    if spec.depth_mapping == "exponential":
+        g = spec.depth_growth
+        total = g**n_stacks - 1.0
+        return (g**index - 1.0) / total, (g ** (index + 1) - 1.0) / total
+    if spec.time_per_stack is not None and num_time_steps is not None:
+        w = spec.time_per_stack
+        return index * w / num_time_steps, (index + 1) * w / num_time_steps
+    return index / n_stacks, (index + 1) / n_stacks

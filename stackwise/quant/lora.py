@@ -8,37 +8,78 @@ which one trains is just `requires_grad`.
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 from torch import nn
 
 from stackwise.quant.layers import dequantized_weight
+from stackwise.spec import AdapterSpec, LoraSpec
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 STACK, TRUNK = "stack", "trunk"
+ADAPTER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# stack files written before the adapter spec named the dtype as torch does
+TORCH_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-def rank_for(index: int, n_stacks: int, cfg: object) -> tuple[int, float]:
-    """(rank, alpha) of stack `index`'s adapter under lora.strategy."""
-    rank, alpha = cfg.rank, cfg.alpha  # type: ignore[attr-defined]
-    strategy = cfg.strategy  # type: ignore[attr-defined]
-    if strategy == "variable":
-        setting = cfg.per_stack.get(index)  # type: ignore[attr-defined]
+def rank_for(index: int, n_stacks: int, lora: LoraSpec) -> tuple[int, float]:
+    """(rank, alpha) of stack `index`'s adapter under lora.strategy (duck-typed: the config's
+    lora section reads the same)."""
+    rank, alpha = lora.rank, lora.alpha
+    if lora.strategy == "variable":
+        setting = lora.per_stack.get(index)
         if setting is not None:
             return setting.rank, setting.alpha if setting.alpha is not None else 2.0 * setting.rank
         return rank, alpha
-    if strategy == "progressive":
+    if lora.strategy == "progressive":
         factor = {
             "constant": lambda: 1,
             "increasing": lambda: 2**index,
             "decreasing": lambda: 2 ** (n_stacks - 1 - index),
             "linear": lambda: index + 1,
         }
-        return (
-            rank * factor[cfg.rank_pattern](),  # type: ignore[attr-defined]
-            alpha * factor[cfg.alpha_pattern](),  # type: ignore[attr-defined]
-        )
+        return rank * factor[lora.rank_pattern](), alpha * factor[lora.alpha_pattern]()
     return rank, alpha
+
+
+def dtype_name(dtype: str | torch.dtype) -> str:
+    """An adapter dtype as AdapterSpec names it (fp32, bf16, fp16); torch's names and dtypes
+    (old stack files, callers not yet on the spec) are read as the same."""
+    name = str(dtype).removeprefix("torch.")
+    name = TORCH_NAMES.get(name, name)
+    if name not in ADAPTER_DTYPES:
+        raise ValueError(f"'{dtype}' is not an adapter dtype; use one of {list(ADAPTER_DTYPES)}")
+    return name
+
+
+def adapter_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """The torch dtype an adapter's weights train in, from its spec's dtype name."""
+    return ADAPTER_DTYPES[dtype_name(dtype)]
+
+
+def adapter_record(spec: AdapterSpec) -> dict[str, Any]:
+    """An adapter as a stack file's metadata records it."""
+    return {
+        "rank": spec.rank,
+        "alpha": spec.alpha,
+        "dropout": spec.dropout,
+        "dtype": dtype_name(spec.dtype),
+    }
+
+
+def adapter_from_record(record: dict[str, Any] | list[Any]) -> AdapterSpec:
+    """The adapter a stack file's metadata records: `{rank, alpha, dropout, dtype}`, or the
+    older `[rank, alpha, "float32"]` (no dropout: it trained without)."""
+    if isinstance(record, list | tuple):
+        rank, alpha, dtype = record
+        return AdapterSpec(int(rank), float(alpha), 0.0, dtype_name(dtype))
+    return AdapterSpec(
+        int(record["rank"]),
+        float(record["alpha"]),
+        float(record.get("dropout", 0.0)),
+        dtype_name(record.get("dtype", "fp32")),
+    )
 
 
 def adapter_names(module: nn.Module) -> set[str]:
@@ -51,24 +92,18 @@ def adapter_names(module: nn.Module) -> set[str]:
     return names
 
 
-def add_adapter(
-    module: nn.Module,
-    name: str,
-    rank: int,
-    alpha: float,
-    dropout: float = 0.0,
-    dtype: torch.dtype = torch.float32,
-) -> list[nn.Parameter]:
-    """Inject adapter `name` into every target linear of `module`; every adapter stays active.
-
-    Returns the new adapter's parameters (trainable).
-    """
+def add_adapter(module: nn.Module, name: str, spec: AdapterSpec) -> list[nn.Parameter]:
+    """Inject adapter `name`, shaped by `spec`, into every target linear of `module`; every
+    adapter stays active. Returns the new adapter's parameters (trainable)."""
     from peft import LoraConfig, inject_adapter_in_model
     from peft.tuners.lora import LoraLayer
 
     if name in adapter_names(module):
         raise ValueError(f"this stack already has a '{name}' adapter")
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=TARGETS)
+    config = LoraConfig(
+        r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=TARGETS
+    )
+    dtype = adapter_dtype(spec.dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "already found a peft_config": a second adapter
         inject_adapter_in_model(config, module, adapter_name=name)
