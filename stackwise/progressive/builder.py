@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from torch import nn
 
-from stackwise.model.layers import Stack, init_weights
+from stackwise.model.layers import Stack
 from stackwise.model.rack import Rack
 from stackwise.precision import FLOAT_STORAGE, PACKED, STACK_PRECISIONS, StackPrecision, torch_dtype
 from stackwise.quant.layers import quantize_linears
@@ -26,6 +26,7 @@ from stackwise.quant.lora import (
     dtype_name,
     set_adapter_trainable,
 )
+from stackwise.registry import GROWTH_OPERATORS
 from stackwise.spec import AdapterSpec, ModelSpec
 
 Precision = StackPrecision
@@ -63,8 +64,11 @@ class ProgressiveRackBuilder:
         building_mode: Literal["append", "prepend"] = "append",
         num_time_steps: int | None = None,
         double_quant: bool = False,
+        growth_operator: str = "random",
     ) -> None:
+        """`growth_operator` names how a new stack is initialised (stackwise.growth)."""
         self.spec = spec
+        self.grow = GROWTH_OPERATORS.get(growth_operator, "growth_operator")  # unknown: fail now
         self.double_quant = double_quant  # nf4: quantize the block scales too
         self.causal = causal
         self.building_mode = building_mode
@@ -87,7 +91,7 @@ class ProgressiveRackBuilder:
                 f"a '{precision}' stack stores frozen weights; give it an adapter to train"
             )
         stack = Stack(self.spec, self.causal, n_blocks, index=len(self.grown))
-        init_weights(stack, self.spec.init_std, self.spec.n_layers, self.spec.d_model)
+        self.grow(stack, list(self.rack.stacks), self.rack)
         for p in stack.parameters():
             if not p.requires_grad:
                 p._stackwise_fixed = True  # type: ignore[attr-defined]
