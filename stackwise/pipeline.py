@@ -115,7 +115,7 @@ def plan_for(config: Config, train_rows: int, time_mapping: TimeMapping | None =
 
 
 def trainer_for(
-    config: Config,
+    config: Config | Plan,
     model: nn.Module,
     objective: Objective,
     train_data: Dataset,
@@ -123,10 +123,13 @@ def trainer_for(
     extensions: Sequence[Extension] = (),
     **parts: Any,
 ) -> EnhancedTrainer:
-    """A Trainer of your own model, objective and datasets for `config` (the Python API);
+    """A Trainer of your own model, objective and datasets for `config` (or a compiled Plan;
+    the Python API);
     `parts` go to stackwise.train.builders.build_trainer (adapter, strategy, ...)."""
-    rows = len(train_data) if hasattr(train_data, "__len__") else None
-    plan = compile_plan(config, train_rows=rows, world_size=process_state().num_processes)
+    plan = config
+    if not isinstance(config, Plan):
+        rows = len(train_data) if hasattr(train_data, "__len__") else None
+        plan = compile_plan(config, train_rows=rows, world_size=process_state().num_processes)
     return build_trainer(
         plan, model, objective, train_data, val_data, extensions=extensions, **parts
     )

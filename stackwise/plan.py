@@ -8,6 +8,7 @@ pipeline nothing reads the config again and nothing is validated twice.
 
 from __future__ import annotations
 
+import itertools
 import math
 import types
 import typing
@@ -18,6 +19,7 @@ from pydantic import BaseModel
 
 from stackwise import seeds
 from stackwise.config import Config
+from stackwise.errors import StackWiseError
 from stackwise.progressive.timing import TimeMapping, depth_range
 from stackwise.quant.lora import rank_for
 from stackwise.registry import OBJECTIVES
@@ -91,7 +93,8 @@ def objective_spec(section: BaseModel) -> ObjectiveSpec:
 def sample_spec(config: Config) -> SampleSpec:
     s = config.sample
     base: SampleSpec = spec_of(s, SampleSpec)
-    changed = frozenset(s.model_fields_set)
+    # what differs from its default (a saved run's config.yaml lists every field)
+    changed = frozenset(n for n in type(s).model_fields if s.changed(n))
     sampler = base.sampler
     if sampler == "auto":
         sampler = OBJECTIVES.capabilities(config.objective.name).default_sampler
@@ -148,7 +151,30 @@ def compile_plan(
         stage_spec(config, i, train_rows, world_size, time_mapping)
         for i in range(config.model.n_stacks)
     )
+    if time_mapping is not None:  # a config's own mappings were checked by its rules
+        check_mapping(stages, config.progressive.depth_order == "high_to_low")
     return Plan(**{**plan.__dict__, "stages": stages})
+
+
+def check_mapping(stages: tuple[StageSpec, ...], chained: bool) -> None:
+    """A time mapping given in code must reach full noise (sampling starts at t=1), and a
+    denoising chain needs the stacks' noise levels to fall in growth order."""
+    ranges = [s.t_range for s in stages]
+    if not ranges or any(r is None for r in ranges):
+        return
+    tops = [r[1] for r in ranges if r is not None]
+    n = len(stages)
+    if max(tops) < 1.0 - 1e-9:
+        raise StackWiseError(
+            f"The time mapping gives the {n} stacks noise levels up to t={max(tops):g} only, "
+            "but sampling starts from full noise (t=1). Make the last stack's range reach 1."
+        )
+    if chained and any(b >= a for a, b in itertools.pairwise(tops)):
+        raise StackWiseError(
+            "progressive.depth_order: high_to_low grows a denoising chain from stack 0 at the "
+            f"highest noise down; the time mapping gives range tops {tops}, which do not "
+            "decrease. Give stack 0 the noisiest range."
+        )
 
 
 def default_parallelizer(config: Config) -> str:

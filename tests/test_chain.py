@@ -12,11 +12,11 @@ import torch
 from stackwise.config import from_dict
 from stackwise.errors import StackWiseError
 from stackwise.generate import generate
-from stackwise.io.trained import load_trained
 from stackwise.model.chain import DenoisingChain, nested_inputs
 from stackwise.objectives.schedules import Linear
 from stackwise.pipeline import train_from_config
 from stackwise.progressive import depth_range
+from stackwise.runs import load_trained
 
 CHAIN = {
     "strategy": "progressive",
@@ -70,17 +70,16 @@ def test_chain_forward_runs_each_stack_on_its_own_level(tiny):
     hidden state, rescaled to the embeddings' RMS, plus the embeddings of level i's input."""
     cfg = chain_config(tiny)
     from stackwise.data.pack import build_data
-    from stackwise.pipeline import resolve_vocab
-    from stackwise.progressive import ProgressiveTrainer
+    from stackwise.pipeline import progressive_recipe, resolve_vocab
 
     data = build_data(cfg.data)
     cfg = resolve_vocab(cfg, len(data.tokenizer))
-    tr = ProgressiveTrainer(cfg, data, quiet=True)
+    tr = progressive_recipe(cfg, data, quiet=True)
     for _ in range(3):
         tr.builder.add_stack()
     rack, chain = tr.builder.rack, tr.chain()
     assert chain is not None
-    rack.set_depth_routing(tr.depth_ranges(), chain)
+    rack.set_depth_routing(tr.growing.depth_ranges(), chain)
     rack.eval()
     x = torch.randint(4, cfg.model.vocab_size, (2, 16))
     x[:, :6] = chain.mask_id
@@ -169,7 +168,7 @@ def test_chain_needs_no_time_embedding(tiny):
 
 def test_a_mapping_that_grows_noise_is_refused_for_a_chain(tiny):
     cfg = chain_config(tiny)
-    from stackwise.progressive import ProgressiveTrainer
+    from stackwise.pipeline import progressive_recipe
 
     with pytest.raises(StackWiseError, match="do not decrease"):
         from stackwise.data.pack import build_data
@@ -177,7 +176,7 @@ def test_a_mapping_that_grows_noise_is_refused_for_a_chain(tiny):
 
         data = build_data(cfg.data)
         cfg = resolve_vocab(cfg, len(data.tokenizer))
-        tr = ProgressiveTrainer(cfg, data, quiet=True, time_mapping=lambda g, n, s: (g / n, 1.0))
+        tr = progressive_recipe(cfg, data, quiet=True, time_mapping=lambda g, n, s: (g / n, 1.0))
         tr.train_progressively()
 
 

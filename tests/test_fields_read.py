@@ -465,19 +465,20 @@ def test_cache_dir_holds_the_tokenizer(tiny, tmp_path):
 
 def test_num_workers_reaches_the_dataloader(tiny):
     from stackwise.data.pack import TokenBlocks
+    from stackwise.io.trained import build_rack
     from stackwise.objectives import Specials, build_objective
     from stackwise.pipeline import train_from_config as _  # noqa: F401
-    from stackwise.train import Trainer, build_rack
+    from stackwise.pipeline import trainer_for
 
     cfg = tiny(data={"num_workers": 2})
     sp = Specials(300, 0, 3, 1, 2)
-    tr = Trainer(
+    tr = trainer_for(
         cfg,
         build_rack(cfg, 300),
         build_objective(cfg, sp),
         TokenBlocks(torch.randint(4, 300, (16, 32))),
     )
-    assert tr._loader(0).num_workers == 2
+    assert tr.data.train.loader(tr.state, 0).num_workers == 2
 
 
 def test_compile_runs_every_block_through_one_compiled_function(tiny, tmp_path):

@@ -68,7 +68,7 @@ def test_loss_is_normalized_over_the_whole_accumulated_batch(hf, tmp_path):
     """batch 1 x accumulation 4 gives the gradient of batch 4 (examples of unequal length)."""
     from stackwise.hf.adapter import HFAdapter
     from stackwise.objectives import build_objective
-    from stackwise.train.trainer import Trainer
+    from stackwise.pipeline import trainer_for
 
     grads = []
     for batch, accum in ((4, 1), (1, 4)):
@@ -82,10 +82,10 @@ def test_loss_is_normalized_over_the_whole_accumulated_batch(hf, tmp_path):
             if "lora_B" in n:
                 torch.nn.init.normal_(p, std=0.1, generator=torch.Generator().manual_seed(1))
         objective = build_objective(cfg, data.specials)
-        trainer = Trainer(cfg, model, objective, data.train, data.val, adapter=adapter)
+        trainer = trainer_for(cfg, model, objective, data.train, data.val, adapter=adapter)
         trainer.optimizer.step = lambda *a, **k: None  # keep the gradients to compare
         trainer.optimizer.zero_grad = lambda *a, **k: None
-        trainer.train_step(trainer._batches())
+        trainer.optimizer_step(trainer.batches())
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
     assert grads[0]
     for name, g in grads[0].items():

@@ -21,7 +21,7 @@ from stackwise.objectives import (
 )
 from stackwise.objectives.base import random_lengths
 from stackwise.objectives.schedules import Cosine, Linear, LogLinear, Table, time_for_fraction
-from stackwise.train import Trainer
+from stackwise.pipeline import trainer_for
 
 SP = Specials(vocab_size=36, pad_id=0, mask_id=3, bos_id=1, eos_id=2)
 N_REAL = 32  # ids 4..35 carry data
@@ -237,7 +237,7 @@ def _train_on_noise(objective, tmp_path, steps: int = 120) -> dict[str, float]:
     rack = Rack(cfg.model, SP.vocab_size, causal=False)
     from stackwise.data.pack import TokenBlocks
 
-    trainer = Trainer(
+    trainer = trainer_for(
         cfg,
         rack,
         objective,

@@ -12,18 +12,17 @@ from safetensors.torch import load_file
 from stackwise.config import from_dict
 from stackwise.data.pack import build_data
 from stackwise.errors import StackWiseError
-from stackwise.io.trained import load_trained
 from stackwise.model.rack import Rack
 from stackwise.objectives import build_objective
-from stackwise.pipeline import resolve_vocab, train_from_config
+from stackwise.pipeline import progressive_recipe, resolve_vocab, train_from_config
 from stackwise.progressive import (
     ActivationCache,
     KeyedSamples,
     ProgressiveRackBuilder,
-    ProgressiveTrainer,
     StageModel,
     depth_range,
 )
+from stackwise.runs import load_trained
 
 PROG = {"strategy": "progressive", "steps_per_stack": 6}
 DIFF = {"objective": {"name": "diffusion"}}
@@ -107,7 +106,7 @@ def test_frozen_trunk_keeps_trunk_and_head_after_first_stack(tiny):
     cfg = grown(tiny, 3)
     data = build_data(cfg.data)
     cfg = resolve_vocab(cfg, len(data.tokenizer))
-    tr = ProgressiveTrainer(cfg, data, quiet=True)
+    tr = progressive_recipe(cfg, data, quiet=True)
     snapshots = []
     orig = tr.train_stage
 
@@ -146,7 +145,7 @@ def test_head_policy_and_trunk_strategy(tiny, policy, trunk, embed_changes_late,
     cfg = grown(tiny, 2, {"head_policy": policy, "trunk_strategy": trunk})
     data = build_data(cfg.data)
     cfg = resolve_vocab(cfg, len(data.tokenizer))
-    tr = ProgressiveTrainer(cfg, data, quiet=True)
+    tr = progressive_recipe(cfg, data, quiet=True)
     start_embed = state_of(tr.builder.rack.embed_tokens)
     tr.train_stage(0, 2)
     mid_embed = state_of(tr.builder.rack.embed_tokens)
@@ -173,22 +172,21 @@ def test_per_stack_budget_lr_and_objective_overrides(tiny):
     )
     data = build_data(cfg.data)
     cfg = resolve_vocab(cfg, len(data.tokenizer))
-    tr = ProgressiveTrainer(cfg, data, quiet=True)
+    tr = progressive_recipe(cfg, data, quiet=True)
     seen = {}
-    import stackwise.progressive.trainer as ptr
+    import stackwise.progressive.recipe as recipe
 
-    real = ptr.Trainer
+    real = recipe.build_trainer
 
-    class Spy(real):
-        def __init__(self, c, model, objective, *a, **k):
-            super().__init__(c, model, objective, *a, **k)
-            seen[len(seen)] = (c.train.max_steps, c.train.lr, objective.name)
+    def spy(plan, model, objective, *a, **k):
+        seen[len(seen)] = (plan.train.max_steps, plan.train.lr, objective.name)
+        return real(plan, model, objective, *a, **k)
 
-    ptr.Trainer = Spy
+    recipe.build_trainer = spy
     try:
         tr.train_progressively()
     finally:
-        ptr.Trainer = real
+        recipe.build_trainer = real
     per_epoch = math.ceil(len(data.train) / 4)
     assert seen[0] == (3, cfg.train.lr, "diffusion")
     assert seen[1] == (5, 1e-5, "diffusion")
@@ -307,7 +305,7 @@ def test_cache_variants_and_modes(tiny, tmp_path):
     )
     data = build_data(cfg.data)
     cfg = resolve_vocab(cfg, len(data.tokenizer))
-    tr = ProgressiveTrainer(cfg, data, quiet=True)
+    tr = progressive_recipe(cfg, data, quiet=True)
     for i in range(3):
         tr.train_stage(i, 3)
     assert tr.cache.n_keys == 8 * 3  # three masked variants per sample
@@ -321,7 +319,7 @@ def test_cache_variants_and_modes(tiny, tmp_path):
     )
     data2 = build_data(all_steps.data)
     all_steps = resolve_vocab(all_steps, len(data2.tokenizer))
-    tr2 = ProgressiveTrainer(all_steps, data2, quiet=True)
+    tr2 = progressive_recipe(all_steps, data2, quiet=True)
     tr2.train_stage(0, 2)
     tr2.train_stage(1, 2)
     assert tr2.cache.n_keys == 8 * 5  # one entry per sample and grid step
@@ -398,7 +396,7 @@ def test_each_stack_sees_its_mapped_mask_fraction(tiny, mode):
     )
     data = build_data(cfg.data)
     cfg = resolve_vocab(cfg, len(data.tokenizer))
-    tr = ProgressiveTrainer(cfg, data, quiet=True)
+    tr = progressive_recipe(cfg, data, quiet=True)
     fractions: dict[int, list[float]] = {}
     mask_id = data.specials.mask_id
 
@@ -475,18 +473,21 @@ def test_stackwise_scope_peak_activation_memory_is_about_one_stack(tiny, tmp_pat
         )
         data = build_data(cfg.data)
         cfg = resolve_vocab(cfg, len(data.tokenizer))
-        from stackwise import LocalLossTrainer, Trainer, build_rack
+        from stackwise import build_rack
+        from stackwise.pipeline import trainer_for
+        from stackwise.strategies import get_training_strategy
 
-        cls = LocalLossTrainer if scope == "stackwise" else Trainer
-        tr = cls(
+        strategy = "local_losses" if scope == "stackwise" else "standard"
+        tr = trainer_for(
             cfg,
             build_rack(cfg, cfg.model.vocab_size),
             build_objective(cfg, data.specials),
             data.train,
+            strategy=get_training_strategy(strategy),
         )
-        batches = tr._batches()
+        batches = tr.batches()
         with SavedBytes() as meter:
-            tr.train_step(batches)
+            tr.optimizer_step(batches)
         peaks[scope] = meter.peak
     # six stacks: the local-loss step keeps one stack's activations (plus the head's) alive
     assert peaks["stackwise"] < 0.45 * peaks["rackwise"], peaks
@@ -593,7 +594,7 @@ def test_partial_growth_saves_a_loadable_rack_and_keeps_the_depth_mapping(tiny):
     cfg = grown(tiny, 4, {"time_interpretation": "depth"})
     data = build_data(cfg.data)
     cfg = resolve_vocab(cfg, len(data.tokenizer))
-    tr = ProgressiveTrainer(cfg, data, quiet=True)
+    tr = progressive_recipe(cfg, data, quiet=True)
     res = tr.train_progressively(target_stacks=2)
     assert [r.t_range for r in res.stacks] == [(0.0, 0.25), (0.25, 0.5)]  # over 4 stacks
     tr.save(data.tokenizer)
@@ -617,8 +618,8 @@ def test_epoch_budgets_count_samples_not_cached_variants(tiny):
     )
     data = build_data(on.data)
     on = resolve_vocab(on, len(data.tokenizer))
-    tr = ProgressiveTrainer(on, data, quiet=True)
-    assert tr.budget(1, len(data.train), 2) == math.ceil(0.5 * len(data.train) / 4)
+    tr = progressive_recipe(on, data, quiet=True)
+    assert tr.plan.stages[1].steps == math.ceil(0.5 * len(data.train) / 4)
 
 
 def test_max_steps_beside_a_per_stack_budget_is_refused(tiny):
@@ -637,22 +638,22 @@ def test_depth_stages_are_evaluated_on_the_full_noise_range(tiny):
     cfg = grown(tiny, 2, {"time_interpretation": "depth"})
     data = build_data(cfg.data)
     cfg = resolve_vocab(cfg, len(data.tokenizer))
-    tr = ProgressiveTrainer(cfg, data, quiet=True)
-    import stackwise.progressive.trainer as ptr
+    tr = progressive_recipe(cfg, data, quiet=True)
+    import stackwise.progressive.recipe as recipe
 
     seen = []
-    real = ptr.Trainer
+    real = recipe.build_trainer
 
-    class Spy(real):
-        def train(self):
-            seen.append((self.objective.t_range, self.eval_objective.t_range))
-            return super().train()
+    def spy(*a, **k):
+        trainer = real(*a, **k)
+        seen.append((trainer.objective.t_range, trainer.data.evaluator.objective.t_range))
+        return trainer
 
-    ptr.Trainer = Spy
+    recipe.build_trainer = spy
     try:
         tr.train_stage(0, 2)
     finally:
-        ptr.Trainer = real
+        recipe.build_trainer = real
     assert seen == [((0.0, 0.5), (0.0, 1.0))]
 
 
@@ -698,7 +699,7 @@ def test_fused_joint_tuning_trains_everything_trainable_with_a_qlora_trunk(tiny,
     """Joint tuning after a qlora-trunk growth trains embeddings, norms, the last full-precision
     stack and the adapters; only the packed quantized codes stay as they were."""
     from stackwise.pipeline import train_from_config
-    from stackwise.progressive.trainer import ProgressiveTrainer
+    from stackwise.progressive.recipe import ProgressiveTrainer
 
     before: dict[str, torch.Tensor] = {}
     original = ProgressiveTrainer.joint_tuning
@@ -769,7 +770,7 @@ def test_growing_a_depth_rack_again_after_it_was_scored(tiny):
     cfg = grown(tiny, 3, {"time_interpretation": "depth"})
     data = build_data(cfg.data)
     cfg = resolve_vocab(cfg, len(data.tokenizer))
-    tr = ProgressiveTrainer(cfg, data, quiet=True)
+    tr = progressive_recipe(cfg, data, quiet=True)
     first = tr.train_progressively(target_stacks=2)
     assert first.rack.depth_ranges is not None and len(first.rack.depth_ranges) == 2
     again = tr.train_progressively(target_stacks=3)
@@ -787,7 +788,7 @@ def test_group_lr_trunk_sets_the_lr_of_stacks_grown_earlier(tiny):
     )
     data = build_data(cfg.data)
     cfg = resolve_vocab(cfg, len(data.tokenizer))
-    tr = ProgressiveTrainer(cfg, data, quiet=True)
+    tr = progressive_recipe(cfg, data, quiet=True)
     tr.train_progressively(target_stacks=1)
     trunk_before = state_of(tr.builder.rack.stacks[0])
     tr.train_progressively(target_stacks=2)
@@ -830,7 +831,7 @@ def test_global_lr_schedule_warms_up_once_and_decays_across_stages(tiny):
         )
         data = build_data(cfg.data)
         cfg = resolve_vocab(cfg, len(data.tokenizer))
-        tr = ProgressiveTrainer(cfg, data, quiet=True)
+        tr = progressive_recipe(cfg, data, quiet=True)
         seen = []
         for target in (1, 2):
             tr.train_progressively(target_stacks=target)

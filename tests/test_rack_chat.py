@@ -83,8 +83,8 @@ def test_clm_targets_are_the_replies(chat, tmp_path):
 def test_accumulation_matches_one_big_batch(chat, tmp_path):
     from stackwise.objectives import build_objective
     from stackwise.pipeline import prepared
+    from stackwise.pipeline import trainer_for as Trainer
     from stackwise.train.adapters import RackAdapter
-    from stackwise.train.trainer import Trainer
 
     grads = []
     for batch, accum in ((4, 1), (1, 4)):
@@ -99,7 +99,7 @@ def test_accumulation_matches_one_big_batch(chat, tmp_path):
         trainer = Trainer(cfg, rack, build_objective(cfg, data.specials), data.train, data.val)
         trainer.optimizer.step = lambda *a, **k: None
         trainer.optimizer.zero_grad = lambda *a, **k: None
-        trainer.train_step(trainer._batches())
+        trainer.optimizer_step(trainer.batches())
         grads.append({n: p.grad.clone() for n, p in rack.named_parameters() if p.grad is not None})
     assert grads[0]
     for name, g in grads[0].items():

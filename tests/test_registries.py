@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 import stackwise
-from stackwise.config import derive
 from stackwise.data.pack import TokenBlocks
 from stackwise.errors import StackWiseError
 from stackwise.objectives import build_objective
@@ -46,16 +45,13 @@ class Curriculum(stackwise.TrainingStrategy):
         short = TokenBlocks(data.train.blocks[:, : config.data.seq_len // 2])
         state = None
         for name, train_data, steps in (("short", short, half), ("full", data.train, None)):
-            phase = derive(
-                config,
-                {
-                    "train.max_steps": steps or config.train.max_steps - half,
-                    "train.output_dir": f"{config.train.output_dir}/{name}",
-                },
-                "a curriculum phase",
+            phase = config.with_section(  # the run's Plan, with this phase's budget and folder
+                "train",
+                max_steps=steps or config.train.max_steps - half,
+                output_dir=f"{config.train.output_dir}/{name}",
             )
-            trainer = stackwise.Trainer(
-                phase, model, objective, train_data, data.val, adapter=adapter
+            trainer = stackwise.build_trainer(
+                phase, model, objective, train_data, data.val, adapter=adapter, strategy=self
             )
             state = trainer.train()
             Curriculum.phases.append((train_data[0]["input_ids"].shape[0], state.step))
@@ -95,7 +91,9 @@ def test_progressive_growth_refuses_a_model_it_cannot_grow(tiny):
 
 def test_the_rack_adapter_loads_what_it_saved(tiny):
     res = stackwise.train_from_config(tiny(train={"max_steps": 2}), quiet=True, adapter="rack")
-    config, rack, tok = stackwise.get_model_adapter("rack").load(res.output_dir)
+    from stackwise.runs import read_plan
+
+    config, rack, tok = stackwise.get_model_adapter("rack").load(res.output_dir, read_plan)
     assert config.model == res.config.model and len(tok) == len(res.data.tokenizer)
     saved, trained = rack.state_dict(), res.rack.state_dict()
     assert all(torch.equal(saved[k], trained[k].cpu()) for k in trained)

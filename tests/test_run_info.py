@@ -69,4 +69,7 @@ def test_state_dict_is_derived_from_train_state(tiny, tmp_path):
     assert TrainState.from_dict(trainer.state_dict()) == trainer.state  # a lossless round trip
     saved = json.loads((tmp_path / "run" / "checkpoint-2" / "trainer_state.json").read_text())
     assert set(TrainState().state_dict()) <= set(saved) and saved["step"] == 2
-    assert saved["best_metric"] is not None  # reported by the best-model extension
+    # what the best-model extension reports goes to the metrics; its state to the checkpoint
+    assert "best_metric" not in saved and saved["extensions"]["best_model"]["best"] is not None
+    rows = [json.loads(r) for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("report/best_metric") is not None for r in rows)

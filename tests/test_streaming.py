@@ -171,8 +171,9 @@ def test_per_stack_epochs_are_refused_on_a_stream(files):
 
 
 def test_an_iterable_dataset_of_another_kind_is_refused(tiny):
+    from stackwise.io.trained import build_rack
     from stackwise.objectives import Specials, build_objective
-    from stackwise.train import Trainer, build_rack
+    from stackwise.pipeline import trainer_for as Trainer
 
     class Rows(torch.utils.data.IterableDataset):
         def __iter__(self):

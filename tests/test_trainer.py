@@ -13,6 +13,7 @@ from stackwise.data.pack import TokenBlocks
 from stackwise.errors import StackWiseError
 from stackwise.model import Rack
 from stackwise.objectives import CLM, Specials, build_objective
+from stackwise.pipeline import trainer_for
 from stackwise.train import Trainer, build_param_groups, lr_factor
 from stackwise.train.sampler import EpochSampler
 
@@ -29,7 +30,7 @@ def blocks(n: int, length: int = 32, seed: int = 0) -> TokenBlocks:
 def make_trainer(cfg, seed: int = 0, train_n: int = 64) -> Trainer:
     torch.manual_seed(seed)
     rack = Rack(cfg.model, SP.vocab_size, cfg.objective.causal, cfg.masking.num_time_steps)
-    return Trainer(cfg, rack, build_objective(cfg, SP), blocks(train_n), blocks(16, seed=1))
+    return trainer_for(cfg, rack, build_objective(cfg, SP), blocks(train_n), blocks(16, seed=1))
 
 
 def test_gradient_accumulation_matches_one_big_batch(tiny):
@@ -262,7 +263,7 @@ def test_non_finite_loss_stops_with_the_step(tiny):
 
     cfg = tiny(train={"max_steps": 6}, logging={"log_every": 1})
     torch.manual_seed(0)
-    tr = Trainer(cfg, Rack(cfg.model, SP.vocab_size, True), Exploding(SP), blocks(64))
+    tr = trainer_for(cfg, Rack(cfg.model, SP.vocab_size, True), Exploding(SP), blocks(64))
     with pytest.raises(StackWiseError, match="at step 3"):
         tr.train()
 

@@ -3,9 +3,11 @@
     .venv/bin/python tools/structure.py      # exit 1 while any limit is broken
 
 Checks: no import cycles between modules, no module importing from a layer above its own
-(cli > pipeline/evaluate > strategies > progressive > train/generate > io > quant >
-model/objectives/data > config/errors), no module over 400 lines, no function over 60 lines.
-Imports inside functions count too: a lazy import is still a dependency.
+(cli > pipeline/plan/runs/evaluate > strategies > progressive > train/generate > io > quant >
+model/objectives/data > config/spec/errors), no module below the door (layer 8) importing the
+config (they take specs: stackwise.spec), no class inheriting from the Trainer (it is built from
+parts), no module over 300 lines, no function over 45 lines. Imports inside functions count
+too: a lazy import is still a dependency.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "stackwise"
-MAX_MODULE, MAX_FUNCTION = 400, 60
+MAX_MODULE, MAX_FUNCTION = 300, 45
+DOOR = 8  # the layer where the config is read and compiled into a Plan
+TRAINERS = {"Trainer", "EnhancedTrainer"}
 LAYERS = {  # first dotted parts -> layer, higher is further up
     "__main__": 9,
     "cli": 9,
@@ -84,6 +88,21 @@ def is_module(name: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
+def is_config(module: str) -> bool:
+    return module == "stackwise.config" or module.startswith("stackwise.config.")
+
+
+def trainer_subclasses(tree: ast.AST, module: str) -> list[str]:
+    """Classes that inherit from the Trainer: a new way to train is a strategy or a part."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            bases = {getattr(b, "id", None) or getattr(b, "attr", None) for b in node.bases}
+            if bases & TRAINERS:
+                found.append(f"{module}.{node.name} inherits from the Trainer")
+    return found
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     out, state, stack = [], {}, []
 
@@ -128,6 +147,9 @@ def find_problems() -> list[str]:
             theirs = layer(dep)
             if mine is not None and theirs is not None and theirs > mine:
                 problems.append(f"{module} imports {dep}, a layer above it")
+            if is_config(dep) and not is_config(module) and mine is not None and mine < DOOR:
+                problems.append(f"{module} imports {dep}: below the door, take a spec instead")
+        problems += trainer_subclasses(tree, module)
     for cycle in cycles(graph):
         problems.append("import cycle: " + " -> ".join(cycle))
     return problems

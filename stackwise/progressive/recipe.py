@@ -10,6 +10,7 @@ TensorBoard shows one curve per stack. Every stage's settings were decided at th
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +105,7 @@ class ProgressiveRecipe:
         new = self.growing.grow(stage)
         plan = stage_plan(self.plan, stage, self.output_dir / f"stack_{index}")
         objective = stage_objective(stage, self.data.specials)
-        train_data, carried = self._stage_data(stage, plan, objective, new)
+        train_data, carried = self._stage_data(stage, objective, new)
         chain = self.chain()
         b.rack.set_depth_routing(self.growing.depth_ranges() if chain else None, chain)
         cache = self.cache if carried is not None else None
@@ -134,16 +135,19 @@ class ProgressiveRecipe:
         return record
 
     def _stage_data(
-        self, stage: StageSpec, plan: Plan, objective: Objective, new: Any
+        self, stage: StageSpec, objective: Objective, new: Any
     ) -> tuple[Any, int | None]:
         """The stage's training samples, and the cache entries carried into it (None: the
-        stage runs without the cache)."""
+        stage runs without the cache). Samples are keyed by the run's seed, not the stage's,
+        so stages that corrupt alike share entries."""
         if not (self.p.cache.enabled and stage.index > 0):
             return self.data.train, None
+        keyed = replace(self.plan, objective=stage.objective, masking=stage.masking)
         probe = StageModel(self.builder.rack, new)
-        carried = self.stage_cache.prepare(plan, objective, probe, self.builder.rack)
+        carried = self.stage_cache.prepare(keyed, objective, probe, self.builder.rack)
         variants, times = self.stage_cache.variants(objective)
-        return KeyedSamples(self.data.train, variants, stage.seed, times), carried
+        seed = self.plan.train.seed
+        return KeyedSamples(self.data.train, variants, seed, times), carried
 
     def _stage_trainer(
         self,

@@ -1,5 +1,6 @@
 """The training infrastructure: the EnhancedTrainer and the parts builders make for it."""
 
+from stackwise.io.trained import build_rack
 from stackwise.train import memory_use  # noqa: F401  (registers the "memory" extension)
 from stackwise.train.adapters import ModelAdapter, RackAdapter
 from stackwise.train.builders import build_trainer
@@ -26,6 +27,7 @@ __all__ = [
     "TrainingStrategy",
     "build_optimizer",
     "build_param_groups",
+    "build_rack",
     "build_scheduler",
     "build_trainer",
     "lr_factor",

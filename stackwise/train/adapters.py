@@ -107,8 +107,9 @@ class ModelAdapter(ABC):
                 "another model shape; resume with its own config."
             ) from None
 
-    def load(self, folder: Path) -> tuple[Any, nn.Module, Any]:
-        """(config, model, tokenizer) of a run this adapter saved. Loading is optional: an
+    def load(self, folder: Path, read_plan: Any) -> tuple[Any, nn.Module, Any]:
+        """(plan, model, tokenizer) of a run this adapter saved; `read_plan(folder)` is the
+        door's reader of its config (stackwise.runs.read_plan). Loading is optional: an
         adapter without it trains and saves, and refuses when asked to load."""
         raise StackWiseError(
             f"The '{self.name}' model adapter trains and saves but cannot load a saved run: "
@@ -179,7 +180,7 @@ class RackAdapter(ModelAdapter):
         compile_blocks(model)
         return model
 
-    def load(self, folder: Path) -> tuple[Any, nn.Module, Any]:
+    def load(self, folder: Path, read_plan: Any) -> tuple[Any, nn.Module, Any]:
         from stackwise.io.trained import load_trained
 
-        return load_trained(folder)
+        return load_trained(folder, read_plan)

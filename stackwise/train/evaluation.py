@@ -117,3 +117,32 @@ def score_model(
     )
     model.train()
     return out
+
+
+class Evaluator:
+    """A run's validation: its data, the objective it scores (a depth-mapped stage trains on
+    part of the noise range and is scored on all of it) and the seed of its masks (the stages
+    of one run share it, so they score the same inputs). The model adapter may evaluate its
+    own way (an HF model with labels)."""
+
+    def __init__(
+        self, val_data: Dataset | None, objective: Objective, seed: int, adapter: Any, train: Any
+    ) -> None:
+        self.val_data, self.objective, self.seed = val_data, objective, seed
+        self.adapter, self.train = adapter, train
+
+    def evaluate(self, model: nn.Module, acc: Accelerator, uses_time: bool) -> dict[str, float]:
+        own = self.adapter.evaluate(model, self.val_data, acc, self.train)
+        if own is None:
+            gen = torch.Generator(device=acc.device)
+            own = evaluate_model(
+                model,
+                self.objective,
+                self.val_data,
+                acc,
+                self.train,
+                uses_time,
+                seed_gen=lambda i: eval_generator(gen, self.seed, i, acc.process_index),
+            )
+        model.train()
+        return own

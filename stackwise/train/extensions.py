@@ -13,7 +13,7 @@ module (and so registers the name) first.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from stackwise.errors import StackWiseError
@@ -137,6 +137,9 @@ class ExtensionManager:
     def __init__(self, extensions: Sequence[Extension] = ()) -> None:
         self.extensions = list(extensions)
         self.info: RunInfo | None = None
+
+    def __iter__(self) -> Iterator[Extension]:
+        return iter(self.extensions)
 
     def bind(self, info: RunInfo) -> None:
         """The run the hooks will see (its RunInfo is made once the Trainer is assembled)."""

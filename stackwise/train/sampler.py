@@ -188,14 +188,14 @@ class TrainingData:
         self.sampler = training_sampler(data, train, rank, world)
         self.loading = (train.batch_size, workers, train.seed)
 
+    def loader(self, state: Any, start: int) -> DataLoader:
+        """The current epoch's loader from batch `start` on (a stream: from its position)."""
+        if self.sampler is None:  # a stream goes on from its recorded position
+            assert isinstance(self.data, StreamedBlocks)
+            at = state.stream_position
+            return stream_loader(self.data, at, self.shard, self.loading, state.epoch)
+        return epoch_loader(self.data, self.sampler, state.epoch, start, self.loading)
+
     def batches(self, state: Any, device: torch.device) -> Iterator[dict[str, torch.Tensor]]:
         """Endless batches from `state`'s position on, advancing it."""
-
-        def loader(start: int) -> DataLoader:
-            if self.sampler is None:  # a stream goes on from its recorded position
-                assert isinstance(self.data, StreamedBlocks)
-                at = state.stream_position
-                return stream_loader(self.data, at, self.shard, self.loading, state.epoch)
-            return epoch_loader(self.data, self.sampler, state.epoch, start, self.loading)
-
-        return batch_stream(loader, state, device)
+        return batch_stream(lambda start: self.loader(state, start), state, device)

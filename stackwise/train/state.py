@@ -78,6 +78,7 @@ class RunInfo:
     extensions: tuple[Any, ...]
     control: Control
     note: Callable[[str], None]
+    sinks: tuple[Any, ...] = ()  # the metrics' destinations (console, JSONL, TensorBoard...)
     live: Live = field(repr=False, default_factory=lambda: Live(TrainState()))
 
     @property

@@ -80,6 +80,7 @@ class EnhancedTrainer:
             extensions=tuple(extension_manager.extensions),
             control=self.control,
             note=self.logger_note,
+            sinks=tuple(metrics_logger.sinks),
             live=self.live,
         )
         self.extensions.bind(self.run_info)
@@ -97,6 +98,7 @@ class EnhancedTrainer:
     skipped_steps = property(lambda self: self.state.skipped_steps)
     last_train_loss = property(lambda self: self.state.last_train_loss)
     resumed_from = property(lambda self: self.run_info.resumed_from)
+    greater_is_better = property(lambda self: self.run_info.greater_is_better)
 
     @property
     def state(self) -> TrainState:
