@@ -23,7 +23,6 @@ _EXPORTS = {
     "stackwise.data": ("PreparedData", "build_data"),
     "stackwise.errors": ("StackWiseError",),
     "stackwise.generate": ("sample_texts",),
-    "stackwise.io.merge": ("merge_checkpoint",),
     "stackwise.model": ("Block", "Rack", "Stack"),
     "stackwise.model.hf": ("export_llama",),
     "stackwise.model.memory": ("MemoryLayer",),
@@ -40,13 +39,14 @@ _EXPORTS = {
         "depth_range",
     ),
     "stackwise.quant": ("add_adapter", "merge_adapters", "quantize_linears", "weight_bytes"),
+    "stackwise.runs": ("load_trained", "merge_checkpoint"),
     "stackwise.strategies": (
         "RunResult",
         "TrainingStrategy",
         "get_training_strategy",
         "register_training_strategy",
     ),
-    "stackwise.train": ("Trainer", "build_rack", "load_trained"),
+    "stackwise.train": ("Trainer", "build_rack"),
     "stackwise.train.adapters": ("ModelAdapter", "get_model_adapter", "register_model_adapter"),
     "stackwise.train.extensions": ("Extension", "register_extension"),
 }
@@ -74,7 +74,6 @@ if TYPE_CHECKING:  # static tools see the real names
     from stackwise.errors import StackWiseError  # noqa: F401
     from stackwise.generate import sample_texts  # noqa: F401
     from stackwise.hf.memory import MemoryAdapter  # noqa: F401
-    from stackwise.io.merge import merge_checkpoint  # noqa: F401
     from stackwise.model import Block, Rack, Stack  # noqa: F401
     from stackwise.model.hf import export_llama  # noqa: F401
     from stackwise.model.memory import MemoryLayer  # noqa: F401
@@ -95,13 +94,14 @@ if TYPE_CHECKING:  # static tools see the real names
         quantize_linears,
         weight_bytes,
     )
+    from stackwise.runs import load_trained, merge_checkpoint  # noqa: F401
     from stackwise.strategies import (  # noqa: F401
         RunResult,
         TrainingStrategy,
         get_training_strategy,
         register_training_strategy,
     )
-    from stackwise.train import Trainer, build_rack, load_trained  # noqa: F401
+    from stackwise.train import Trainer, build_rack  # noqa: F401
     from stackwise.train.adapters import (  # noqa: F401
         ModelAdapter,
         get_model_adapter,

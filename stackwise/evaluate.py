@@ -27,13 +27,15 @@ import torch
 from torch.nn import functional as F
 
 from stackwise import seeds
-from stackwise.config import Config
+from stackwise.config import derive
 from stackwise.data.pack import PreparedData, specials_of
 from stackwise.errors import StackWiseError
 from stackwise.generate import generate
 from stackwise.objectives import build_objective
 from stackwise.objectives.diffusion import Diffusion
 from stackwise.objectives.schedules import Linear, Schedule, time_for_fraction
+from stackwise.runs import config_of, load_trained
+from stackwise.spec import Plan
 
 WORD = re.compile(r"[A-Za-z']+")
 LN2 = math.log(2)
@@ -134,7 +136,7 @@ def _val_blocks(data: PreparedData, s: EvalSettings) -> torch.Tensor:
 
 
 def likelihood(
-    config: Config, rack: torch.nn.Module, data: PreparedData, s: EvalSettings
+    config: Plan, rack: torch.nn.Module, data: PreparedData, s: EvalSettings
 ) -> dict[str, Any]:
     """NELBO (grid) or exact NLL over validation blocks, per token and per character."""
     ids = _val_blocks(data, s)
@@ -171,7 +173,7 @@ def likelihood(
     return out
 
 
-def _schedule(config: Config, data: PreparedData) -> tuple[Schedule, float]:
+def _schedule(config: Plan, data: PreparedData) -> tuple[Schedule, float]:
     obj = build_objective(config, data.specials)
     if isinstance(obj, Diffusion):
         return obj.schedule, obj.eps
@@ -179,7 +181,7 @@ def _schedule(config: Config, data: PreparedData) -> tuple[Schedule, float]:
 
 
 def conditional_likelihood(
-    config: Config, rack: torch.nn.Module, data: PreparedData, s: EvalSettings
+    config: Plan, rack: torch.nn.Module, data: PreparedData, s: EvalSettings
 ) -> dict[str, Any]:
     """-log p(second half | first half) per continuation token, and per character."""
     dev = next(rack.parameters()).device
@@ -251,7 +253,7 @@ def corpus_vocabulary(data_texts: Iterable[str]) -> set[str]:
 
 
 @torch.no_grad()
-def generative_perplexity(texts: list[str], reference: tuple[Config, Any, Any]) -> float:
+def generative_perplexity(texts: list[str], reference: tuple[Plan, Any, Any]) -> float:
     """exp(mean NLL per token) of the texts under a causal reference rack (its own tokenizer)."""
     ref_config, ref_rack, ref_tok = reference
     if not ref_config.objective.causal:
@@ -270,12 +272,12 @@ def generative_perplexity(texts: list[str], reference: tuple[Config, Any, Any]) 
 
 
 def sample_quality(
-    config: Config,
+    config: Plan,
     rack: torch.nn.Module,
     data: PreparedData,
     vocabulary: set[str],
     s: EvalSettings,
-    reference: tuple[Config, Any, Any] | None = None,
+    reference: tuple[Plan, Any, Any] | None = None,
     **sampling: Any,
 ) -> dict[str, Any]:
     start = time.perf_counter()
@@ -304,10 +306,8 @@ def sample_quality(
     return out
 
 
-def reference_rack(reference: str | Path) -> tuple[Config, Any, Any]:
+def reference_rack(reference: str | Path) -> tuple[Plan, Any, Any]:
     """The run that scores the samples, checked before any scoring: it must be causal."""
-    from stackwise.io.trained import load_trained
-
     try:
         loaded = load_trained(reference)
     except StackWiseError as err:  # say which of the two runs it is about
@@ -321,6 +321,14 @@ def reference_rack(reference: str | Path) -> tuple[Config, Any, Any]:
     return loaded
 
 
+def check_sampling(plan: Plan, sampling: dict[str, Any]) -> None:
+    """The sampling settings given (None: the run's own) checked against the run's config by
+    every rule, before any scoring (generate takes them as checked)."""
+    changes = {f"sample.{k}": v for k, v in sampling.items() if v is not None}
+    if changes:
+        derive(config_of(plan), changes, "the sampling settings")
+
+
 def run_eval(
     folder: str | Path,
     settings: EvalSettings,
@@ -330,10 +338,10 @@ def run_eval(
     """Everything above for the run in `folder`; written to `folder/eval.json` by the CLI."""
     from stackwise.data.documents import Corpus
     from stackwise.data.pack import build_data
-    from stackwise.io.trained import load_trained
 
     ref = reference_rack(reference) if reference is not None else None  # first: fails fast
     config, rack, tokenizer = load_trained(folder)
+    check_sampling(config, sampling)
     data = build_data(config.data)
     if len(data.tokenizer) != len(tokenizer) or data.tokenizer.get_vocab() != tokenizer.get_vocab():
         raise StackWiseError(

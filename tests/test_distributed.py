@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from conftest import make_corpus, tiny_dict
 
-from stackwise.io.trained import load_trained
+from stackwise.runs import load_trained
 
 STEPS, BATCH, SEQ_LEN, WORLD = 4, 4, 32, 2
 

@@ -13,9 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from stackwise.cli import main
 from stackwise.config import from_dict
 from stackwise.errors import StackWiseError
-from stackwise.io.hf_llama import export_hf
-from stackwise.io.trained import load_trained
 from stackwise.pipeline import train_from_config
+from stackwise.runs import export_hf, load_trained
 
 
 @pytest.mark.parametrize(

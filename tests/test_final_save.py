@@ -104,7 +104,7 @@ def test_resume_refuses_another_shape_and_states_a_new_step_budget(tiny, tmp_pat
 
 
 def test_a_stage_checkpoint_is_not_taken_for_a_rack(tmp_path):
-    from stackwise.io.trained import load_trained
+    from stackwise.runs import load_trained
 
     stage = tmp_path / "run" / "stack_1" / "checkpoint-2"
     stage.mkdir(parents=True)
@@ -115,7 +115,7 @@ def test_a_stage_checkpoint_is_not_taken_for_a_rack(tmp_path):
 
 
 def test_an_unfinished_run_folder_points_at_its_latest_checkpoint(tiny, tmp_path):
-    from stackwise.io.trained import load_trained
+    from stackwise.runs import load_trained
 
     cfg = tiny(train={"max_steps": 2, "save_steps": 2})
     train_from_config(cfg, quiet=True)

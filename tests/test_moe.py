@@ -167,7 +167,7 @@ def test_an_moe_rack_trains_logs_its_routing_and_reloads(tiny, tmp_path):
 
     from stackwise.model.moe import moe_layers
     from stackwise.pipeline import train_from_config
-    from stackwise.train import load_trained
+    from stackwise.runs import load_trained
 
     out = tmp_path / "moe"
     model = moe_model(capacity_factor=0.5)  # half an even share: some choices must drop

@@ -14,9 +14,9 @@ from torch import nn
 
 from stackwise.cli import main
 from stackwise.io.merge import probe_logits
-from stackwise.io.trained import load_trained
 from stackwise.pipeline import train_from_config
 from stackwise.quant.layers import dequantized_weight, load_quantized_state, quantize_linears
+from stackwise.runs import load_trained
 
 
 def linears(shapes: list[tuple[int, int]], seed: int = 0) -> nn.Sequential:

@@ -15,7 +15,6 @@ from stackwise.config import load_config
 from stackwise.data.pack import build_data
 from stackwise.errors import StackWiseError
 from stackwise.io.merge import probe_logits
-from stackwise.io.trained import load_trained
 from stackwise.pipeline import progressive_recipe, resolve_vocab, train_from_config
 from stackwise.quant.formats import (
     E2M1_VALUES,
@@ -26,6 +25,7 @@ from stackwise.quant.formats import (
 )
 from stackwise.quant.layers import dequantized_weight, nf4_linear, quantize_linears, weight_bytes
 from stackwise.quant.lora import add_adapter, rank_for, set_adapter_trainable
+from stackwise.runs import load_trained
 from stackwise.spec import AdapterSpec, MemorySpec, ModelSpec, Plan, ProgressiveSpec
 
 # every finite e4m3 value, from its bit patterns: an independent reference for fp8 rounding

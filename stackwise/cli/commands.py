@@ -74,13 +74,13 @@ def check_sampling(config: Any, overrides: dict[str, Any]) -> None:
 def cmd_generate(ns: argparse.Namespace) -> int:
     from stackwise.cli.hf_commands import generate_chat, is_finetuned
     from stackwise.generate import generate
-    from stackwise.io.trained import load_trained
-    from stackwise.plan import compile_plan
+    from stackwise.runs import config_of, load_trained
 
     overrides = {name: getattr(ns, name) for name in SAMPLE_OVERRIDES}
     if is_finetuned(ns.checkpoint):
         return generate_chat(ns, overrides)
-    config, rack, tok = load_trained(ns.checkpoint)
+    plan, rack, tok = load_trained(ns.checkpoint)
+    config = config_of(plan)  # the run's validated config: the flags are checked against it
     if ns.chat is not None:
         from stackwise.cli.hf_commands import rack_chat
 
@@ -94,7 +94,7 @@ def cmd_generate(ns: argparse.Namespace) -> int:
     try:
         check_sampling(config, overrides)
         texts = generate(
-            compile_plan(config),
+            plan,
             rack,
             tok,
             prompt=ns.prompt,
@@ -125,7 +125,7 @@ def cmd_merge_lora(ns: argparse.Namespace) -> int:
     import warnings
 
     from stackwise.cli.hf_commands import is_finetuned, merge_finetuned
-    from stackwise.io.merge import merge_checkpoint
+    from stackwise.runs import merge_checkpoint
 
     if is_finetuned(ns.checkpoint):
         return merge_finetuned(ns)
@@ -152,7 +152,7 @@ def cmd_export_hf(ns: argparse.Namespace) -> int:
     Quantized or LoRA racks are merged first (`stackwise merge-lora`); time-conditioned and
     depth-routed racks cannot be exported."""
     from stackwise.cli.hf_commands import is_finetuned
-    from stackwise.io.hf_llama import export_hf
+    from stackwise.runs import export_hf
 
     if is_finetuned(ns.run):
         raise StackWiseError(
@@ -338,10 +338,10 @@ def generate_help_defaults(argv: list[str]) -> dict[str, Any] | None:
     path = Path(folder).expanduser() / "config.yaml" if folder else None
     if path is None or not path.is_file():
         return None
-    from stackwise.config import load_config
+    from stackwise.runs import read_config
 
     try:
-        config = load_config(path)
+        config = read_config(path.parent)
     except StackWiseError:
         return None
     shown: dict[str, Any] = config.sample.model_dump()

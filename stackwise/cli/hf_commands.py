@@ -89,7 +89,7 @@ def trained_on_chat(folder: str | Path) -> bool:
 def generate_chat(ns: argparse.Namespace, overrides: dict[str, Any]) -> int:
     """`generate` on a fine-tuned run: a reply to --chat, rendered with the run's template."""
     from stackwise.hf.chat import reply
-    from stackwise.hf.outputs import load_finetuned
+    from stackwise.runs import config_of, load_finetuned
 
     if ns.chat is None:
         raise StackWiseError(
@@ -102,8 +102,8 @@ def generate_chat(ns: argparse.Namespace, overrides: dict[str, Any]) -> int:
         raise StackWiseError(f"{flag} applies to masked racks; a causal LM replies left to right.")
     if ns.prompt is not None:
         raise StackWiseError("Give --chat or --prompt, not both: --chat asks a fine-tuned model.")
-    config, model, tok = load_finetuned(Path(ns.checkpoint), ns.trust_remote_code)
-    config = checked_sampling(config, overrides)
+    plan, model, tok = load_finetuned(Path(ns.checkpoint), ns.trust_remote_code)
+    config = checked_sampling(config_of(plan), overrides)
     for i in range(ns.num_samples):
         text = reply(model, tok, ns.chat, config.sample, seed=ns.seed + i)
         if ns.num_samples > 1:
@@ -153,7 +153,7 @@ def checked_sampling(config: Any, overrides: dict[str, Any]) -> Any:
 
 
 def merge_finetuned(ns: argparse.Namespace) -> int:
-    from stackwise.hf.outputs import merge_run
+    from stackwise.runs import merge_finetuned as merge_run
 
     if ns.requantize:
         raise StackWiseError(
@@ -165,7 +165,7 @@ def merge_finetuned(ns: argparse.Namespace) -> int:
             f"'{out}' exists and is not an empty folder; merge-lora never overwrites. Pick a new "
             "folder for OUT."
         )
-    report = merge_run(Path(ns.checkpoint), out, trust_remote_code=ns.trust_remote_code)
+    report = merge_run(Path(ns.checkpoint), out, ns.trust_remote_code)
     print(
         f"Merged the LoRA adapter of {ns.checkpoint} into its base (dequantized where it was "
         f"quantized) and saved {ns.out} in {report['dtype']}, the dtype the base trained in "

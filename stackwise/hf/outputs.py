@@ -74,17 +74,16 @@ def merge_run(
 ) -> dict[str, float]:
     """Write base + adapter merged into `out` (a plain HF model folder, made whole or not at
     all); returns the largest logit difference between the merged model and base + adapter on
-    `probes` inputs."""
+    `probes` inputs. `config` is the run's Plan (the door, stackwise.runs.merge_finetuned,
+    reads it from the run's config.yaml); without `model` the run is loaded from `run`."""
     from peft import PeftModel
 
     if config is None:
-        from stackwise.config import load_config
-
-        if (run / "config.yaml").is_file() and load_config(run / "config.yaml").memory_on:
-            raise _memory_merge(run)
-        config, model, tokenizer = load_finetuned(run, trust_remote_code)
-    if config.memory_on:
+        raise TypeError("merge_run needs the run's plan: use stackwise.runs.merge_finetuned")
+    if config.memory_on:  # before loading anything
         raise _memory_merge(run)
+    if model is None:
+        _, model, tokenizer = load_finetuned(run, config, trust_remote_code)
     if not config.lora.enabled:
         raise StackWiseError(
             f"'{run}' fine-tuned the whole model (lora.enabled: false): there is no adapter "
@@ -117,18 +116,20 @@ def _write_merged(folder: Path, merged: nn.Module, tokenizer: Any) -> None:
     generation_config(merged, tokenizer).save_pretrained(str(folder))
 
 
-def load_finetuned(folder: Path, trust_remote_code: bool = False) -> tuple[Any, nn.Module, Any]:
+def load_finetuned(
+    folder: Path, config: Any, trust_remote_code: bool = False
+) -> tuple[Any, nn.Module, Any]:
     """(config, base + adapter or the whole fine-tuned model, tokenizer) of a finished run or
-    one of its checkpoints. A run whose config trusts remote code is only loaded when the
-    caller says so too (--trust-remote-code): a downloaded run folder must not run code."""
+    one of its checkpoints, `config` being its Plan (the door, stackwise.runs.load_finetuned,
+    reads it from folder/config.yaml). A run whose config trusts remote code is only loaded
+    when the caller says so too (--trust-remote-code): a downloaded run folder must not run
+    code."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from stackwise.config import load_config
     from stackwise.hf.load import ADAPTER_WEIGHTS, device_now, load_base
     from stackwise.io.checkpoints import STATE
 
     run = folder.parent if (folder / STATE).is_file() else folder  # a checkpoint's run
-    config = load_config(folder / "config.yaml")
     if config.model.trust_remote_code and not trust_remote_code:
         raise StackWiseError(
             f"'{folder}' was trained with model.trust_remote_code: true, so loading it runs "

@@ -19,23 +19,26 @@ import os
 import random
 import re
 import shutil
-from collections.abc import Callable, Sequence
-from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from stackwise.config import Config, load_config
-from stackwise.config.sections import RACK_SHAPE_FIELDS
 from stackwise.errors import StackWiseError
 from stackwise.io.files import read_json, read_tensors, read_torch
+from stackwise.io.saved_config import (
+    RESUME_ELSEWHERE,
+    check_stream,
+    plain_config,
+    read_saved,
+    shape_changes,
+    value,
+)
 
 LATEST = "latest"
 STATE = "trainer_state.json"
 PATTERN = re.compile(r"^checkpoint-(\d+)$")
-RESUME_ELSEWHERE = "Resume from another checkpoint."
 
 
 # -- RNG ----------------------------------------------------------------------------------------
@@ -180,110 +183,34 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
     return read_tensors(path, RESUME_ELSEWHERE)
 
 
-# fields that make the saved weights a different function: a resume that changes one is refused
-SHAPE_FIELDS = RACK_SHAPE_FIELDS
-
-
-def differences(
-    section: str,
-    saved: Config,
-    config: Config,
-    fields: Sequence[str],
-    value: Callable[[Config, str], object] | None = None,
-) -> list[str]:
-    """`section.field saved -> now` for each field that differs between the configs, compared
-    by `value(config, field)` (default: the field's own value)."""
-
-    def plain(c: Config, f: str) -> object:
-        return getattr(attrgetter(section)(c), f)
-
-    key = value or plain
-    return [
-        f"{section}.{f} {plain(saved, f)} -> {plain(config, f)}"
-        for f in fields
-        if key(saved, f) != key(config, f)
-    ]
-
-
-def _memory_value(config: Config, name: str) -> object:
-    """memory.<name>; a rack's layers as the blocks they name ([-1] is [3] of 4 blocks). A
-    Hugging Face model's layer count is unknown here: its memory.safetensors, keyed by the
-    layers' indices, refuses other layers when it loads."""
-    value = getattr(config.memory, name)
-    if name == "layers":
-        if config.model.source != "rack":
-            return None
-        return sorted(i % config.model.n_layers for i in value)
-    return value
-
-
-def check_resume_config(path: Path, config: Config, step: int = 0) -> str | None:
-    """Refuse a checkpoint whose model differs from this run's, or that is already past the
-    step budget; return a note when the budget differs (the LR schedule follows the new one)."""
-    check_step_budget(path, step, config.train.max_steps)
-    saved_path = path / "config.yaml"
-    if not saved_path.is_file():
+def check_resume_config(path: Path, config: Any, step: int = 0) -> str | None:
+    """Refuse a checkpoint whose model differs from this run's (`config`: its Plan, or a
+    config), or that is already past the step budget; return a note when the budget differs
+    (the LR schedule follows the new one). Compared as plain data: the checkpoint's
+    config.yaml (a key it lacks has its default) against the running config's; the step
+    budget is the running one's own (a Plan's, resolved from epochs)."""
+    now = plain_config(config)
+    steps = value(now, "train", "max_steps") if isinstance(config, dict) else config.train.max_steps
+    check_step_budget(path, step, steps)
+    saved = read_saved(path)
+    if saved is None:
         return None
-    saved = load_config(saved_path)
-    changed = differences("model", saved, config, SHAPE_FIELDS)
-    # what the experts are and how they route
-    moe = ("num_experts", "top_k", "expert_hidden", "shared_expert", "stacks")
-    changed += differences("model.moe", saved, config, moe)
-    if saved.memory_on != config.memory_on:
-        on = {True: "on", False: "off"}
-        changed.append(f"memory layers {on[saved.memory_on]} -> {on[config.memory_on]}")
-    elif config.memory_on:
-        memory = ("chapters", "slots_per_chapter", "top_k", "layers")
-        changed += differences("memory", saved, config, memory, _memory_value)
-    if saved.objective.name != config.objective.name:
-        changed.append(f"objective.name {saved.objective.name} -> {config.objective.name}")
-    check_stream(path, saved, config)
+    changed = shape_changes(saved, now)
+    check_stream(path, saved, now)
     if changed:
         raise StackWiseError(
             f"The checkpoint '{path}' was trained with another model shape than this config "
             f"asks for ({'; '.join(changed)}). Resume with the config it was saved with (its "
             "config.yaml), or start a new run in another train.output_dir."
         )
-    before, now = saved.train.max_steps, config.train.max_steps
-    if before == now:
+    before = value(saved, "train", "max_steps")
+    if before == steps:
         return None
     return (
-        f"note: train.max_steps is {now} here but was {before} when '{path.name}' was saved: "
-        f"the LR schedule now runs to step {now}, so this run will not match one that was "
+        f"note: train.max_steps is {steps} here but was {before} when '{path.name}' was saved: "
+        f"the LR schedule now runs to step {steps}, so this run will not match one that was "
         "never interrupted."
     )
-
-
-# what a stream position counts in: another value makes the saved position point elsewhere
-STREAM_FIELDS = (
-    "streaming",
-    "files",
-    "dataset_dir",
-    "dataset_name",
-    "dataset_subset",
-    "dataset_split",
-    "format",
-    "text_field",
-    "tokenizer",
-    "seq_len",
-    "stream_val_blocks",
-    "num_samples",
-)
-
-
-def check_stream(path: Path, saved: Config, config: Config) -> None:
-    """A streamed run resumes only over the data it was reading: its position counts pieces,
-    tokens and blocks of that data (a token store notices an edit itself; a stream cannot)."""
-    if not (saved.data.streaming or config.data.streaming):
-        return
-    changed = differences("data", saved, config, STREAM_FIELDS)
-    if changed:
-        raise StackWiseError(
-            f"The checkpoint '{path}' was reading its data as another stream "
-            f"({'; '.join(changed)}), so its saved position would point elsewhere in this one. "
-            "Resume with the data settings it was saved with (its config.yaml), or start a new "
-            "run in another train.output_dir."
-        )
 
 
 def check_step_budget(path: Path, step: int, max_steps: int) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
@@ -165,6 +166,16 @@ def read_json(path: Path, fix: str) -> Any:
     except FileNotFoundError:
         raise StackWiseError(f"'{path}' is missing. {fix}") from None
     except (OSError, ValueError) as err:
+        raise StackWiseError(f"'{path}' is unreadable ({err}). {fix}") from None
+
+
+def read_yaml(path: Path, fix: str) -> Any:
+    """Plain data (yaml.safe_load: no objects are built); an empty file is None."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StackWiseError(f"'{path}' is missing. {fix}") from None
+    except (OSError, ValueError, yaml.YAMLError) as err:
         raise StackWiseError(f"'{path}' is unreadable ({err}). {fix}") from None
 
 

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from stackwise.errors import StackWiseError
 from stackwise.io.files import new_folder, save_tensors
 from stackwise.model.hf import llama_config, llama_state_dict, rack_parameters
+
+if TYPE_CHECKING:
+    from stackwise.io.trained import PlanReader
 
 
 def export_config(config: Any, rack: Any, tokenizer: Any) -> Any:
@@ -64,8 +67,10 @@ def check_exportable(config: Any, rack: Any) -> None:
         raise StackWiseError("This rack has no stacks yet: there is nothing to export.")
 
 
-def export_hf(run: str | Path, out: str | Path) -> Path:
-    """Write OUT/config.json, OUT/model.safetensors and OUT/tokenizer files for RUN's rack."""
+def export_hf(run: str | Path, out: str | Path, *, read_plan: PlanReader) -> Path:
+    """Write OUT/config.json, OUT/model.safetensors and OUT/tokenizer files for RUN's rack,
+    its Plan from `read_plan` (the door, stackwise.runs.export_hf, passes
+    stackwise.runs.read_plan)."""
     from stackwise.io.trained import load_trained
 
     out = Path(out).expanduser()
@@ -75,7 +80,7 @@ def export_hf(run: str | Path, out: str | Path) -> Path:
         raise StackWiseError(
             f"'{out}' exists and is not empty; nothing was written. Pick a new folder."
         )
-    config, rack, tokenizer = load_trained(run)
+    config, rack, tokenizer = load_trained(run, read_plan)
     check_exportable(config, rack)
     state = {k: v.float() for k, v in llama_state_dict(rack).items()}
     failure = f"Could not write the export to '{out}': {{reason}}. Nothing was written."

@@ -8,21 +8,21 @@ rounding changes the logits; the report says by how much).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from stackwise.config import Config, derive, save_config
 from stackwise.errors import StackWiseError
-from stackwise.io.files import new_folder
+from stackwise.io.files import new_folder, write_atomic
 from stackwise.io.stack_files import read_manifest, save_anchor_and_manifest, save_stack
-from stackwise.io.trained import WEIGHTS, load_trained, save_model
+from stackwise.io.trained import WEIGHTS, PlanReader, load_trained, save_model
 from stackwise.model.rack import Rack
 from stackwise.precision import QUANT_FORMATS
 from stackwise.quant.layers import quantize_linears
 from stackwise.quant.lora import adapter_names, merge_adapters
+from stackwise.spec import LoraSpec, Plan, QuantSpec
 
 FP32_TOLERANCE = 1e-4
 
@@ -50,7 +50,7 @@ class MergeReport:
         )
 
 
-def probe_logits(config: Config, rack: Rack, seed: int = 0) -> torch.Tensor:
+def probe_logits(config: Plan | Any, rack: Rack, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     vocab = rack.embed_tokens.num_embeddings
     ids = torch.randint(0, vocab, (2, min(32, config.data.seq_len)), generator=gen)
@@ -59,28 +59,37 @@ def probe_logits(config: Config, rack: Rack, seed: int = 0) -> torch.Tensor:
         return rack(ids, t=t).float()
 
 
-def _plain_config(config: Config, n_stacks: int) -> Config:
-    """The merged rack's config: no adapters, nothing quantized, full-precision stacks."""
-    changes: dict[str, Any] = {
-        "lora": {},
-        "quant": {},
-        "train.group_lr.lora": None,
-        "model.n_stacks": n_stacks,
-        "progressive.new_stack_precision": "full",
-    }
-    if config.progressive.trunk_strategy == "qlora":
-        changes["progressive.trunk_strategy"] = "frozen"
-    return derive(config, changes, "the merged rack's config")
+def _defaults(kind: Any) -> dict[str, Any]:
+    """Every field of the spec `kind` at its default (a section reset to what no key sets)."""
+    blank = kind()
+    return {f.name: getattr(blank, f.name) for f in fields(kind) if f.init}
 
 
-def merge_checkpoint(src: str | Path, out: str | Path, requantize: bool = False) -> MergeReport:
+def plain_plan(plan: Plan, n_stacks: int) -> Plan:
+    """The merged rack's plan: no adapters, nothing quantized, full-precision stacks; its
+    `source` (what config.yaml holds) follows every change."""
+    p, train = plan.progressive, plan.train
+    plain = plan.with_section("lora", **_defaults(LoraSpec))
+    plain = plain.with_section("quant", **_defaults(QuantSpec))
+    plain = plain.with_section("train", group_lr=replace(train.group_lr, lora=None))
+    plain = plain.with_section("model", n_stacks=n_stacks)
+    trunk = "frozen" if p.trunk_strategy == "qlora" else p.trunk_strategy
+    plain = plain.with_section("progressive", new_stack_precision="full", trunk_strategy=trunk)
+    return replace(plain, trunk_adapter=None, stages=())
+
+
+def merge_checkpoint(
+    src: str | Path, out: str | Path, requantize: bool = False, *, read_plan: PlanReader
+) -> MergeReport:
+    """Merge the adapters of the saved run `src` (its Plan from `read_plan`: the door,
+    stackwise.runs.merge_checkpoint, passes stackwise.runs.read_plan) into OUT."""
     src, out = Path(src).expanduser(), Path(out).expanduser()
     if out.exists() and any(out.iterdir()):
         raise StackWiseError(
             f"'{out}' already exists and is not empty; merge-lora never overwrites. Pick a new "
             "output folder."
         )
-    config, rack, tokenizer = load_trained(src)
+    config, rack, tokenizer = load_trained(src, read_plan)
     metas = read_manifest(src) or []
     storages = [m.get("storage", "full") for m in metas] or ["full"] * len(rack.stacks)
     with_adapters = sum(1 for s in rack.stacks if adapter_names(s))
@@ -89,13 +98,7 @@ def merge_checkpoint(src: str | Path, out: str | Path, requantize: bool = False)
             f"'{src}' has no LoRA adapters to merge (it was trained without lora.enabled). "
             "Use it as it is."
         )
-    try:  # validated before any work is done
-        plain = _plain_config(config, len(rack.stacks))
-    except StackWiseError as err:
-        raise StackWiseError(
-            f"The config of '{src}' cannot be turned into a plain rack's config ({err}). Edit "
-            "its config.yaml to drop adapter-only settings, then rerun."
-        ) from None
+    plain = plain_plan(config, len(rack.stacks))
     fp32_adapters = all(
         p.dtype == torch.float32 for n, p in rack.named_parameters() if "lora_" in n
     )
@@ -136,7 +139,7 @@ def merge_checkpoint(src: str | Path, out: str | Path, requantize: bool = False)
 
 
 def _save(
-    out: Path, config: Config, rack: Rack, tokenizer: object, storages: list[str] | None
+    out: Path, config: Plan, rack: Rack, tokenizer: object, storages: list[str] | None
 ) -> None:
     """Everything goes to .OUT.merging first and is renamed at the end: no half-written OUT."""
     failure = f"Could not write the merged rack to '{out}': {{reason}}. Nothing was written."
@@ -145,9 +148,9 @@ def _save(
 
 
 def _write(
-    tmp: Path, config: Config, rack: Rack, tokenizer: object, storages: list[str] | None
+    tmp: Path, config: Plan, rack: Rack, tokenizer: object, storages: list[str] | None
 ) -> None:
-    save_config(config, tmp / "config.yaml")
+    write_atomic(tmp / "config.yaml", config.to_yaml())
     tokenizer.save_pretrained(str(tmp / "tokenizer"))  # type: ignore[attr-defined]
     save_model(rack, tmp)
     ranges = rack.depth_ranges

@@ -1,18 +1,21 @@
 """Saving and loading trained racks: safetensors weights, YAML config, tokenizer dir.
 
 Loading never unpickles: weights come from safetensors, the config through yaml.safe_load.
+A saved run's config.yaml is read at the door (stackwise.runs: aliases, old keys, validation)
+and compiled into its Plan; what is here builds the rack from that Plan.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from stackwise.config import Config, load_config
 from stackwise.data.tokenizer import load_tokenizer_dir
 from stackwise.errors import StackWiseError
 from stackwise.io.checkpoints import LATEST, STATE
@@ -21,11 +24,14 @@ from stackwise.io.final import move_into
 from stackwise.io.stack_files import needs_structure, rack_from_stacks, read_manifest
 from stackwise.model.chain import CHAIN_INPUT_VERSION, DenoisingChain
 from stackwise.model.rack import Rack
+from stackwise.spec import Plan
 
 WEIGHTS = "model.safetensors"
 # what only a checkpoint folder holds (beside trainer_state.json)
 CHECKPOINT_FILES = {"optimizer.bin", "scheduler.bin", "rng_state_0.json"}
 STAGE_DIR = re.compile(r"^(stack_\d+|joint)$")  # where a progressive run keeps stage folders
+# a saved run's folder (the one holding config.yaml) -> its Plan: the door, stackwise.runs.read_plan
+PlanReader = Callable[[Path], Plan]
 
 
 def save_model(model: nn.Module, folder: Path) -> Path:
@@ -35,9 +41,10 @@ def save_model(model: nn.Module, folder: Path) -> Path:
 
 
 def save_run(
-    folder: Path, config: Config, tokenizer: PreTrainedTokenizerBase | None, summary: dict
+    folder: Path, config: Plan | Any, tokenizer: PreTrainedTokenizerBase | None, summary: dict
 ) -> None:
-    """What a finished run keeps beside its weights: config.yaml, tokenizer/, history.json."""
+    """What a finished run keeps beside its weights: config.yaml (the Plan's source, or a
+    config's YAML), tokenizer/, history.json."""
     write_atomic(folder / "config.yaml", config.to_yaml())
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder / "tokenizer"))
@@ -96,8 +103,9 @@ def not_a_run(folder: Path) -> str:
     )
 
 
-def build_rack(config: Config, vocab_size: int, memory: bool = True) -> Rack:
-    """The rack of `config`; with its memory layers (memory extension) unless `memory` is
+def build_rack(config: Plan | Any, vocab_size: int, memory: bool = True) -> Rack:
+    """The rack of `config` (a Plan, or anything with its model, objective, masking, memory
+    sections and memory_on); with its memory layers (memory extension) unless `memory` is
     False (weights imported first: model.init_from_hf)."""
     rack = Rack(config.model, vocab_size, config.objective.causal, config.masking.num_time_steps)
     if memory and config.memory_on:
@@ -131,7 +139,7 @@ def load_weights(model: nn.Module, path: Path) -> None:
     model.load_state_dict(state)
 
 
-def chain_of(config: Config, tokenizer: PreTrainedTokenizerBase) -> DenoisingChain | None:
+def chain_of(config: Plan | Any, tokenizer: PreTrainedTokenizerBase) -> DenoisingChain | None:
     """The denoising chain a rack grown with depth_order high_to_low runs (else None)."""
     p = config.progressive
     if p.time_interpretation != "depth" or p.depth_order != "high_to_low":
@@ -145,29 +153,35 @@ def chain_of(config: Config, tokenizer: PreTrainedTokenizerBase) -> DenoisingCha
     return DenoisingChain(specials.mask_id, objective.schedule.mask_fraction)
 
 
-def load_trained(
-    folder: str | Path, device: torch.device | str = "cpu"
-) -> tuple[Config, Rack, PreTrainedTokenizerBase]:
+def run_paths(folder: str | Path) -> tuple[Path, Path]:
+    """(the folder holding config.yaml and weights, its tokenizer dir) of a saved run or one of
+    its checkpoints; a folder that is neither is refused with what to pass instead."""
     folder = Path(folder).expanduser()
     if not (folder / "config.yaml").is_file():
         raise StackWiseError(not_a_run(folder))
-    folder, tokenizer_dir = run_folder_of(folder)
-    config = load_config(folder / "config.yaml")
+    return run_folder_of(folder)
+
+
+def load_rack(
+    folder: Path, plan: Plan | Any, tokenizer_dir: Path, device: torch.device | str = "cpu"
+) -> tuple[Rack, PreTrainedTokenizerBase]:
+    """The trained rack saved in `folder` (found by run_paths), built from its `plan`, and the
+    run's tokenizer."""
     tokenizer = load_tokenizer_dir(tokenizer_dir)
-    vocab = config.model.vocab_size or len(tokenizer)
+    vocab = plan.model.vocab_size or len(tokenizer)
     metas = read_manifest(folder)
-    partial = metas is not None and len(metas) != config.model.n_stacks  # grown short of n
+    partial = metas is not None and len(metas) != plan.model.n_stacks  # grown short of n
     if needs_structure(metas) or partial:  # quantized/LoRA/bf16 stacks: structure first
         full = folder / WEIGHTS
-        rack = rack_from_stacks(config, vocab, folder, full if full.is_file() else None)
+        rack = rack_from_stacks(plan, vocab, folder, full if full.is_file() else None)
     elif (folder / WEIGHTS).is_file() or metas is None:
-        rack = build_rack(config, vocab)
+        rack = build_rack(plan, vocab)
         load_weights(rack, folder / WEIGHTS)
     else:  # a progressive run saved with save_rack: false
-        rack = rack_from_stacks(config, vocab, folder)
-    routed = config.progressive.mode != "fused"  # joint tuning trained the whole rack
+        rack = rack_from_stacks(plan, vocab, folder)
+    routed = plan.progressive.mode != "fused"  # joint tuning trained the whole rack
     if routed and metas and all(m.get("t_range") for m in metas):  # time as depth
-        chain = chain_of(config, tokenizer)
+        chain = chain_of(plan, tokenizer)
         if chain is not None and any(m.get("chain_input") != CHAIN_INPUT_VERSION for m in metas):
             raise StackWiseError(
                 f"'{folder}' was grown as a denoising chain by an earlier StackWise, whose "
@@ -175,4 +189,15 @@ def load_trained(
                 "weights do not fit the current chain. Retrain it."
             )
         rack.set_depth_routing([(m["growth_index"], *m["t_range"]) for m in metas], chain)
-    return config, rack.to(device).eval(), tokenizer
+    return rack.to(device).eval(), tokenizer
+
+
+def load_trained(
+    folder: str | Path, read_plan: PlanReader, device: torch.device | str = "cpu"
+) -> tuple[Plan, Rack, PreTrainedTokenizerBase]:
+    """(plan, rack, tokenizer) of a saved run, its Plan from `read_plan` (the door:
+    stackwise.runs.load_trained passes stackwise.runs.read_plan)."""
+    folder, tokenizer_dir = run_paths(folder)
+    plan = read_plan(folder)
+    rack, tokenizer = load_rack(folder, plan, tokenizer_dir, device)
+    return plan, rack, tokenizer

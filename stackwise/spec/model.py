@@ -4,6 +4,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# the model fields that make a rack's weights a different function (a resume that changes one
+# is refused)
+RACK_SHAPE_FIELDS = (
+    "vocab_size",
+    "d_model",
+    "n_heads",
+    "n_kv_heads",
+    "n_stacks",
+    "blocks_per_stack",
+    "ffn_hidden",
+    "max_seq_len",
+    "rope_theta",
+    "norm_eps",
+    "tie_embeddings",
+    "frozen_up_proj",
+    "time_conditioning",
+    "attention_bias",
+)
+
 
 @dataclass(frozen=True)
 class RouterLossSpec:

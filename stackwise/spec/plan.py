@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, is_dataclass, replace
 from typing import Any
 
 import yaml
@@ -62,5 +62,15 @@ class Plan:
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:
-    """Spec values as the YAML the config reads back (tuples as lists)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+    """Spec values as the YAML the config reads back (tuples as lists, specs as mappings)."""
+    return {k: _plain_value(v) for k, v in values.items()}
+
+
+def _plain_value(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return _plain(asdict(value))
+    if isinstance(value, dict):
+        return _plain(value)
+    if isinstance(value, list | tuple):
+        return [_plain_value(v) for v in value]
+    return value
