@@ -321,14 +321,6 @@ def reference_rack(reference: str | Path) -> tuple[Plan, Any, Any]:
     return loaded
 
 
-def check_sampling(plan: Plan, sampling: dict[str, Any]) -> None:
-    """The sampling settings given (None: the run's own) checked against the run's config by
-    every rule, before any scoring (generate takes them as checked)."""
-    changes = {f"sample.{k}": v for k, v in sampling.items() if v is not None}
-    if changes:
-        derive(config_of(plan), changes, "the sampling settings")
-
-
 def run_eval(
     folder: str | Path,
     settings: EvalSettings,
@@ -341,7 +333,9 @@ def run_eval(
 
     ref = reference_rack(reference) if reference is not None else None  # first: fails fast
     config, rack, tokenizer = load_trained(folder)
-    check_sampling(config, sampling)
+    changes = {f"sample.{k}": v for k, v in sampling.items() if v is not None}
+    if changes:  # checked by every rule before any scoring (generate takes them as checked)
+        derive(config_of(config), changes, "the sampling settings")
     data = build_data(config.data)
     if len(data.tokenizer) != len(tokenizer) or data.tokenizer.get_vocab() != tokenizer.get_vocab():
         raise StackWiseError(

@@ -596,3 +596,21 @@ def test_a_run_saved_in_an_older_layout_loads_and_resumes_through_the_door(tiny,
         }
     )
     assert train_from_config(more, quiet=True).state.step == 4
+
+
+def test_a_key_a_saved_config_lacks_is_compared_at_the_config_default():
+    """A resume reads the checkpoint's config.yaml as plain data: a key it leaves out (one added
+    since) stands for the config's default, and the shape fields are the config's."""
+    from dataclasses import fields, is_dataclass
+
+    from stackwise.config import Config
+    from stackwise.config.sections import RACK_SHAPE_FIELDS as CONFIG_SHAPE
+    from stackwise.io.saved_config import DEFAULTS, value
+    from stackwise.spec.model import RACK_SHAPE_FIELDS
+
+    assert RACK_SHAPE_FIELDS == CONFIG_SHAPE
+    full = Config().model_dump(mode="json")
+    for section, spec in DEFAULTS.items():
+        for f in fields(spec):
+            if not is_dataclass(getattr(spec, f.name)) and f.name != "greater_is_better":
+                assert value({}, section, f.name) == value(full, section, f.name), f.name

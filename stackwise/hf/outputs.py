@@ -116,34 +116,37 @@ def _write_merged(folder: Path, merged: nn.Module, tokenizer: Any) -> None:
     generation_config(merged, tokenizer).save_pretrained(str(folder))
 
 
+def tokenizer_dir(folder: Path) -> Path:
+    """Where the tokenizer of a fine-tune (or of one of its checkpoints) lies."""
+    from stackwise.io.checkpoints import STATE
+
+    run = folder.parent if (folder / STATE).is_file() else folder  # a checkpoint's run
+    for d in (folder, run, run / "tokenizer"):
+        if (d / "tokenizer_config.json").is_file():
+            return d
+    raise StackWiseError(
+        f"'{folder}' has no tokenizer files (nor has its run folder). Pass a run folder "
+        "that `stackwise finetune` wrote, or one of its checkpoint-N folders."
+    )
+
+
 def load_finetuned(
     folder: Path, config: Any, trust_remote_code: bool = False
 ) -> tuple[Any, nn.Module, Any]:
     """(config, base + adapter or the whole fine-tuned model, tokenizer) of a finished run or
-    one of its checkpoints, `config` being its Plan (the door, stackwise.runs.load_finetuned,
-    reads it from folder/config.yaml). A run whose config trusts remote code is only loaded
-    when the caller says so too (--trust-remote-code): a downloaded run folder must not run
-    code."""
+    one of its checkpoints, `config` being its Plan (read at the door: stackwise.runs). A run
+    whose config trusts remote code is only loaded when the caller says so too
+    (--trust-remote-code): a downloaded run folder must not run code."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from stackwise.hf.load import ADAPTER_WEIGHTS, device_now, load_base
-    from stackwise.io.checkpoints import STATE
 
-    run = folder.parent if (folder / STATE).is_file() else folder  # a checkpoint's run
     if config.model.trust_remote_code and not trust_remote_code:
         raise StackWiseError(
             f"'{folder}' was trained with model.trust_remote_code: true, so loading it runs "
             "Python code from its model folder. Pass --trust-remote-code if you trust it."
         )
-    tok_dir = next(
-        (d for d in (folder, run, run / "tokenizer") if (d / "tokenizer_config.json").is_file()),
-        None,
-    )
-    if tok_dir is None:
-        raise StackWiseError(
-            f"'{folder}' has no tokenizer files (nor has its run folder). Pass a run folder "
-            "that `stackwise finetune` wrote, or one of its checkpoint-N folders."
-        )
+    tok_dir = tokenizer_dir(folder)
     tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), trust_remote_code=trust_remote_code)
     if (folder / ADAPTER_WEIGHTS).is_file():
         from peft import PeftModel

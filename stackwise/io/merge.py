@@ -120,22 +120,28 @@ def merge_checkpoint(
         requantized=requantize and any(s in QUANT_FORMATS for s in storages),
         fp32_adapters=fp32_adapters,
     )
+    judge(report)
+    _save(out, plain, rack, tokenizer, storages if report.requantized else None)
+    return report
+
+
+def judge(report: MergeReport) -> None:
+    """Warn when the merge moved the logits by design; refuse when it should not have."""
+    kinds = sorted(set(report.storages))
     if not report.exact_base:
         warnings.warn(
-            f"the base weights were stored as {sorted(set(storages))}"
+            f"the base weights were stored as {kinds}"
             + (" and were requantized" if report.requantized else "")
             + f"; merged logits differ from the adapted model by up to {report.max_abs_error:.3g}"
             f" (relative {report.rel_error:.3g})",
-            stacklevel=2,
+            stacklevel=3,
         )
     elif report.max_abs_error > FP32_TOLERANCE:
         raise StackWiseError(
             f"merging changed the logits by {report.max_abs_error:.3g} (> {FP32_TOLERANCE}) "
-            f"although the bases ({sorted(set(storages))}) were merged exactly; this is a bug, "
-            "please report it (with `stackwise env`). Nothing was written."
+            f"although the bases ({kinds}) were merged exactly; this is a bug, please report it "
+            "(with `stackwise env`). Nothing was written."
         )
-    _save(out, plain, rack, tokenizer, storages if report.requantized else None)
-    return report
 
 
 def _save(
