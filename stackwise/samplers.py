@@ -17,9 +17,8 @@
 The first two can be semi-autoregressive: with `block_length`, blocks are filled left to right,
 each with its share of the steps, and later blocks stay masked. Draws are made in float64, so a low
 temperature stays a low temperature. Sampling stops once every row holds an EOS.
-
-Each sampler is an entry of stackwise.registry.SAMPLERS (`@register_sampler`): a `Stepwise`
-subclass with its own `reveal` rule, or a `Method` that fills the whole generation itself.
+Each is registered with `@register_sampler` (stackwise.registry): a `Stepwise` subclass with its
+own `reveal` rule, or a `Method` that fills the whole generation itself.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from stackwise.objectives.schedules import Linear, Schedule, time_for_fraction
 from stackwise.registry import SAMPLERS, register_sampler
@@ -85,9 +85,7 @@ def draw(
     return torch.multinomial(flat, 1, generator=gen).view(probs.shape[:-1])
 
 
-def rank_scores(
-    rule: str, logits: torch.Tensor, tokens: torch.Tensor, gen: torch.Generator
-) -> torch.Tensor:
+def rank_scores(rule: str, logits: Tensor, tokens: Tensor, gen: torch.Generator) -> Tensor:
     """Higher = reveal first."""
     if rule == "random":
         return torch.rand(tokens.shape, generator=gen, device=tokens.device, dtype=torch.float64)
@@ -155,9 +153,7 @@ class MaskedSampler:
         self._cache = (x.clone(), out)
         return out
 
-    def run(
-        self, prompt: torch.Tensor, length: int, on_block: Progress | None = None
-    ) -> torch.Tensor:
+    def run(self, prompt: Tensor, length: int, on_block: Progress | None = None) -> Tensor:
         """`on_block(ids)` sees the tokens up to the end of each block as it is finished."""
         b, p = prompt.shape
         self.prompt_len = p
@@ -168,9 +164,7 @@ class MaskedSampler:
         self.stats.tokens += int((x[:, p:] != self.mask_id).sum())
         return x
 
-    def remask(
-        self, masked: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor, left: float
-    ) -> torch.Tensor:
+    def remask(self, masked: Tensor, logits: Tensor, tokens: Tensor, left: float) -> Tensor:
         """Reveal a 1/`left` share of each row's masked positions, ranked by `remasking`."""
         scores = rank_scores(self.s.remasking, logits, tokens, self.gen)
         scores = scores.masked_fill(~masked, -math.inf)
@@ -184,8 +178,7 @@ class MaskedSampler:
 
 
 class Method:
-    """A registered sampler: fills the masked part of `x` for one run (which holds the rack,
-    the settings, the generator and the logits cache)."""
+    """A registered sampler: fills the masked part of `x` for one run (`self.run`)."""
 
     def __init__(self, run: MaskedSampler) -> None:
         self.run = run
@@ -195,12 +188,9 @@ class Method:
 
 
 class Stepwise(Method):
-    """Blocks left to right, each revealed over its share of the steps; `reveal` says which
-    masked positions a step reveals."""
+    """Blocks left to right over their share of the steps; `reveal` picks each step's."""
 
-    def reveal(
-        self, masked: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor, j: int, steps: int
-    ) -> torch.Tensor:
+    def reveal(self, masked: Tensor, logits: Tensor, tokens: Tensor, j: int, steps: int) -> Tensor:
         raise NotImplementedError
 
     def fill(self, x: torch.Tensor, p: int, length: int, on_block: Progress | None) -> torch.Tensor:
@@ -242,9 +232,7 @@ class Stepwise(Method):
 class Ancestral(Stepwise):
     """Each masked position is revealed with probability (m(t) - m(s)) / m(t)."""
 
-    def reveal(
-        self, masked: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor, j: int, steps: int
-    ) -> torch.Tensor:
+    def reveal(self, masked: Tensor, logits: Tensor, tokens: Tensor, j: int, steps: int) -> Tensor:
         grid = torch.tensor([1 - j / steps, 1 - (j + 1) / steps], dtype=torch.float32)
         m_t, m_s = self.run.schedule.mask_fraction(grid.clamp_min(0.0)).double().tolist()
         p = 1.0 if j == steps - 1 or m_t <= 0 else (m_t - m_s) / m_t
@@ -257,9 +245,7 @@ class Ancestral(Stepwise):
 class Remask(Stepwise):
     """Each step reveals its share of the still-masked positions, ranked by `remasking`."""
 
-    def reveal(
-        self, masked: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor, j: int, steps: int
-    ) -> torch.Tensor:
+    def reveal(self, masked: Tensor, logits: Tensor, tokens: Tensor, j: int, steps: int) -> Tensor:
         return self.run.remask(masked, logits, tokens, steps - j)
 
 
@@ -268,8 +254,7 @@ class SinglePass(Method):
     """One pass through a rack grown as a denoising chain, revealing after each stack."""
 
     def fill(self, x: torch.Tensor, p: int, length: int, on_block: Progress | None) -> torch.Tensor:
-        run, s = self.run, self.run.s
-        rack = run.rack
+        run, s, rack = self.run, self.run.s, self.run.rack
         chain = getattr(rack, "chain", None)
         if chain is None or rack.depth_ranges is None:
             raise ValueError(
