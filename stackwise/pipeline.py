@@ -27,7 +27,7 @@ from stackwise.registry import OBJECTIVES
 from stackwise.spec import Plan
 from stackwise.strategies import RunResult, get_training_strategy, strategy_for
 from stackwise.train.adapters import get_model_adapter
-from stackwise.train.builders import build_trainer
+from stackwise.train.builders import build_trainer, check_placement
 from stackwise.train.extensions import Extension
 from stackwise.train.hardware import process_state
 from stackwise.train.run_dir import precheck_run_dir
@@ -164,6 +164,7 @@ def train_from_config(
             "with a dataset that yields 'labels'."
         )
     chosen = get_training_strategy(strategy or strategy_for(config))  # unknown: fail first
+    check_placement(config.train.parallelizer, chosen)
     model_adapter = get_model_adapter(adapter_for(config) if adapter == "rack" else adapter)
     plan, data = prepared(config)
     result = chosen.run(plan, data, model_adapter, quiet)

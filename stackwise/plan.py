@@ -141,7 +141,7 @@ def compile_plan(
         progressive=spec_of(config.progressive, ProgressiveSpec),
         memory=spec_of(config.memory, MemorySpec),
         memory_on=config.memory_on,
-        parallel=ParallelSpec(parallel or default_parallelizer(config)),
+        parallel=parallel_spec(config, parallel),
         trunk_adapter=trunk_adapter(config),
         source=config.model_dump(mode="json"),
     )
@@ -175,6 +175,14 @@ def check_mapping(stages: tuple[StageSpec, ...], chained: bool) -> None:
             f"highest noise down; the time mapping gives range tops {tops}, which do not "
             "decrease. Give stack 0 the noisiest range."
         )
+
+
+def parallel_spec(config: Config, given: str | None) -> ParallelSpec:
+    """train.parallelizer (or `given`), auto resolved."""
+    name = given or config.train.parallelizer
+    if name == "auto":
+        return ParallelSpec(default_parallelizer(config))
+    return ParallelSpec(name, chosen=True)
 
 
 def default_parallelizer(config: Config) -> str:

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import tiny_dict
 from torch import nn
 
 import stackwise
@@ -333,3 +334,61 @@ def test_capabilities_are_answered_without_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['ancestral', 'remask', 'single_pass'] False"
+
+
+def test_a_toy_growth_operator_grows_a_run_from_a_config(
+    tiny, toys, corpus_file, cache_dir, tmp_path
+):
+    """progressive.growth_operator names the operator a progressive run starts each stack with."""
+    calls: list[int] = []
+
+    @toys(GROWTH_OPERATORS, "toy_copy_trunk")
+    def copy_trunk(new_stack, trunk_stacks, rack):
+        calls.append(len(trunk_stacks))
+        GROWTH_OPERATORS.get("random")(new_stack, trunk_stacks, rack)
+        if trunk_stacks:
+            new_stack.load_state_dict(trunk_stacks[-1].state_dict())
+
+    d = tiny_dict(
+        corpus_file,
+        cache_dir,
+        tmp_path / "grown",
+        model={"n_stacks": 2, "blocks_per_stack": 1},
+        progressive={
+            "strategy": "progressive",
+            "steps_per_stack": 2,
+            "growth_operator": "toy_copy_trunk",
+        },
+    )
+    d["train"].pop("max_steps")  # the budget is per stack
+    res = stackwise.train_from_config(from_dict(d), quiet=True)
+    assert calls == [0, 1]  # stack 0 on nothing, stack 1 on the trained stack 0
+    assert res.progressive.stacks[1].steps == 2
+    with pytest.raises(InvalidConfig, match=r"growth_operator only applies to strategy"):
+        tiny(progressive={"growth_operator": "toy_copy_trunk"})
+
+
+def test_a_toy_parallelizer_places_a_run_from_a_config(tiny, toys):
+    """train.parallelizer names how the model is placed; the step syncs through it."""
+    seen = {"placed": 0, "synced": 0}
+
+    @toys(PARALLELIZERS, "toy_place", wraps_model=False)
+    class Place:
+        def place(self, model, optimizer, accelerator):
+            seen["placed"] += 1
+            return model.to(accelerator.device), accelerator.prepare(optimizer)
+
+        def sync_gradients(self, raw_model, accelerator):
+            seen["synced"] += 1
+
+    res = stackwise.train_from_config(tiny(train={"parallelizer": "toy_place"}), quiet=True)
+    assert seen == {"placed": 1, "synced": res.state.step} and res.state.step == 4
+    history = res.state.history
+    assert history[-1]["loss"] < history[0]["loss"]  # placed by hand, it still learns
+    scoped = tiny(
+        model={"n_stacks": 2},
+        train={"parallelizer": "ddp"},
+        progressive={"end_to_end_scope": "stackwise"},
+    )
+    with pytest.raises(StackWiseError, match="places its model with 'manual'"):
+        stackwise.train_from_config(scoped, quiet=True)

@@ -223,6 +223,9 @@ CUSTOM = {
     "train.enabled_extensions",
     "logging.log_to_wandb",
     "logging.wandb_project",
+    # tested in test_families.py: a toy growth operator and a toy parallelizer named in a config
+    "progressive.growth_operator",
+    "train.parallelizer",
     # tested in test_repeat_guard.py: a repeated word is redrawn; refused where it cannot work
     "sample.no_repeat_words",
     # tested in test_export_hf.py: an exported Llama imported back, and adapted to diffusion

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
 
 from stackwise.config.base import Section
+from stackwise.config.names import GrowthOperatorName
 from stackwise.config.sections import ObjectiveConfig
 from stackwise.precision import PACKED, HalfFloat, QuantType, StackPrecision
 
@@ -160,6 +161,11 @@ class ProgressiveConfig(Section):
     save_stacks: bool = True
     save_rack: bool = True
     cache: CacheConfig = Field(default_factory=CacheConfig)
+    growth_operator: GrowthOperatorName = Field(
+        "random",
+        description="How each new stack starts: a registered growth operator (random: the "
+        "rack's own initialisation).",
+    )
 
     @field_validator("depth_time_table")
     @classmethod

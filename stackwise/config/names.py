@@ -1,5 +1,6 @@
 """Config fields that name a registered entry (stackwise.registry): a plain string checked
-against its family, so a newly registered objective, schedule or sampler needs no config edit.
+against its family, so a newly registered objective, schedule, sampler, growth operator or
+parallelizer needs no config edit.
 An unknown name is the registry's own error (nearest match, known names, how to register)."""
 
 from __future__ import annotations
@@ -8,7 +9,14 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
-from stackwise.registry import OBJECTIVES, SAMPLERS, SCHEDULES, Family
+from stackwise.registry import (
+    GROWTH_OPERATORS,
+    OBJECTIVES,
+    PARALLELIZERS,
+    SAMPLERS,
+    SCHEDULES,
+    Family,
+)
 
 
 def registered(family: Family[Any], *allow: str) -> Any:
@@ -26,3 +34,5 @@ def registered(family: Family[Any], *allow: str) -> Any:
 ObjectiveName = registered(OBJECTIVES)
 ScheduleName = registered(SCHEDULES)
 SamplerName = registered(SAMPLERS, "auto")
+GrowthOperatorName = registered(GROWTH_OPERATORS)
+ParallelizerName = registered(PARALLELIZERS, "auto")

@@ -248,6 +248,7 @@ def progressive_strategy(s: ProgressiveConfig) -> Iterator[str]:
         "time_interpretation",
         "lr_schedule",
         "cache",
+        "growth_operator",
     )
     if s.strategy == "end_to_end":
         for name in grown:

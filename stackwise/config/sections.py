@@ -20,7 +20,7 @@ from pydantic import (
 
 from stackwise.config.base import Section
 from stackwise.config.moe import MoEConfig
-from stackwise.config.names import ObjectiveName, SamplerName, ScheduleName
+from stackwise.config.names import ObjectiveName, ParallelizerName, SamplerName, ScheduleName
 from stackwise.precision import MixedPrecision, ModelDtype, Storage4bit
 from stackwise.registry import OBJECTIVES
 
@@ -338,6 +338,12 @@ class TrainConfig(Section):
     )
     enabled_extensions: list[str] = Field(
         default_factory=list, description="Registered extensions to run (by name)."
+    )
+    parallelizer: ParallelizerName = Field(
+        "auto",
+        description="How the model is placed on the run's processes: a registered parallelizer "
+        "(ddp; manual: unwrapped, gradients averaged by hand); auto: ddp, or manual for local "
+        "losses.",
     )
 
     def best_is_greater(self) -> bool:

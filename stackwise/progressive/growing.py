@@ -50,6 +50,7 @@ class GrowingRack:
             building_mode=self.p.building_mode,
             num_time_steps=plan.masking.num_time_steps,
             double_quant=plan.quant.enabled and plan.quant.double_quant,
+            growth_operator=self.p.growth_operator,
         )
         self.builder.rack.to(accelerator.device)
         self.records: list[StackRecord] = []

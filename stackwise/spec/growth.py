@@ -106,6 +106,7 @@ class ProgressiveSpec:
     save_stacks: bool = True
     save_rack: bool = True
     cache: CacheSpec = CacheSpec()
+    growth_operator: str = "random"
 
 
 @dataclass(frozen=True)

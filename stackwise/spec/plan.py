@@ -21,9 +21,12 @@ from stackwise.spec.run import (
 
 @dataclass(frozen=True)
 class ParallelSpec:
-    """How the model is placed on the run's processes: a registered parallelizer's name."""
+    """How the model is placed on the run's processes: a registered parallelizer's name, and
+    whether the user named it (a strategy that needs its own placement may replace `auto`'s
+    choice, never the user's)."""
 
     name: str = "ddp"
+    chosen: bool = False
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,7 @@ class TrainSpec:
     early_stopping_threshold: float = 0.0
     skip_nonfinite_steps: bool = False
     enabled_extensions: tuple[str, ...] = ()
+    parallelizer: str = "auto"  # resolved into Plan.parallel
 
     def best_is_greater(self) -> bool:
         return self.greater_is_better

@@ -16,6 +16,7 @@ from accelerate import Accelerator
 from torch import nn
 from torch.utils.data import Dataset
 
+from stackwise.errors import StackWiseError
 from stackwise.objectives.base import Objective
 from stackwise.registry import PARALLELIZERS
 from stackwise.train import best
@@ -47,10 +48,24 @@ def accelerator_for(plan: Any) -> Accelerator:
     return acc
 
 
+def check_placement(chosen: str, strategy: TrainingStrategy) -> None:
+    """A strategy whose step needs its own placement (local losses: several backward passes)
+    refuses another one named by the user (`chosen`; auto takes the strategy's)."""
+    needed = strategy.parallelizer
+    if needed and chosen not in ("auto", needed):
+        raise StackWiseError(
+            f"train.parallelizer is '{chosen}', but the '{strategy.name}' strategy places its "
+            f"model with '{needed}' (its step does not fit another placement). Remove "
+            "train.parallelizer (auto picks it), or use another strategy."
+        )
+
+
 def parallelizer_for(plan: Any, strategy: TrainingStrategy) -> Any:
     """The strategy's own placement when it needs one (local losses), else the plan's."""
-    name = strategy.parallelizer or plan.parallel.name
-    return PARALLELIZERS.create(name, where="parallel")
+    chosen = plan.parallel
+    check_placement(chosen.name if chosen.chosen else "auto", strategy)
+    name = strategy.parallelizer or chosen.name
+    return PARALLELIZERS.create(name, where="train.parallelizer")
 
 
 def bind_step(
