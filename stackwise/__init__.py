@@ -30,15 +30,22 @@ _EXPORTS = {
     "stackwise.model.moe": ("MoEFeedForward",),
     "stackwise.model.routing": ("compute_router_auxiliary_loss",),
     "stackwise.objectives": ("Objective", "Specials", "build_objective"),
-    "stackwise.pipeline": ("train_from_config",),
     "stackwise.progressive": (
         "ActivationCache",
-        "LocalLossTrainer",
+        "GrowingRack",
         "ProgressiveRackBuilder",
+        "ProgressiveRecipe",
         "ProgressiveTrainer",
         "depth_range",
     ),
     "stackwise.quant": ("add_adapter", "merge_adapters", "quantize_linears", "weight_bytes"),
+    "stackwise.registry": (
+        "register_growth_operator",
+        "register_objective",
+        "register_parallelizer",
+        "register_sampler",
+        "register_schedule",
+    ),
     "stackwise.runs": ("load_trained", "merge_checkpoint"),
     "stackwise.strategies": (
         "RunResult",
@@ -46,7 +53,18 @@ _EXPORTS = {
         "get_training_strategy",
         "register_training_strategy",
     ),
-    "stackwise.train": ("Trainer", "build_rack"),
+    "stackwise.io.trained": ("build_rack",),
+    "stackwise.plan": ("compile_plan",),
+    "stackwise.spec": ("Plan",),
+    "stackwise.pipeline": ("train_from_config", "trainer_for"),
+    "stackwise.train": (
+        "CheckpointManager",
+        "EnhancedTrainer",
+        "ExtensionManager",
+        "MetricsLogger",
+        "Trainer",
+        "build_trainer",
+    ),
     "stackwise.train.adapters": ("ModelAdapter", "get_model_adapter", "register_model_adapter"),
     "stackwise.train.extensions": ("Extension", "register_extension"),
 }
@@ -74,17 +92,20 @@ if TYPE_CHECKING:  # static tools see the real names
     from stackwise.errors import StackWiseError  # noqa: F401
     from stackwise.generate import sample_texts  # noqa: F401
     from stackwise.hf.memory import MemoryAdapter  # noqa: F401
+    from stackwise.io.trained import build_rack  # noqa: F401
     from stackwise.model import Block, Rack, Stack  # noqa: F401
     from stackwise.model.hf import export_llama  # noqa: F401
     from stackwise.model.memory import MemoryLayer  # noqa: F401
     from stackwise.model.moe import MoEFeedForward  # noqa: F401
     from stackwise.model.routing import compute_router_auxiliary_loss  # noqa: F401
     from stackwise.objectives import Objective, Specials, build_objective  # noqa: F401
-    from stackwise.pipeline import train_from_config  # noqa: F401
+    from stackwise.pipeline import train_from_config, trainer_for  # noqa: F401
+    from stackwise.plan import compile_plan  # noqa: F401
     from stackwise.progressive import (  # noqa: F401
         ActivationCache,
-        LocalLossTrainer,
+        GrowingRack,
         ProgressiveRackBuilder,
+        ProgressiveRecipe,
         ProgressiveTrainer,
         depth_range,
     )
@@ -94,14 +115,29 @@ if TYPE_CHECKING:  # static tools see the real names
         quantize_linears,
         weight_bytes,
     )
+    from stackwise.registry import (  # noqa: F401
+        register_growth_operator,
+        register_objective,
+        register_parallelizer,
+        register_sampler,
+        register_schedule,
+    )
     from stackwise.runs import load_trained, merge_checkpoint  # noqa: F401
+    from stackwise.spec import Plan  # noqa: F401
     from stackwise.strategies import (  # noqa: F401
         RunResult,
         TrainingStrategy,
         get_training_strategy,
         register_training_strategy,
     )
-    from stackwise.train import Trainer, build_rack  # noqa: F401
+    from stackwise.train import (  # noqa: F401
+        CheckpointManager,
+        EnhancedTrainer,
+        ExtensionManager,
+        MetricsLogger,
+        Trainer,
+        build_trainer,
+    )
     from stackwise.train.adapters import (  # noqa: F401
         ModelAdapter,
         get_model_adapter,

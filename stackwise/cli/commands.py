@@ -177,7 +177,7 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
     swept on the whole rack."""
     from datetime import datetime
 
-    from stackwise.pipeline import build_trainer
+    from stackwise.pipeline import trainer_of
     from stackwise.train.lr_find import lr_find
 
     if not (0 < ns.min_lr < ns.max_lr) or ns.steps < 2:
@@ -200,7 +200,7 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
                 f"Cannot create the folder of --plot '{plot_path}': {err.strerror or err}. "
                 "Pick a writable path."
             ) from None
-    trainer = build_trainer(config)
+    trainer = trainer_of(config)
     result = lr_find(trainer, ns.min_lr, ns.max_lr, ns.steps)
     plot = result.plot(plot_path or trainer.output_dir / "lr_find.png")
     _drop_if_only_lock(trainer.output_dir)
