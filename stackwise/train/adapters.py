@@ -113,7 +113,8 @@ class ModelAdapter(ABC):
         adapter without it trains and saves, and refuses when asked to load."""
         raise StackWiseError(
             f"The '{self.name}' model adapter trains and saves but cannot load a saved run: "
-            "give it a load(folder) method (see docs/architecture.md) to sample or resume."
+            "give it a load(folder, read_plan) method (see docs/architecture.md) to sample or "
+            "resume."
         )
 
 
