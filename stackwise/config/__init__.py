@@ -4,9 +4,10 @@ Every field is consumed somewhere. Fields that only matter for some settings are
 changed from their default while irrelevant, so a key never silently does nothing; every rule
 runs and all problems are reported together.
 
-- `sections`, `growth`: the schema, one class per section; `root`: the whole config.
-- `rules` (inside a section), `rules_cross` (across sections), `rules_growth`, `rules_hf`,
-  `rules_stream`: named rules.
+- `sections` (with `sections_model`, `sections_train`), `growth`: the schema, one class per
+  section; `root`: the whole config.
+- `rules`, `rules_progressive` (inside a section), `rules_cross` (across sections),
+  `rules_growth`, `rules_hf`, `rules_moe`, `rules_stream`: named rules.
 - `aliases`: the seeds' legacy names; `loading`: files, overrides, errors; `derive`: configs
   made from configs.
 """
@@ -17,6 +18,7 @@ from stackwise.config import (  # noqa: F401
     rules_growth,
     rules_hf,
     rules_moe,
+    rules_progressive,
     rules_stream,
 )
 from stackwise.config.aliases import KEY_ALIASES, VALUE_ALIASES, alias_table, apply_aliases

@@ -1,0 +1,132 @@
+"""The train and logging sections: optimizer, schedule, checkpoints, best-model tracking,
+and where a run reports."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+)
+
+from stackwise.config.base import Section
+from stackwise.config.names import ParallelizerName
+from stackwise.precision import MixedPrecision
+
+SchedulerName = Literal["linear", "cosine", "constant", "constant_with_warmup", "polynomial"]
+
+
+class GroupLR(Section):
+    """Absolute learning rates per named parameter group; None uses train.lr."""
+
+    embeddings: PositiveFloat | None = None
+    blocks: PositiveFloat | None = None
+    head: PositiveFloat | None = None
+    time: PositiveFloat | None = None
+    lora: PositiveFloat | None = Field(None, description="Every LoRA adapter (the lora_lr).")
+    base: PositiveFloat | None = Field(
+        None, description="hf: the base model's trained weights (modules_to_save, full tuning)."
+    )
+    trunk: PositiveFloat | None = Field(
+        None,
+        description="progressive, trunk_strategy full: the stacks grown before the current "
+        "stage's new one (a lower LR keeps growth from undoing them).",
+    )
+    memory: PositiveFloat | None = Field(
+        None, description="The memory layers (the memory_lr), routers included."
+    )
+
+
+class TrainConfig(Section):
+    seed: int = Field(
+        0, ge=0, le=2**31 - 1, description="Below 2^31: stages offset it modulo 2^31."
+    )
+    max_steps: PositiveInt = 600
+    num_train_epochs: PositiveFloat | None = Field(
+        None, description="Set max_steps from the data: epochs x batches per epoch."
+    )
+    batch_size: PositiveInt = 16
+    grad_accum_steps: PositiveInt = 1
+    lr: PositiveFloat = 2e-3
+    group_lr: GroupLR = Field(default_factory=GroupLR)
+    weight_decay: NonNegativeFloat = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    adam_eps: PositiveFloat = 1e-8
+    fused_adamw: bool = False
+    max_grad_norm: NonNegativeFloat = Field(1.0, description="0 disables clipping.")
+    scheduler: SchedulerName = "cosine"
+    warmup_steps: NonNegativeInt = 0
+    warmup_ratio: float | None = Field(None, ge=0.0, lt=1.0)
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="LR floor for decaying schedules.")
+    poly_power: PositiveFloat = 1.0
+    mixed_precision: MixedPrecision = Field(
+        "auto", description="auto: bf16 where the hardware runs it natively, else fp32 (no)."
+    )
+    compile: bool = False
+    eval_every: PositiveInt = 100
+    eval_batches: PositiveInt = 10
+    output_dir: str | None = Field(None, description="Default: outputs/<run_name>.")
+    overwrite_output_dir: bool = False
+    save_steps: NonNegativeInt = Field(
+        0, description="Write output_dir/checkpoint-<step> every N steps; 0: none."
+    )
+    save_total_limit: PositiveInt | None = Field(
+        None, description="Keep the N newest checkpoints (never deleting the best)."
+    )
+    resume_from_checkpoint: str | None = Field(
+        None, description="'latest' (output_dir's pointer) or a checkpoint-<step> folder."
+    )
+    save_best_model: bool = Field(
+        False, description="Checkpoint at every eval that improves metric_for_best."
+    )
+    metric_for_best: Literal["loss", "nelbo", "ppl", "ppl_bound", "accuracy"] = "loss"
+    greater_is_better: bool | None = Field(
+        None, description="Default: true for accuracy, false otherwise."
+    )
+    early_stopping_patience: PositiveInt | None = Field(
+        None, description="Stop after N evals without improvement of metric_for_best."
+    )
+    early_stopping_threshold: NonNegativeFloat = Field(
+        0.0, description="An improvement must exceed this to count."
+    )
+    skip_nonfinite_steps: bool = Field(
+        False, description="Skip the update of a step whose loss or gradient is NaN/inf."
+    )
+    enabled_extensions: list[str] = Field(
+        default_factory=list, description="Registered extensions to run (by name)."
+    )
+    parallelizer: ParallelizerName = Field(
+        "auto",
+        description="How the model is placed on the run's processes: a registered parallelizer "
+        "(ddp; manual: unwrapped, gradients averaged by hand); auto: ddp, or manual for local "
+        "losses.",
+    )
+
+    def best_is_greater(self) -> bool:
+        """Whether a larger metric_for_best is better (greater_is_better, or its default)."""
+        if self.greater_is_better is not None:
+            return self.greater_is_better
+        return self.metric_for_best == "accuracy"
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError("betas must both lie in [0, 1)")
+        return v
+
+
+class LoggingConfig(Section):
+    run_name: str | None = Field(None, description="Default: <objective>-<timestamp>.")
+    log_every: PositiveInt = 10
+    console: bool = True
+    jsonl: bool = True
+    tensorboard: bool = True
+    progress_bar: Literal["auto", "always", "never"] = "auto"
+    log_to_wandb: bool = Field(False, description="W&B; WANDB_MODE=offline works without login.")
+    wandb_project: str = "stackwise"
