@@ -8,7 +8,7 @@ import torch
 import yaml
 
 from stackwise.cli import main
-from stackwise.pipeline import build_trainer
+from stackwise.pipeline import trainer_of as build_trainer
 from stackwise.train.lr_find import lr_find, suggest
 
 

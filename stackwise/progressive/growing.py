@@ -18,7 +18,8 @@ from typing import Any
 
 from stackwise.errors import StackWiseError
 from stackwise.io.checkpoints import LATEST, rng_state, set_rng_state
-from stackwise.io.files import read_json, read_tensors, write_json
+from stackwise.io.files import read_json, read_tensors, write_atomic, write_json
+from stackwise.io.final import final_save
 from stackwise.io.hf_llama import load_llama_weights, read_llama_config
 from stackwise.io.stack_files import (
     ANCHOR,
@@ -27,10 +28,12 @@ from stackwise.io.stack_files import (
     save_anchor_and_manifest,
     save_stack,
 )
+from stackwise.io.trained import save_model
 from stackwise.model.chain import CHAIN_INPUT_VERSION
 from stackwise.progressive.builder import QUANTIZED, ProgressiveRackBuilder
 from stackwise.progressive.records import StackRecord
 from stackwise.spec import Plan, StageSpec
+from stackwise.train.interrupts import StopSignals, TrainingInterrupted, any_rank_signalled
 
 DAMAGED = "The run was made with another config, or its files are damaged: start a new run."
 
@@ -136,6 +139,18 @@ class GrowingRack:
         order = [b.growth_index(s) for s in b.rack.stacks]
         save_anchor_and_manifest(folder or self.output_dir, b.rack, order)
 
+    def save_final(self, tokenizer: Any, chained: bool) -> None:
+        """The finished run's folder, staged: config.yaml, tokenizer/, the whole rack
+        (save_rack) and stacks/ at their final positions (save_stacks)."""
+        with final_save(self.output_dir) as out:
+            write_atomic(out / "config.yaml", self.plan.to_yaml())
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(out / "tokenizer"))
+            if self.p.save_rack:
+                save_model(self.builder.rack, out)
+            if self.p.save_stacks:  # prepend shifts positions; joint tuning changes weights
+                self.save_stacks(changed_only=False, chained=chained, folder=out)
+
     def write_history(self) -> None:
         """progressive_history.json: the records, joint tuning, final eval, every rank's RNG."""
         acc = self.accelerator
@@ -155,6 +170,27 @@ class GrowingRack:
         write_json(self.output_dir / HISTORY, data)
 
     # -- import and resume -----------------------------------------------------------------------
+
+    def start(self, n: int, chained: bool) -> None:
+        """Before the first stage: an imported trunk, then a resumed run's finished stacks."""
+        if self.plan.model.init_from_hf:
+            self.import_trunk(chained)
+        if self.plan.train.resume_from_checkpoint:
+            self.restore(n)
+
+    def stop_at_boundary(self, signals: StopSignals, n: int) -> None:
+        """Stop between stages when a signal came while one ended or the next was being set
+        up: the finished stacks and the history, which resume from there, are on disk. Before
+        any stage finished, the first stage's own checkpoint holds the work instead."""
+        if not self.records or not any_rank_signalled(self.accelerator, signals):
+            return
+        raise TrainingInterrupted(
+            signals.received or "SIGTERM",  # a peer rank's signal
+            sum(r.steps for r in self.records),
+            self.output_dir / HISTORY,
+            self.output_dir,
+            where=f"after stack {len(self.records)} of {n}",
+        )
 
     def import_trunk(self, chained: bool) -> None:
         """model.init_from_hf: the checkpoint's layers become the first stacks (blocks_per_stack

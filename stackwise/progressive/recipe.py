@@ -18,10 +18,6 @@ from accelerate import Accelerator
 
 from stackwise.data.pack import PreparedData
 from stackwise.errors import StackWiseError
-from stackwise.io.files import write_atomic
-from stackwise.io.final import final_save
-from stackwise.io.stack_files import HISTORY
-from stackwise.io.trained import save_model
 from stackwise.model.chain import DenoisingChain
 from stackwise.model.rack import count_parameters
 from stackwise.objectives import Objective, objective_from
@@ -45,7 +41,6 @@ from stackwise.train.hardware import make_accelerator
 from stackwise.train.interrupts import (
     StopSignals,
     TrainingInterrupted,
-    any_rank_signalled,
     stop_signals,
 )
 from stackwise.train.run_dir import claim_output_dir
@@ -198,15 +193,6 @@ class ProgressiveRecipe:
         with stop_signals(announce=self.accelerator.is_main_process) as signals:
             return self._grow(target_stacks, signals)
 
-    def _start(self, n: int) -> None:
-        """An imported trunk first, then a resumed run's finished stacks."""
-        if self.builder.grown:
-            return
-        if self.plan.model.init_from_hf:
-            self.growing.import_trunk(chained=self.chain() is not None)
-        if self.plan.train.resume_from_checkpoint:
-            self.growing.restore(n)
-
     def _grow(self, target_stacks: int | None, signals: StopSignals) -> ProgressiveResult:
         n_all = self.plan.model.n_stacks
         n = target_stacks or n_all
@@ -215,10 +201,11 @@ class ProgressiveRecipe:
                 f"target_stacks={n} exceeds model.n_stacks={n_all}, which sets the depth used "
                 "to scale initialisation and the noise mapping."
             )
-        self._start(n)
+        if not self.builder.grown:  # an imported trunk, then a resumed run's finished stacks
+            self.growing.start(n, chained=self.chain() is not None)
         self.builder.rack.set_depth_routing(None)  # routing is for the finished rack only
         for index in range(len(self.builder.grown), n):
-            self.stop_at_boundary(signals, n)
+            self.growing.stop_at_boundary(signals, n)
             try:
                 record = self.train_stage(index, n)
                 self.records.append(record)
@@ -230,7 +217,7 @@ class ProgressiveRecipe:
             finally:  # the stage's loggers close after its stack's own report, or on failure
                 if self.last_trainer is not None:
                     self.last_trainer.finish()
-        self.stop_at_boundary(signals, n)
+        self.growing.stop_at_boundary(signals, n)
         try:
             self.growing.joint = self.joint_tuning() if self.p.mode == "fused" else None
         except TrainingInterrupted as err:
@@ -241,20 +228,6 @@ class ProgressiveRecipe:
             self.cache.close()
         g = self.growing
         return ProgressiveResult(g.rack, self.output_dir, g.records, g.final or {}, g.joint)
-
-    def stop_at_boundary(self, signals: StopSignals, n: int) -> None:
-        """Stop between stages when a signal came while one ended or the next was being set
-        up: the finished stacks and the history, which resume from there, are on disk. Before
-        any stage finished, the first stage's own checkpoint holds the work instead."""
-        if not self.records or not any_rank_signalled(self.accelerator, signals):
-            return
-        raise TrainingInterrupted(
-            signals.received or "SIGTERM",  # a peer rank's signal
-            sum(r.steps for r in self.records),
-            self.output_dir / HISTORY,
-            self.output_dir,
-            where=f"after stack {len(self.records)} of {n}",
-        )
 
     def joint_tuning(self) -> dict[str, Any]:
         """mode fused: every parameter that can train trains together, ordinary backprop over
@@ -303,19 +276,8 @@ class ProgressiveRecipe:
         """config.yaml, tokenizer/, the full rack (save_rack) and stacks/ (save_stacks)."""
         acc = self.accelerator
         acc.wait_for_everyone()
-
-        def write() -> None:
-            with final_save(self.output_dir) as out:
-                write_atomic(out / "config.yaml", self.plan.to_yaml())
-                if tokenizer is not None:
-                    tokenizer.save_pretrained(str(out / "tokenizer"))
-                if self.p.save_rack:
-                    save_model(self.builder.rack, out)
-                if self.p.save_stacks:  # final positions (prepend shifts them), joint tuning
-                    chained = self.chain() is not None
-                    self.growing.save_stacks(changed_only=False, chained=chained, folder=out)
-
-        on_main(acc, write)  # a failed save is raised on every rank
+        chained = self.chain() is not None
+        on_main(acc, lambda: self.growing.save_final(tokenizer, chained))  # raised on every rank
         acc.wait_for_everyone()
         return self.output_dir
 

@@ -89,6 +89,24 @@ def bind_step(
     )
 
 
+def run_data(
+    plan: Any,
+    acc: Accelerator,
+    adapter: ModelAdapter,
+    train_data: Dataset,
+    val_data: Dataset | None,
+    scored: Objective,
+    eval_seed: int | None,
+) -> RunData:
+    """The batches this rank trains on, and the evaluator of the validation data."""
+    tc = plan.train
+    train = TrainingData(
+        train_data, tc, plan.data.num_workers, acc.process_index, acc.num_processes
+    )
+    seed = tc.seed if eval_seed is None else eval_seed
+    return RunData(train, Evaluator(val_data, scored, seed, adapter, tc))
+
+
 def build_trainer(
     plan: Any,
     model: nn.Module,
@@ -119,17 +137,8 @@ def build_trainer(
     parallelizer = parallelizer_for(plan, strategy)
     placement = place_model(model, adapter, tc, acc, parallelizer, param_groups, scheduler)
     bind_step(strategy, placement, adapter, objective, plan)
-    workers = plan.data.num_workers
-    data = RunData(
-        TrainingData(train_data, tc, workers, acc.process_index, acc.num_processes),
-        Evaluator(
-            val_data,
-            eval_objective or objective,
-            tc.seed if eval_seed is None else eval_seed,
-            adapter,
-            tc,
-        ),
-    )
+    scored = eval_objective or objective
+    data = run_data(plan, acc, adapter, train_data, val_data, scored, eval_seed)
     checkpoints = CheckpointManager(acc, out, tc.save_total_limit)
     metrics = MetricsLogger.from_plan(plan)
     return EnhancedTrainer(

@@ -93,29 +93,13 @@ class CheckpointManager:
         self, step: int, write: Callable[[Path], None], protected: set[str]
     ) -> tuple[Path, bool]:
         """checkpoint-<step> with what `write(folder)` puts there (on the main process), plus
-        every rank's RNG state. Returns (path, whether it was written now)."""
+        every rank's RNG state. Returns (path, whether it was written now). Each phase is
+        agreed on by every rank before the next one starts."""
         acc = self.acc
         final = self.output_dir / f"checkpoint-{step}"
         tmp = self.output_dir / f".checkpoint-{step}.tmp"
         if step in self.saved_steps:
             return final, False
-
-        def attempt(action: Callable[[], None]) -> None:
-            error = None
-            try:
-                action()
-            except Exception as err:  # disk full shows up as OSError or RuntimeError
-                reason = getattr(err, "strerror", None) or str(err)[:200]
-                error = (
-                    f"Could not write checkpoint '{final}' at step {step}: {reason}. Free disk "
-                    "space or pick another train.output_dir; the previous checkpoints are intact."
-                )
-            try:
-                self.agree(error)
-            except StackWiseError:
-                if acc.is_main_process:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                raise
 
         def prepare() -> None:
             if acc.is_main_process:
@@ -126,21 +110,42 @@ class CheckpointManager:
             (tmp / f"rng_state_{acc.process_index}.json").write_text(json.dumps(ckpt.rng_state()))
 
         def publish() -> None:
-            if not acc.is_main_process:
-                return
-            write(tmp)
-            files.fsync_tree(tmp)  # before the old copy goes: LATEST may name it
-            if final.exists():  # left by an earlier, abandoned run in this dir
-                ckpt.remove_checkpoint(final)
-            files.publish_dir(tmp, final)
-            files.write_atomic(self.output_dir / ckpt.LATEST, final.name + "\n")
-            ckpt.rotate(self.output_dir, self.limit, protected)
+            if acc.is_main_process:
+                write(tmp)
+                self._publish(tmp, final, protected)
 
-        attempt(prepare)
-        attempt(rng)
-        attempt(publish)
+        for phase in (prepare, rng, publish):
+            self._attempt(phase, final, step, tmp)
         self.saved_steps.add(step)
         return final, True
+
+    def _attempt(self, phase: Callable[[], None], final: Path, step: int, tmp: Path) -> None:
+        """`phase` on this rank; any rank's failure is raised on every rank, and the temporary
+        folder is removed."""
+        error = None
+        try:
+            phase()
+        except Exception as err:  # disk full shows up as OSError or RuntimeError
+            reason = getattr(err, "strerror", None) or str(err)[:200]
+            error = (
+                f"Could not write checkpoint '{final}' at step {step}: {reason}. Free disk "
+                "space or pick another train.output_dir; the previous checkpoints are intact."
+            )
+        try:
+            self.agree(error)
+        except StackWiseError:
+            if self.acc.is_main_process:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def _publish(self, tmp: Path, final: Path, protected: set[str]) -> None:
+        """The written folder becomes checkpoint-<step>, `latest` names it, rotation runs."""
+        files.fsync_tree(tmp)  # before the old copy goes: LATEST may name it
+        if final.exists():  # left by an earlier, abandoned run in this dir
+            ckpt.remove_checkpoint(final)
+        files.publish_dir(tmp, final)
+        files.write_atomic(self.output_dir / ckpt.LATEST, final.name + "\n")
+        ckpt.rotate(self.output_dir, self.limit, protected)
 
     def read_state(self, path: Path) -> dict[str, Any]:
         """trainer_state.json, checked against this run's process count."""

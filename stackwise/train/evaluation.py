@@ -17,6 +17,8 @@ from stackwise.objectives.positions import real_tokens
 from stackwise.registry import OBJECTIVES
 from stackwise.train.sampler import EpochSampler
 
+SUMS = ("loss_sum", "norm", "nll_sum", "scored", "correct", "nelbo_sum", "bytes", "bytes_all")
+
 
 def eval_generator(gen: torch.Generator, seed: int, batch: int, rank: int) -> torch.Generator:
     """The generator for validation batch `batch`: the same masks at every evaluation."""
@@ -46,11 +48,10 @@ def evaluate_model(
         sampler=EpochSampler(len(val_data), 0, acc.process_index, acc.num_processes, False),
         collate_fn=getattr(val_data, "collate", None),  # rows of their own lengths
     )
-    keys = ("loss_sum", "norm", "nll_sum", "scored", "correct", "nelbo_sum", "bytes", "bytes_all")
     table = getattr(val_data, "bytes_per_token", None)  # text length of each token id
     if table is not None:
         table = table.to(acc.device)
-    sums = torch.zeros(len(keys), dtype=torch.float64, device=acc.device)
+    sums = torch.zeros(len(SUMS), dtype=torch.float64, device=acc.device)
     for i, batch in enumerate(loader):
         if i >= tc.eval_batches:
             break
@@ -63,10 +64,15 @@ def evaluate_model(
         if table is not None:
             part.update(text_bytes(table, batch, prep, objective.specials.pad_id))
         sums += torch.tensor(
-            [part.get(k, 0.0) for k in keys], dtype=torch.float64, device=acc.device
+            [part.get(k, 0.0) for k in SUMS], dtype=torch.float64, device=acc.device
         )
     sums = acc.reduce(sums, reduction="sum")
-    s = dict(zip(keys, sums.tolist(), strict=True))
+    return eval_metrics(dict(zip(SUMS, sums.tolist(), strict=True)), objective, table is not None)
+
+
+def eval_metrics(s: dict[str, float], objective: Objective, has_text: bool) -> dict[str, float]:
+    """The metrics from the summed counts: loss, accuracy, and perplexity or the NELBO bound,
+    with bits per character where the text length of each token is known."""
     out = {
         "loss": s["loss_sum"] / max(s["norm"], 1.0),
         "accuracy": s["correct"] / max(s["scored"], 1.0),
@@ -75,11 +81,11 @@ def evaluate_model(
         nelbo = s["nelbo_sum"] / max(s["norm"], 1.0)
         out["nelbo"] = nelbo
         out["ppl_bound"] = math.exp(min(nelbo, 50.0))
-        if table is not None:  # a bound on the whole text's log-likelihood, per character
+        if has_text:  # a bound on the whole text's log-likelihood, per character
             out["bpc"] = s["nelbo_sum"] / math.log(2) / max(s["bytes_all"], 1.0)
     else:
         out["ppl"] = math.exp(min(s["nll_sum"] / max(s["scored"], 1.0), 50.0))
-        if table is not None:  # the scored tokens' log-likelihood, per character they spell
+        if has_text:  # the scored tokens' log-likelihood, per character they spell
             out["bpc"] = s["nll_sum"] / math.log(2) / max(s["bytes"], 1.0)
     return out
 

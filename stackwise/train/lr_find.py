@@ -73,41 +73,18 @@ def lr_find(
     diverge: float = 4.0,
 ) -> LRFindResult:
     """Exponential LR sweep from min_lr to max_lr; stops once the smoothed loss exceeds
-    `diverge` times its best. Group LR ratios (train.group_lr) are kept."""
-    model, opt = trainer.model, trainer.optimizer
-    saved_model = copy.deepcopy(trainer.unwrapped().state_dict())
-    saved_opt = copy.deepcopy(opt.state_dict())
-    base = trainer.config.train.lr
+    `diverge` times its best. Group LR ratios (train.group_lr) are kept. The model, the
+    optimizer and the data position are restored afterwards."""
     if not (0 < min_lr < max_lr) or steps < 2:
         raise StackWiseError(
             f"lr-find needs 0 < min_lr < max_lr and at least 2 steps (got {min_lr}, {max_lr}, "
             f"{steps})."
         )
-    # group_lr ratios, from the scheduler's base LRs (warmup may have set the current ones to 0)
-    ratios = [g.get("initial_lr", g["lr"]) / base for g in opt.param_groups]
-    batches = trainer.batches()
-    factor = (max_lr / min_lr) ** (1.0 / max(steps - 1, 1))
-    lrs: list[float] = []
-    losses: list[float] = []
-    avg, best, stopped = 0.0, math.inf, False
-    model.train()
+    opt = trainer.optimizer
+    saved_model = copy.deepcopy(trainer.unwrapped().state_dict())
+    saved_opt = copy.deepcopy(opt.state_dict())
     try:
-        for i in range(steps):
-            lr = min_lr * factor**i
-            for group, ratio in zip(opt.param_groups, ratios, strict=True):
-                group["lr"] = lr * ratio
-            loss = _sweep_step(trainer, next(batches), i)
-            if not math.isfinite(loss):
-                stopped = True
-                break
-            avg = smoothing * loss + (1 - smoothing) * avg
-            smooth = avg / (1 - (1 - smoothing) ** (i + 1))  # bias-corrected
-            lrs.append(lr)
-            losses.append(smooth)
-            best = min(best, smooth)
-            if smooth > diverge * best:
-                stopped = True
-                break
+        lrs, losses, stopped = _sweep(trainer, min_lr, max_lr, steps, smoothing, diverge)
     finally:
         trainer.unwrapped().load_state_dict(saved_model)
         opt.load_state_dict(saved_opt)  # param_groups too: the scheduler's LRs come back
@@ -119,6 +96,37 @@ def lr_find(
             "lower --min-lr, or check the data and model."
         )
     return LRFindResult(lrs, losses, suggest(lrs, losses), stopped)
+
+
+def _sweep(
+    trainer: Trainer, min_lr: float, max_lr: float, steps: int, smoothing: float, diverge: float
+) -> tuple[list[float], list[float], bool]:
+    """(LRs, smoothed losses, whether it stopped early) of the sweep's steps."""
+    opt = trainer.optimizer
+    # group_lr ratios, from the scheduler's base LRs (warmup may have set the current ones to 0)
+    base = trainer.config.train.lr
+    ratios = [g.get("initial_lr", g["lr"]) / base for g in opt.param_groups]
+    batches = trainer.batches()
+    factor = (max_lr / min_lr) ** (1.0 / max(steps - 1, 1))
+    lrs: list[float] = []
+    losses: list[float] = []
+    avg, best = 0.0, math.inf
+    trainer.model.train()
+    for i in range(steps):
+        lr = min_lr * factor**i
+        for group, ratio in zip(opt.param_groups, ratios, strict=True):
+            group["lr"] = lr * ratio
+        loss = _sweep_step(trainer, next(batches), i)
+        if not math.isfinite(loss):
+            return lrs, losses, True
+        avg = smoothing * loss + (1 - smoothing) * avg
+        smooth = avg / (1 - (1 - smoothing) ** (i + 1))  # bias-corrected
+        lrs.append(lr)
+        losses.append(smooth)
+        best = min(best, smooth)
+        if smooth > diverge * best:
+            return lrs, losses, True
+    return lrs, losses, False
 
 
 def _sweep_step(trainer: Trainer, batch: dict[str, torch.Tensor], i: int) -> float:
