@@ -56,7 +56,7 @@ _EXPORTS = {
     "stackwise.io.trained": ("build_rack",),
     "stackwise.plan": ("compile_plan",),
     "stackwise.spec": ("Plan",),
-    "stackwise.pipeline": ("train_from_config", "trainer_for"),
+    "stackwise.pipeline": ("progressive_recipe", "train_from_config", "trainer_for"),
     "stackwise.train": (
         "CheckpointManager",
         "EnhancedTrainer",
@@ -99,7 +99,11 @@ if TYPE_CHECKING:  # static tools see the real names
     from stackwise.model.moe import MoEFeedForward  # noqa: F401
     from stackwise.model.routing import compute_router_auxiliary_loss  # noqa: F401
     from stackwise.objectives import Objective, Specials, build_objective  # noqa: F401
-    from stackwise.pipeline import train_from_config, trainer_for  # noqa: F401
+    from stackwise.pipeline import (  # noqa: F401
+        progressive_recipe,
+        train_from_config,
+        trainer_for,
+    )
     from stackwise.plan import compile_plan  # noqa: F401
     from stackwise.progressive import (  # noqa: F401
         ActivationCache,

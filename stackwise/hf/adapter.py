@@ -219,7 +219,7 @@ class HFAdapter(ModelAdapter):
 
         return lambda folder: final_files(folder, model, tokenizer, plan)
 
-    def load(self, folder: Path) -> tuple[Any, nn.Module, Any]:
+    def load(self, folder: Path, read_plan: Any) -> tuple[Any, nn.Module, Any]:
         from stackwise.hf.outputs import load_finetuned
 
-        return load_finetuned(folder)
+        return load_finetuned(folder, read_plan(folder))

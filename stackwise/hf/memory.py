@@ -127,7 +127,7 @@ This run also trained routed memory layers beside the base, saved in `memory.saf
 Loading only the base (and the LoRA adapter, with `PeftModel.from_pretrained`) leaves them
 out, which is not the model that was trained. Load the whole of it with StackWise:
 `stackwise generate --checkpoint <this folder> --chat ...`, or in Python
-`stackwise.hf.outputs.load_finetuned(Path("<this folder>"))`.
+`stackwise.runs.load_finetuned("<this folder>")`.
 """
 
 
