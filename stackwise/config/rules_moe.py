@@ -14,12 +14,24 @@ from stackwise.precision import QUANT_FORMATS
 @cross_rule
 def moe(cfg: Config) -> Iterator[str]:
     """Experts per layer, top-k, the MoE stacks, and the features that cannot hold experts."""
-    m, n_stacks = cfg.model.moe, cfg.model.n_stacks
+    m = cfg.model.moe
     if m.num_experts == 0:
         changed = [k for k in type(m).model_fields if k != "num_experts" and m.changed(k)]
         if changed:
             yield f"model.moe.{changed[0]} needs experts: set model.moe.num_experts (2 or more)"
         return
+    yield from _moe_shape(cfg)
+    for what, on in _moe_unsupported(cfg).items():
+        if on:
+            yield (
+                f"model.moe keeps every expert in full precision and trains it whole; {what} "
+                "does not handle experts yet. Remove one of them"
+            )
+
+
+def _moe_shape(cfg: Config) -> Iterator[str]:
+    """How many experts, how many routed to, and which stacks hold them."""
+    m, n_stacks = cfg.model.moe, cfg.model.n_stacks
     if m.num_experts == 1:
         yield "model.moe.num_experts 1 is a dense layer behind a router: use 0 (dense) or >= 2"
     if m.top_k > m.num_experts:
@@ -33,8 +45,12 @@ def moe(cfg: Config) -> Iterator[str]:
     bad = [k for k in m.stacks or [] if k >= n_stacks]
     if bad:
         yield f"model.moe.stacks names stack {bad[0]}; stacks are 0..{n_stacks - 1}"
-    p, q = cfg.progressive, cfg.quant
-    unsupported = {
+
+
+def _moe_unsupported(cfg: Config) -> dict[str, bool]:
+    """Each feature that does not handle experts yet, and whether this config turns it on."""
+    m, p, q = cfg.model.moe, cfg.progressive, cfg.quant
+    return {
         "model.source hf (a Hugging Face model brings its own layers)": cfg.model.source == "hf",
         "model.init_from_hf (a Llama has dense layers)": cfg.model.init_from_hf is not None,
         "model.frozen_up_proj": cfg.model.frozen_up_proj,
@@ -53,30 +69,15 @@ def moe(cfg: Config) -> Iterator[str]:
             p.strategy == "progressive" and p.building_mode == "prepend" and m.stacks is not None
         ),
     }
-    for what, on in unsupported.items():
-        if on:
-            yield (
-                f"model.moe keeps every expert in full precision and trains it whole; {what} "
-                "does not handle experts yet. Remove one of them"
-            )
 
 
 @cross_rule
 def memory(cfg: Config) -> Iterator[str]:
     """The memory section is read only when the memory extension is on; its shape, and where a
     memory layer can sit."""
-    mem, gl = cfg.memory, cfg.train.group_lr
+    mem = cfg.memory
     if not cfg.memory_on:
-        changed = [k for k in type(mem).model_fields if mem.changed(k)]
-        near = get_close_matches("memory", cfg.train.enabled_extensions, n=1, cutoff=0.7)
-        typo = f" (it lists '{near[0]}': a typo of memory?)" if near else ""
-        if changed:
-            yield (
-                f"memory.{changed[0]} is read only when the memory extension is on: add memory "
-                f"to train.enabled_extensions{typo}, or remove the memory section"
-            )
-        if gl.memory is not None:
-            yield "train.group_lr.memory (the memory_lr) needs memory in train.enabled_extensions"
+        yield from _memory_off(cfg)
         return
     if mem.top_k > mem.chapters:
         yield f"memory.top_k {mem.top_k} exceeds memory.chapters {mem.chapters}: lower top_k"
@@ -89,8 +90,30 @@ def memory(cfg: Config) -> Iterator[str]:
         yield f"memory.layers names block {bad[0]}; this rack has blocks 0..{n - 1} (or -{n}..-1)"
     elif len({i % n for i in mem.layers}) != len(mem.layers):
         yield "memory.layers names one block twice (a negative index counts from the end)"
+    for what, on in _memory_unsupported(cfg).items():
+        if on:
+            yield f"memory layers on a rack do not work with {what}"
+
+
+def _memory_off(cfg: Config) -> Iterator[str]:
+    """Memory keys set while the memory extension is off (perhaps misspelt in the list)."""
+    mem, gl = cfg.memory, cfg.train.group_lr
+    changed = [k for k in type(mem).model_fields if mem.changed(k)]
+    near = get_close_matches("memory", cfg.train.enabled_extensions, n=1, cutoff=0.7)
+    typo = f" (it lists '{near[0]}': a typo of memory?)" if near else ""
+    if changed:
+        yield (
+            f"memory.{changed[0]} is read only when the memory extension is on: add memory "
+            f"to train.enabled_extensions{typo}, or remove the memory section"
+        )
+    if gl.memory is not None:
+        yield "train.group_lr.memory (the memory_lr) needs memory in train.enabled_extensions"
+
+
+def _memory_unsupported(cfg: Config) -> dict[str, bool]:
+    """Each feature a rack's memory layers do not work with, and whether this config turns it on."""
     p = cfg.progressive
-    unsupported = {
+    return {
         "progressive growth (it freezes, caches or quantizes the stacks a memory layer sits "
         "in): use progressive.strategy: end_to_end": p.strategy != "end_to_end",
         "end_to_end_scope stackwise (its local losses carry no router loss)": (
@@ -106,9 +129,6 @@ def memory(cfg: Config) -> Iterator[str]:
             cfg.train.compile
         ),
     }
-    for what, on in unsupported.items():
-        if on:
-            yield f"memory layers on a rack do not work with {what}"
 
 
 def _hf_memory(cfg: Config) -> Iterator[str]:

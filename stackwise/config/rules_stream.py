@@ -6,12 +6,13 @@ from collections.abc import Iterator
 
 from stackwise.config.base import cross_rule
 from stackwise.config.root import Config
+from stackwise.config.sections import DataConfig
 
 
 @cross_rule
 def streaming(cfg: Config) -> Iterator[str]:
     """A stream has no length, no random access and no second pass before training."""
-    d, p = cfg.data, cfg.progressive
+    d = cfg.data
     if not d.streaming:
         if d.changed("stream_val_blocks"):
             yield "data.stream_val_blocks sizes a streamed validation set; set data.streaming"
@@ -22,6 +23,13 @@ def streaming(cfg: Config) -> Iterator[str]:
             "Hugging Face fine-tuning read their rows whole. Remove data.streaming"
         )
         return
+    yield from _one_pass(d)
+    yield from _no_length(cfg)
+    yield from _no_random_access(cfg)
+
+
+def _one_pass(d: DataConfig) -> Iterator[str]:
+    """The source, tokenizer, validation split and readers of a corpus read once, in order."""
     if d.source != "files" or d.mix:
         yield (
             "data.streaming reads one source of your own (data.files, dataset_dir or "
@@ -45,6 +53,11 @@ def streaming(cfg: Config) -> Iterator[str]:
             "a stream is read in order by one reader: data.num_workers 1 moves it off the "
             "training process; more would each read the whole stream. Set 0 or 1"
         )
+
+
+def _no_length(cfg: Config) -> Iterator[str]:
+    """Budgets counted in epochs need the corpus's length."""
+    p = cfg.progressive
     budgets = {
         "train.num_train_epochs": cfg.train.num_train_epochs,
         "progressive.epochs_per_stack": p.epochs_per_stack,
@@ -57,12 +70,17 @@ def streaming(cfg: Config) -> Iterator[str]:
             "know; with data.streaming give steps instead: train.max_steps (progressive: "
             "progressive.steps_per_stack, or progressive.stacks.<k>.steps)"
         )
+
+
+def _no_random_access(cfg: Config) -> Iterator[str]:
+    """A sliced split and the activation cache need rows by index."""
+    d = cfg.data
     if d.dataset_name and "[" in d.dataset_split:
         yield (
             f"data.dataset_split '{d.dataset_split}' is a slice, which a stream cannot read "
             "without materializing the whole split first; name a whole split"
         )
-    if p.cache.enabled:
+    if cfg.progressive.cache.enabled:
         yield (
             "progressive.cache keys the trunk's outputs by sample index, which a stream "
             "does not have; disable progressive.cache or data.streaming"
