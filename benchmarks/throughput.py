@@ -39,7 +39,7 @@ method and the minor page faults per timed step (fresh memory the allocator had 
 last line printed is the headline.
 
 Ours and plain run the same `Rack`, so both get its CPU attention core (fp32 SDPA for short bf16
-sequences). Our Trainer also sets glibc's malloc thresholds (stackwise.train.memory); a plain loop
+sequences). Our Trainer also sets glibc's malloc thresholds (stackwise.train.hardware); a plain loop
 does not, and `--plain-allocator` gives them to it too, to show what that part is worth.
 """
 
@@ -70,7 +70,7 @@ from stackwise.io.trained import build_rack
 from stackwise.model.hf import llama_config, llama_state_dict
 from stackwise.model.rack import Rack
 from stackwise.objectives import Specials, build_objective
-from stackwise.train import Trainer
+from stackwise.pipeline import trainer_for
 
 LR = 2e-3
 BETAS = (0.9, 0.95)
@@ -220,16 +220,16 @@ def run_ours(
     rack = fresh_rack(config, shape.vocab_size)
     specials = Specials(vocab_size=shape.vocab_size, pad_id=PAD_ID, mask_id=MASK_ID)
     objective = build_objective(config, specials)
-    trainer = Trainer(config, rack, objective, TokenRows(tokens), val_data=None)
+    trainer = trainer_for(config, rack, objective, TokenRows(tokens), val_data=None)
     clock = StepClock()
-    step = trainer.train_step
+    step = trainer.optimizer_step
 
-    def timed_step(batches: Iterator[dict[str, torch.Tensor]]) -> torch.Tensor:
+    def timed_step(batches: Iterator[dict[str, torch.Tensor]]) -> torch.Tensor | None:
         loss = step(batches)
         clock.tick()
         return loss
 
-    trainer.train_step = timed_step  # type: ignore[method-assign]
+    trainer.optimizer_step = timed_step  # type: ignore[method-assign]
     trainer.train()
     return clock.result(shape, plan)
 
@@ -415,8 +415,8 @@ RUNNERS: dict[str, Callable[[Shape, Plan, torch.Tensor, Path], RunResult]] = {
 
 def plain_with_our_allocator() -> None:
     """--plain-allocator: give the plain loop the Trainer's malloc settings too, to show how much
-    of ours/plain comes from them (stackwise.train.memory.keep_freed_memory)."""
-    from stackwise.train.memory import keep_freed_memory
+    of ours/plain comes from them (stackwise.train.hardware.keep_freed_memory)."""
+    from stackwise.train.hardware import keep_freed_memory
 
     if not keep_freed_memory():
         raise RuntimeError("mallopt is unavailable here (not glibc?)")
