@@ -73,6 +73,52 @@ def _batch_encoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[str]], 
     return lambda texts: tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 
+class _PieceEncoder:
+    """Pieces queued for the encoder a batch at a time, and their tokens until each is whole."""
+
+    def __init__(
+        self, encode: Callable[[list[str]], list[list[int]]], eos_id: int, advance: Any
+    ) -> None:
+        self.encode, self.advance = encode, advance  # advance: the progress bar's update
+        self.batch: list[str] = []  # sub-pieces queued for the encoder (at most about BATCH_CHARS)
+        self.owner: list[int] = []  # the index in `parts` of each one's piece
+        self.parts: list[list[np.ndarray]] = []  # pieces not yet given out; the last may be partial
+        self.ends: list[bool] = []  # whether each of those pieces is the last of its document
+        self.pending = 0  # characters queued since the last encoding
+        self.eos, self.empty = np.array([eos_id], dtype=np.int32), np.empty(0, dtype=np.int32)
+
+    def add(self, text: str, end: bool) -> Iterator[list[np.ndarray]]:
+        """Queue a piece; whenever about BATCH_CHARS are queued (a long document too), encode
+        them and yield the pieces that are then whole."""
+        self.parts.append([])
+        self.ends.append(end)
+        subs = list(text_pieces(text))
+        for j, sub in enumerate(subs):
+            self.batch.append(sub)
+            self.owner.append(len(self.parts) - 1)
+            self.pending += len(sub)
+            if self.pending >= BATCH_CHARS:
+                self.encode_queued()
+                self.pending = 0
+                if ready := self.complete(len(self.parts) - (j < len(subs) - 1)):
+                    yield ready
+
+    def encode_queued(self) -> None:
+        """Encode the queued sub-pieces, adding their tokens to their pieces'."""
+        for ids, i in zip(self.encode(self.batch), self.owner, strict=True):
+            self.parts[i].append(np.asarray(ids, dtype=np.int32))
+        self.advance(sum(len(p.encode("utf-8")) for p in self.batch))
+        self.batch.clear()
+        self.owner.clear()
+
+    def complete(self, n: int) -> list[np.ndarray]:
+        """The first n pieces' tokens (they are all encoded), given out and forgotten."""
+        done = zip(self.parts[:n], self.ends[:n], strict=True)
+        out = [np.concatenate(p + [self.eos] * e) if p or e else self.empty for p, e in done]
+        del self.parts[:n], self.ends[:n]
+        return out
+
+
 def piece_token_batches(
     tokenizer: PreTrainedTokenizerBase,
     pieces: Iterable[tuple[str, bool]],
@@ -83,49 +129,17 @@ def piece_token_batches(
     """Each piece's int32 tokens (EOS after the last piece of a document), a list per about a
     megabyte of text: the batch the Rust tokenizer encodes at once. `total` (bytes) sizes the
     progress bar, shown on a terminal when `progress`."""
-    batch: list[str] = []  # sub-pieces queued for the encoder (at most about BATCH_CHARS)
-    owner: list[int] = []  # the index in `parts` of each one's piece
-    parts: list[list[np.ndarray]] = []  # pieces not yet given out; the last may be partial
-    ends: list[bool] = []  # whether each of those pieces is the last of its document
     quiet = None if progress else True  # None: a bar on a terminal only
     bar = tqdm(
         total=total, unit="B", unit_scale=True, desc="tokenizing", leave=False, disable=quiet
     )
-    encode = _batch_encoder(tokenizer)
-    eos, empty = np.array([eos_id], dtype=np.int32), np.empty(0, dtype=np.int32)
-
-    def encode_queued() -> None:
-        for ids, i in zip(encode(batch), owner, strict=True):
-            parts[i].append(np.asarray(ids, dtype=np.int32))
-        bar.update(sum(len(p.encode("utf-8")) for p in batch))
-        batch.clear()
-        owner.clear()
-
-    def complete(n: int) -> list[np.ndarray]:
-        """The first n pieces' tokens (they are all encoded), given out and forgotten."""
-        done = zip(parts[:n], ends[:n], strict=True)
-        out = [np.concatenate(p + [eos] * e) if p or e else empty for p, e in done]
-        del parts[:n], ends[:n]
-        return out
-
+    queue = _PieceEncoder(_batch_encoder(tokenizer), eos_id, bar.update)
     with bar:
-        pending = 0
         for text, end in pieces:
-            parts.append([])
-            ends.append(end)
-            subs = list(text_pieces(text))
-            for j, sub in enumerate(subs):
-                batch.append(sub)
-                owner.append(len(parts) - 1)
-                pending += len(sub)
-                if pending >= BATCH_CHARS:  # a long document is encoded a batch at a time too
-                    encode_queued()
-                    pending = 0
-                    if ready := complete(len(parts) - (j < len(subs) - 1)):
-                        yield ready
-        if parts:
-            encode_queued()
-            yield complete(len(parts))
+            yield from queue.add(text, end)
+        if queue.parts:
+            queue.encode_queued()
+            yield queue.complete(len(queue.parts))
 
 
 def token_chunks(
