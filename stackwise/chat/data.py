@@ -101,51 +101,60 @@ def examples_of(
 ) -> list[tuple[list[int], list[int]]]:
     """(ids, labels) per conversation; an example without a target token is an error, or with
     data.drop_unsupervised dropped and counted."""
-    fields = cfg.text_fields
-    fmt = cfg.chat_format
-    if fmt == "auto":
-        fmt = detect_format(sorted(k for k in rows[0] if k != ORIGIN) if rows else [], fields)
-    stats.format = fmt
+    fmt = stats.format = _chat_format(rows, cfg)
     if fmt not in ("text",) and text_field_given(cfg):
         raise StackWiseError(
             f"data.text_field names the fields of plain-text rows, but these rows are "
             f"'{fmt}' conversations, so it would do nothing. Remove it, or set "
             "data.chat_format: text to train on those fields."
         )
-    out = []
-    for index, raw in enumerate(rows):
-        origin = raw.get(ORIGIN)
-        row = {k: v for k, v in raw.items() if k != ORIGIN}
-        where: int | str = f"{index} ({origin})" if origin else index
-        messages = to_messages(row, fmt, where, fields)
-        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=0)
-        if len(stats.prompts) < 8 and last > 0:
-            stats.prompts.append(messages[:last])
-        tok = tokenize_conversation(
-            tokenizer, messages, where, cfg.train_on, cfg.train_on_eos, cfg.seq_len
-        )
-        labels = [
-            t if s and k > 0 else IGNORE
-            for k, (t, s) in enumerate(zip(tok.ids, tok.supervised, strict=True))
-        ]
-        n_targets = sum(x != IGNORE for x in labels)
-        if n_targets == 0:
-            if not cfg.drop_unsupervised:
-                cut = " after data.seq_len cut it" if tok.truncated else ""
-                raise StackWiseError(
-                    f"Example {where} has no target token{cut} under data.train_on: "
-                    f"{cfg.train_on}, so training on it would learn nothing. Fix the example, "
-                    "raise data.seq_len, or set data.drop_unsupervised: true to drop such "
-                    "examples (they are counted in the run header)."
-                )
-            stats.dropped += 1
-            continue
-        stats.examples += 1
-        stats.truncated += tok.truncated
-        stats.tokens += len(tok.ids)
-        stats.supervised += n_targets
-        out.append((tok.ids, labels))
-    return out
+    examples = (_example(raw, index, fmt, tokenizer, cfg, stats) for index, raw in enumerate(rows))
+    return [e for e in examples if e is not None]
+
+
+def _chat_format(rows: list[dict], cfg: Any) -> str:
+    """data.chat_format, detected from the first row's keys when auto."""
+    if cfg.chat_format != "auto":
+        return cfg.chat_format
+    return detect_format(sorted(k for k in rows[0] if k != ORIGIN) if rows else [], cfg.text_fields)
+
+
+def _example(
+    raw: dict, index: int, fmt: str, tokenizer: Any, cfg: Any, stats: ChatStats
+) -> tuple[list[int], list[int]] | None:
+    """One row's (ids, labels), counted in `stats`; None when it is dropped for having no target
+    token (an error unless data.drop_unsupervised)."""
+    origin = raw.get(ORIGIN)
+    row = {k: v for k, v in raw.items() if k != ORIGIN}
+    where: int | str = f"{index} ({origin})" if origin else index
+    messages = to_messages(row, fmt, where, cfg.text_fields)
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=0)
+    if len(stats.prompts) < 8 and last > 0:
+        stats.prompts.append(messages[:last])
+    tok = tokenize_conversation(
+        tokenizer, messages, where, cfg.train_on, cfg.train_on_eos, cfg.seq_len
+    )
+    labels = [
+        t if s and k > 0 else IGNORE
+        for k, (t, s) in enumerate(zip(tok.ids, tok.supervised, strict=True))
+    ]
+    n_targets = sum(x != IGNORE for x in labels)
+    if n_targets == 0:
+        if not cfg.drop_unsupervised:
+            cut = " after data.seq_len cut it" if tok.truncated else ""
+            raise StackWiseError(
+                f"Example {where} has no target token{cut} under data.train_on: "
+                f"{cfg.train_on}, so training on it would learn nothing. Fix the example, "
+                "raise data.seq_len, or set data.drop_unsupervised: true to drop such "
+                "examples (they are counted in the run header)."
+            )
+        stats.dropped += 1
+        return None
+    stats.examples += 1
+    stats.truncated += tok.truncated
+    stats.tokens += len(tok.ids)
+    stats.supervised += n_targets
+    return tok.ids, labels
 
 
 def best_fit_bins(lengths: list[int], capacity: int) -> list[list[int]]:
