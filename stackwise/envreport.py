@@ -13,7 +13,14 @@ from typing import Any
 
 import torch
 
-from stackwise.hwprobe import FORCE_ENV, ISA_ENV, cpu_description, probe, verdict_path
+from stackwise.hwprobe import (
+    FORCE_ENV,
+    ISA_ENV,
+    Verdict,
+    cpu_description,
+    probe,
+    verdict_path,
+)
 from stackwise.paths import cache_root
 
 PACKAGES = (
@@ -150,49 +157,64 @@ def collect(refresh_probe: bool = False) -> dict[str, Any]:
     """Everything the report prints, as plain data (`stackwise env --json`)."""
     from stackwise.train.hardware import describe_precision
 
+    verdict = probe(refresh=refresh_probe)
+    return {
+        "versions": {name: _version(name) for name in PACKAGES},
+        "declared ranges": out_of_range() or ["every dependency is inside its declared range"],
+        "python": f"{sys.version.split()[0]} ({platform.platform()})",
+        "cpu": _cpu(verdict),
+        "cuda": _cuda(),
+        "threads": _threads(),
+        "precision": {
+            "mixed_precision auto": describe_precision("auto"),
+        },
+        "environment": _environment(verdict),
+        "caches": _caches(),
+    }
+
+
+def _cpu(verdict: Verdict) -> dict[str, Any]:
+    """The CPU, its flags of interest, and what the bf16 probe found and how long it took."""
     model, flags = cpu_description()
     present = set(flags.split())
-    verdict = probe(refresh=refresh_probe)
-    capped = bool(verdict.isa_cap and not verdict.user_cap)
+    return {
+        "model": model,
+        "torch capability": torch.backends.cpu.get_cpu_capability(),
+        "flags": " ".join(f for f in CPU_FLAGS if f in present) or "none of interest",
+        "bf16 kernels in oneDNN": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        "bf16 probe": verdict.summary(),
+        "probe timing": (
+            f"fp32 {verdict.fp32_ms or 0:.3f} ms, bf16 {verdict.bf16_ms or 0:.3f} ms per "
+            f"512x256x256 matmul; probe took {verdict.probe_s:.2f} s "
+            f"({'cached, read in' if verdict.cached else 'run now,'} "
+            f"{verdict.check_s * 1e3:.1f} ms)"
+        ),
+        "probe conditions": verdict.conditions(),
+        "bitsandbytes CPU path": _bnb_cpu_path(),
+    }
+
+
+def _threads() -> dict[str, Any]:
+    """torch's thread counts, the cores this process may use, and the thread variables."""
     try:
         affinity = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         affinity = os.cpu_count() or 1
     return {
-        "versions": {name: _version(name) for name in PACKAGES},
-        "declared ranges": out_of_range() or ["every dependency is inside its declared range"],
-        "python": f"{sys.version.split()[0]} ({platform.platform()})",
-        "cpu": {
-            "model": model,
-            "torch capability": torch.backends.cpu.get_cpu_capability(),
-            "flags": " ".join(f for f in CPU_FLAGS if f in present) or "none of interest",
-            "bf16 kernels in oneDNN": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
-            "bf16 probe": verdict.summary(),
-            "probe timing": (
-                f"fp32 {verdict.fp32_ms or 0:.3f} ms, bf16 {verdict.bf16_ms or 0:.3f} ms per "
-                f"512x256x256 matmul; probe took {verdict.probe_s:.2f} s "
-                f"({'cached, read in' if verdict.cached else 'run now,'} "
-                f"{verdict.check_s * 1e3:.1f} ms)"
-            ),
-            "probe conditions": verdict.conditions(),
-            "bitsandbytes CPU path": _bnb_cpu_path(),
-        },
-        "cuda": _cuda(),
-        "threads": {
-            "torch intra-op": torch.get_num_threads(),
-            "torch inter-op": torch.get_num_interop_threads(),
-            "cores usable": affinity,
-            **{v: os.environ.get(v, "unset") for v in THREAD_VARS},
-        },
-        "precision": {
-            "mixed_precision auto": describe_precision("auto"),
-        },
-        "environment": {
-            v: os.environ.get(v, "unset")
-            + (" (set by the bf16 probe)" if v == ISA_ENV and capped else "")
-            for v in ENV_VARS
-        },
-        "caches": _caches(),
+        "torch intra-op": torch.get_num_threads(),
+        "torch inter-op": torch.get_num_interop_threads(),
+        "cores usable": affinity,
+        **{v: os.environ.get(v, "unset") for v in THREAD_VARS},
+    }
+
+
+def _environment(verdict: Verdict) -> dict[str, str]:
+    """The variables that steer a run, marking the ISA cap the probe set itself."""
+    capped = bool(verdict.isa_cap and not verdict.user_cap)
+    return {
+        v: os.environ.get(v, "unset")
+        + (" (set by the bf16 probe)" if v == ISA_ENV and capped else "")
+        for v in ENV_VARS
     }
 
 
