@@ -109,13 +109,13 @@ def _damaged(path: str, err: Exception) -> StackWiseError:
 
 
 def load_base(config: Any, device: torch.device) -> nn.Module:
-    from transformers import AutoModelForCausalLM
+    """model.model_name_or_path's causal LM in the run's dtype (quantized where the config
+    asks), ready to train."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a per-load "Loading weights" bar: noise in our logs
 
     m = config.model
-    path = m.model_name_or_path
     dtype = base_dtype(config, device)
     kwargs: dict[str, Any] = {
         "dtype": dtype,
@@ -126,8 +126,17 @@ def load_base(config: Any, device: torch.device) -> nn.Module:
     if quant is not None:
         kwargs["quantization_config"] = quant
         kwargs["device_map"] = {"": device}  # bitsandbytes packs the weights where they run
+    model = _from_pretrained(m.model_name_or_path, kwargs)
+    _ready_to_train(model, m)
+    return model
+
+
+def _from_pretrained(path: str, kwargs: dict[str, Any]) -> nn.Module:
+    """AutoModelForCausalLM.from_pretrained, each failure an error that says what to fix."""
+    from transformers import AutoModelForCausalLM
+
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        return AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except ImportError as err:
         raise StackWiseError(
             f"Loading '{path}' needs a package that is not installed ({str(err)[:200]}). "
@@ -144,6 +153,10 @@ def load_base(config: Any, device: torch.device) -> nn.Module:
             f"Cannot load '{path}' as a causal LM: {str(err)[:240]}. Check "
             "model.model_name_or_path (and model.trust_remote_code for custom model code)."
         ) from None
+
+
+def _ready_to_train(model: nn.Module, m: Any) -> None:
+    """NF4 layout pinned, no KV cache, and gradient checkpointing where model.* asks for it."""
     if m.load_in_4bit:
         from stackwise.quant.layers import pin_nf4_layout
 
@@ -156,7 +169,6 @@ def load_base(config: Any, device: torch.device) -> nn.Module:
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=recompute)
         model.enable_input_require_grads()  # so LoRA under checkpointing still gets gradients
-    return model
 
 
 def load_tokenizer(path: str, trust_remote_code: bool) -> Any:
