@@ -145,6 +145,9 @@ def compile_plan(
         trunk_adapter=trunk_adapter(config),
         source=config.model_dump(mode="json"),
     )
+    if config.train.num_train_epochs is not None and train_rows is not None:
+        # config.yaml records the budget the epochs came to, as a resume compares it
+        plan = plan.with_section("train", max_steps=train.max_steps, num_train_epochs=None)
     if train_rows is None:
         return plan
     stages = tuple(
@@ -186,8 +189,11 @@ def parallel_spec(config: Config, given: str | None) -> ParallelSpec:
 
 
 def default_parallelizer(config: Config) -> str:
-    """Local losses run several backward passes a step, which DDP's wrapper cannot take."""
-    return "manual" if config.progressive.end_to_end_scope == "stackwise" else "ddp"
+    """What the config's strategy declares it needs (local losses: an unwrapped model, for
+    several backward passes a step), else DDP."""
+    from stackwise.strategies import STRATEGY_FAMILY, strategy_for
+
+    return STRATEGY_FAMILY.capabilities(strategy_for(config)).parallelizer or "ddp"
 
 
 def adapter_dtype(config: Config) -> str:
@@ -246,7 +252,8 @@ def stage_spec(
     if over is not None and over.objective is not None:
         objective = over.objective
     if over is not None and over.masking:
-        masking = masking.model_copy(update=over.masking)
+        # validated like the config (the load-time rule checked it): "false" is False here too
+        masking = type(masking).model_validate({**masking.model_dump(), **over.masking})
     return StageSpec(
         index=index,
         steps=stage_budget(config, index, train_rows, world_size),

@@ -3,7 +3,7 @@ objective, its slice of a global LR schedule, and the line announcing it. Pure f
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,9 @@ def own_run(plan: Plan, folder: Path, **train: Any) -> Plan:
 
 def stage_plan(plan: Plan, stage: StageSpec, folder: Path) -> Plan:
     """The plan a stage's Trainer runs: its budget, seed, LR, objective and folder."""
-    plan = replace(plan, objective=stage.objective, masking=stage.masking)
+    plan = plan.with_section("objective", **asdict(stage.objective))
+    plan = plan.with_section("masking", **asdict(stage.masking))
+    plan = plan.with_section("progressive", stacks={})  # applied: the stage's own settings
     return own_run(plan, folder, max_steps=stage.steps, seed=stage.seed, lr=stage.lr)
 
 

@@ -52,13 +52,21 @@ class Plan:
     trunk_adapter: AdapterSpec | None = None
     source: dict[str, Any] | None = None
 
-    def with_section(self, name: str, **values: Any) -> Plan:
-        """This plan with fields of section `name` replaced (e.g. a stage's train settings)."""
+    def with_section(self, name: str, /, **values: Any) -> Plan:
+        """This plan with fields of section `name` replaced (e.g. a stage's train settings).
+        The config keys among them go to `source` too; resolved-only fields (objective.causal)
+        stay in the spec, so config.yaml always reloads."""
         section = replace(getattr(self, name), **values)
+        return replace(self, **{name: section}, source=self.with_source(name, values))
+
+    def with_source(self, name: str, values: dict[str, Any]) -> dict[str, Any]:
+        """`source` with section `name`'s keys among `values` replaced (others are not config
+        keys and are left out)."""
         source = dict(self.source or {})
         if name in source:
-            source[name] = {**source[name], **_plain(values)}
-        return replace(self, **{name: section}, source=source)
+            known = {k: v for k, v in values.items() if k in source[name]}
+            source[name] = {**source[name], **_plain(known)}
+        return source
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.source or {}, sort_keys=False)
@@ -76,4 +84,6 @@ def _plain_value(value: Any) -> Any:
         return _plain(value)
     if isinstance(value, list | tuple):
         return [_plain_value(v) for v in value]
+    if value is not None and not isinstance(value, str | int | float | bool):
+        raise TypeError(f"{value!r} has no place in config.yaml")
     return value

@@ -13,8 +13,8 @@ from typing import Any
 from torch import nn
 
 from stackwise.data.pack import PreparedData
-from stackwise.registry import Registry
 from stackwise.train.state import TrainState
+from stackwise.train.strategy import STRATEGIES as FAMILY
 from stackwise.train.strategy import TrainingStrategy
 
 
@@ -29,7 +29,7 @@ class RunResult:
     progressive: Any = None  # ProgressiveResult of a progressive run
 
 
-REGISTERED: Registry[TrainingStrategy] = Registry("training strategy", "register_training_strategy")
+REGISTERED = FAMILY
 STRATEGIES = REGISTERED.entries
 # `@register_training_strategy(name)` makes `train_from_config(..., strategy=name)` work.
 register_training_strategy = REGISTERED.register

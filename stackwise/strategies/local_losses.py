@@ -23,10 +23,8 @@ from stackwise.train.adapters import ModelAdapter
 from stackwise.train.strategy import TrainingStrategy, accumulating, training_batch
 
 
-@register_training_strategy("local_losses")
+@register_training_strategy("local_losses", parallelizer="manual")
 class LocalLossStrategy(TrainingStrategy):
-    parallelizer = "manual"
-
     def train_step(
         self,
         model: nn.Module,
@@ -58,9 +56,7 @@ class LocalLossStrategy(TrainingStrategy):
             self.update(model, optimizer, scheduler)
         return last
 
-    def run(
-        self, plan: Any, data: PreparedData, adapter: ModelAdapter, quiet: bool
-    ) -> RunResult:
+    def run(self, plan: Any, data: PreparedData, adapter: ModelAdapter, quiet: bool) -> RunResult:
         return run_end_to_end(self, plan, data, adapter, quiet, " (local loss per stack)")
 
 

@@ -10,7 +10,7 @@ from stackwise.io.trained import save_tokenizer
 from stackwise.progressive import ProgressiveRecipe, summary_table
 from stackwise.strategies.base import RunResult, register_training_strategy
 from stackwise.strategies.report import data_line, precision, saving_note
-from stackwise.train.adapters import ModelAdapter
+from stackwise.train.adapters import ADAPTERS, ModelAdapter
 from stackwise.train.checkpoint_manager import on_main
 from stackwise.train.strategy import TrainingStrategy
 
@@ -19,10 +19,8 @@ from stackwise.train.strategy import TrainingStrategy
 class ProgressiveStrategy(TrainingStrategy):
     """Each stage trains with this strategy's step (the standard one)."""
 
-    def run(
-        self, plan: Any, data: PreparedData, adapter: ModelAdapter, quiet: bool
-    ) -> RunResult:
-        if not adapter.growable:
+    def run(self, plan: Any, data: PreparedData, adapter: ModelAdapter, quiet: bool) -> RunResult:
+        if not ADAPTERS.capabilities_of(adapter).growable:
             raise StackWiseError(
                 f"Progressive growth builds a rack stack by stack; the '{adapter.name}' model "
                 "adapter cannot be grown. Use strategy 'standard', or the rack adapter."
@@ -47,8 +45,7 @@ def growth_header(plan: Any, data: PreparedData, recipe: ProgressiveRecipe) -> s
         + (", activation cache" if p.cache.enabled else "")
         + (f", then {p.joint_tuning_steps} joint steps" if p.mode == "fused" else "")
         + f"); {data_line(data, plan)}; device {recipe.accelerator.device}, "
-        f"precision {precision(plan, recipe)}; output {recipe.output_dir}"
-        + saving_note(plan)
+        f"precision {precision(plan, recipe)}; output {recipe.output_dir}" + saving_note(plan)
     )
 
 

@@ -49,9 +49,7 @@ def run_end_to_end(
 class StandardTrainingStrategy(TrainingStrategy):
     """The whole model, end to end, one loss (the standard step)."""
 
-    def run(
-        self, plan: Any, data: PreparedData, adapter: ModelAdapter, quiet: bool
-    ) -> RunResult:
+    def run(self, plan: Any, data: PreparedData, adapter: ModelAdapter, quiet: bool) -> RunResult:
         return run_end_to_end(self, plan, data, adapter, quiet)
 
 

@@ -24,7 +24,6 @@ from stackwise.registry import Registry
 
 class ModelAdapter(ABC):
     name = "adapter"
-    growable = False  # a rack the progressive recipe can grow stack by stack
 
     @abstractmethod
     def build(self, plan: Any, vocab_size: int) -> nn.Module:
@@ -137,18 +136,20 @@ def routing_metrics(model: nn.Module) -> dict[str, float]:
     return out | memory_metrics(memory_layers(model))
 
 
-ADAPTERS: Registry[ModelAdapter] = Registry("model adapter", "register_model_adapter")
+ADAPTERS: Registry[ModelAdapter] = Registry(
+    "model adapter",
+    "register_model_adapter",
+    defaults={"growable": False},  # a rack the progressive recipe can grow stack by stack
+)
 MODEL_ADAPTERS = ADAPTERS.entries
 # `@register_model_adapter(name)` makes `train_from_config(..., adapter=name)` work.
 register_model_adapter = ADAPTERS.register
 get_model_adapter = ADAPTERS.create
 
 
-@register_model_adapter("rack")
+@register_model_adapter("rack", growable=True)
 class RackAdapter(ModelAdapter):
     """StackWise's own transformer: stacks of blocks between embeddings and a head."""
-
-    growable = True
 
     def build(self, plan: Any, vocab_size: int) -> nn.Module:
         from stackwise.io.trained import build_rack

@@ -8,6 +8,7 @@ for a Trainer assembled by hand.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from stackwise.train.placement import ParamGroups, place_model
 from stackwise.train.run_dir import claim_output_dir, run_dir_of
 from stackwise.train.sampler import TrainingData
 from stackwise.train.state import Stage
-from stackwise.train.strategy import StepContext, TrainingStrategy
+from stackwise.train.strategy import STRATEGIES, StepContext, TrainingStrategy
 from stackwise.train.trainer import EnhancedTrainer, RunData
 
 
@@ -48,23 +49,27 @@ def accelerator_for(plan: Any) -> Accelerator:
     return acc
 
 
-def check_placement(chosen: str, strategy: TrainingStrategy) -> None:
-    """A strategy whose step needs its own placement (local losses: several backward passes)
-    refuses another one named by the user (`chosen`; auto takes the strategy's)."""
-    needed = strategy.parallelizer
-    if needed and chosen not in ("auto", needed):
+def check_placement(chosen: str, strategy: TrainingStrategy) -> str:
+    """The parallelizer to place the model with: the user's (`chosen`), else the one the
+    strategy declares it needs, else DDP. A strategy whose step runs several backward passes
+    (local losses) needs an unwrapped model: a wrapping choice is refused."""
+    needed = STRATEGIES.capabilities_of(strategy).parallelizer
+    if chosen == "auto":
+        return needed or "ddp"
+    if needed and PARALLELIZERS.capabilities(chosen, "train.parallelizer").wraps_model:
         raise StackWiseError(
             f"train.parallelizer is '{chosen}', but the '{strategy.name}' strategy places its "
-            f"model with '{needed}' (its step does not fit another placement). Remove "
-            "train.parallelizer (auto picks it), or use another strategy."
+            f"model with '{needed}' (its step runs several backward passes, which a wrapped "
+            "model does not allow). Remove train.parallelizer (auto picks it), or name one "
+            "that leaves the model unwrapped."
         )
+    return chosen
 
 
 def parallelizer_for(plan: Any, strategy: TrainingStrategy) -> Any:
-    """The strategy's own placement when it needs one (local losses), else the plan's."""
+    """The parallelizer the plan names, or the strategy's own when the plan says auto."""
     chosen = plan.parallel
-    check_placement(chosen.name if chosen.chosen else "auto", strategy)
-    name = strategy.parallelizer or chosen.name
+    name = check_placement(chosen.name if chosen.chosen else "auto", strategy)
     return PARALLELIZERS.create(name, where="train.parallelizer")
 
 
@@ -129,7 +134,8 @@ def build_trainer(
     training one) is what evaluation scores, with masks seeded by `eval_seed` (default
     train.seed); `scheduler(optimizer)` replaces the plan's LR schedule."""
     adapter = adapter or RackAdapter()
-    strategy = strategy or TrainingStrategy()
+    # each Trainer binds its own copy: one strategy object may serve several (the stages)
+    strategy = copy.copy(strategy or TrainingStrategy())
     tc = plan.train
     ext = extension_manager(plan, extensions)
     acc = accelerator or accelerator_for(plan)

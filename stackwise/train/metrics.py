@@ -215,7 +215,9 @@ class MetricsLogger:
         return cls([kind() for on, kind in wanted if on])
 
     def _each(self, action: str, *args: Any) -> None:
-        assert self.info is not None, "begin the run first"
+        """`action` on every sink; nothing before the run began (a save before train())."""
+        if self.info is None:
+            return
         for sink in self.sinks:
             getattr(sink, action)(self.info, *args)
 
@@ -230,8 +232,7 @@ class MetricsLogger:
         self._each("step_done")
 
     def close(self) -> None:
-        if self.info is not None:
-            self._each("close")
+        self._each("close")
 
     def state_dict(self) -> dict[str, dict[str, Any]]:
         return {s.name: s.state_dict() for s in self.sinks if s.state_dict()}

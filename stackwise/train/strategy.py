@@ -22,6 +22,7 @@ from torch import nn
 
 from stackwise.errors import StackWiseError
 from stackwise.objectives.base import Objective, random_lengths
+from stackwise.registry import Registry
 
 Batch = dict[str, torch.Tensor]
 
@@ -43,10 +44,12 @@ class StepContext:
     scale: float = 1.0
     step: int = 0
     step_loss: torch.Tensor | None = field(default=None, repr=False)
-    updated: bool = False
+    # set by `TrainingStrategy.update`: False when a non-finite step was skipped; a step
+    # function that updates on its own may leave it None (counted as an update)
+    updated: bool | None = None
 
     def begin_step(self, step: int) -> None:
-        self.step, self.updated = step, False
+        self.step, self.updated = step, None
         self.step_loss = torch.zeros((), device=self.accelerator.device)
 
 
@@ -56,8 +59,6 @@ class TrainingStrategy:
     whole config (see stackwise.strategies)."""
 
     name = "strategy"
-    # how this strategy's model must be placed; None: the plan's parallelizer
-    parallelizer: str | None = None
 
     def __init__(self, config: Any = None, logger: Any = None) -> None:
         self.config, self.logger = config, logger
@@ -126,6 +127,7 @@ class TrainingStrategy:
                     "or set train.skip_nonfinite_steps: true to skip such steps."
                 )
             scheduler.step()  # keep the schedule aligned with the step count
+            ctx.updated = False
             return
         optimizer.step()
         scheduler.step()
@@ -152,3 +154,12 @@ def training_batch(ctx: StepContext, batch: Batch) -> Batch:
     if ctx.length_ratio <= 0 or pad_id is None or ctx.gen is None:
         return batch
     return random_lengths(batch, ctx.length_ratio, pad_id, ctx.gen)
+
+
+STRATEGIES: Registry[TrainingStrategy] = Registry(
+    "training strategy",
+    "register_training_strategy",
+    # a parallelizer whose placement the step needs (local losses: an unwrapped model)
+    defaults={"parallelizer": None},
+)
+register_training_strategy = STRATEGIES.register

@@ -126,16 +126,18 @@ class EnhancedTrainer:
         micros = [next(batches) for _ in range(n)]
         scales = self.adapter.micro_scales(micros, acc)
         ctx.begin_step(self.state.step)
+        total = torch.zeros((), device=acc.device)
         for micro, (batch, scale) in enumerate(zip(micros, scales, strict=True)):
             self.state.tokens_seen += batch["input_ids"].numel() * acc.num_processes
             ctx.gen, ctx.scale = self.seeded(self.state.step, micro, acc.process_index), scale
             last = micro == n - 1
-            self.strategy.train_step(p.model, batch, p.optimizer, acc.scaler, p.scheduler, last)
+            s = self.strategy
+            total += s.train_step(p.model, batch, p.optimizer, acc.scaler, p.scheduler, last)
         self.state.step += 1
-        if not ctx.updated:
+        if ctx.updated is False:  # the strategy skipped a non-finite step
             self.state.skipped_steps += 1
             return None
-        return ctx.step_loss
+        return total
 
     def evaluate(self) -> dict[str, float]:
         """Loss, perplexity (or the NELBO bound) and masked-token accuracy on fixed batches."""
