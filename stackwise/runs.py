@@ -60,7 +60,12 @@ def merge_checkpoint(src: str | Path, out: str | Path, requantize: bool = False)
     """`stackwise merge-lora` on a rack run: its MergeReport (stackwise.io.merge)."""
     from stackwise.io.merge import merge_checkpoint as merge
 
-    return merge(src, out, requantize, read_plan=read_plan)
+    return merge(src, out, requantize, read_plan=read_plan, check=_merged_config)
+
+
+def _merged_config(source: dict[str, Any]) -> Config:
+    """The merged rack's config.yaml, validated like any config before it is written."""
+    return from_dict(source, "the merged rack's config")
 
 
 def merge_finetuned(

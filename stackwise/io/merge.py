@@ -8,6 +8,7 @@ rounding changes the logits; the report says by how much).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -79,10 +80,16 @@ def plain_plan(plan: Plan, n_stacks: int) -> Plan:
 
 
 def merge_checkpoint(
-    src: str | Path, out: str | Path, requantize: bool = False, *, read_plan: PlanReader
+    src: str | Path,
+    out: str | Path,
+    requantize: bool = False,
+    *,
+    read_plan: PlanReader,
+    check: Callable[[dict[str, Any]], object] | None = None,
 ) -> MergeReport:
     """Merge the adapters of the saved run `src` (its Plan from `read_plan`: the door,
-    stackwise.runs.merge_checkpoint, passes stackwise.runs.read_plan) into OUT."""
+    stackwise.runs.merge_checkpoint, passes stackwise.runs.read_plan) into OUT. `check`
+    validates the merged run's config (the door's config loader) before anything is written."""
     src, out = Path(src).expanduser(), Path(out).expanduser()
     if out.exists() and any(out.iterdir()):
         raise StackWiseError(
@@ -99,30 +106,38 @@ def merge_checkpoint(
             "Use it as it is."
         )
     plain = plain_plan(config, len(rack.stacks))
+    if check is not None:
+        check(plain.source or {})
+    report = merged_in_place(config, rack, storages, requantize)
+    judge(report)
+    _save(out, plain, rack, tokenizer, storages if report.requantized else None)
+    return report
+
+
+def merged_in_place(plan: Plan, rack: Any, storages: list[str], requantize: bool) -> MergeReport:
+    """Merge every stack's adapters into its weights (quantized again if asked), and report
+    how far the logits moved."""
     fp32_adapters = all(
         p.dtype == torch.float32 for n, p in rack.named_parameters() if "lora_" in n
     )
-    before = probe_logits(config, rack)
+    adapters = sum(1 for s in rack.stacks if adapter_names(s))
+    before = probe_logits(plan, rack)
     for stack in rack.stacks:
         merge_adapters(stack)
     rack.float()  # bf16/fp16-stored stacks become plain fp32 too
     if requantize:
         for stack, storage in zip(rack.stacks, storages, strict=True):
             if storage in QUANT_FORMATS:
-                quantize_linears(stack, storage, config.quant.double_quant)  # type: ignore[arg-type]
-    after = probe_logits(config, rack)
-    diff = (after - before).abs()
-    report = MergeReport(
-        adapters=with_adapters,
+                quantize_linears(stack, storage, plan.quant.double_quant)  # type: ignore[arg-type]
+    after = probe_logits(plan, rack)
+    return MergeReport(
+        adapters=adapters,
         storages=storages,
-        max_abs_error=float(diff.max()),
+        max_abs_error=float((after - before).abs().max()),
         rel_error=float((after - before).norm() / before.norm().clamp(min=1e-12)),
         requantized=requantize and any(s in QUANT_FORMATS for s in storages),
         fp32_adapters=fp32_adapters,
     )
-    judge(report)
-    _save(out, plain, rack, tokenizer, storages if report.requantized else None)
-    return report
 
 
 def judge(report: MergeReport) -> None:
