@@ -430,3 +430,26 @@ def test_a_yaml_boolean_where_a_number_goes_is_refused(override):
     """pydantic reads True as 1: `lr: yes` would train at lr 1.0 without a word."""
     with pytest.raises(StackWiseError, match="takes a number, but got a boolean"):
         load_config(PRESETS / "tiny-clm.yaml", [override])
+
+
+def test_one_dotted_path_setter_serves_overrides_aliases_derive_and_finetune_flags(tiny):
+    """lora.rank reaches the config one way, whether typed as an override, a seed's flat
+    name, a derived change or a finetune flag."""
+    from stackwise.cli.finetune import _put
+    from stackwise.config import apply_aliases, apply_overrides, derive
+    from stackwise.config.paths import put
+
+    data: dict = {}
+    put(data, "lora.rank", 4)
+    assert data == {"lora": {"rank": 4}}
+    assert apply_overrides({}, ["lora.rank=4"]) == data
+    assert apply_aliases({"qlora_rank": 4}) == data
+    flags: dict = {}
+    _put(flags, "lora.rank", 4)
+    assert flags == data
+    with pytest.raises(StackWiseError, match=r"lora\.rank needs lora\.enabled"):
+        derive(tiny(), {"lora.rank": 4})  # it reached the key, and every rule saw it
+    with pytest.raises(StackWiseError, match=r"sets lora\.rank twice"):
+        put(data, "lora.rank", 8, clash="--lora_rank")
+    with pytest.raises(StackWiseError, match="'rank' is a value, not a section"):
+        apply_overrides({"lora": {"rank": 4}}, ["lora.rank.x=1"])

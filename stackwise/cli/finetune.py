@@ -135,17 +135,11 @@ def parse_flags(argv: list[str]) -> tuple[dict[str, Any], str | None, list[str]]
 
 
 def _put(data: dict[str, Any], key: str, value: Any, clash: str | None = None) -> None:
-    """data[key] = value; with `clash` (where the value comes from), a value already set there
-    is refused rather than silently replaced."""
-    *sections, leaf = key.split(".")
-    node = data
-    for s in sections:
-        node = node.setdefault(s, {})
-    if clash is not None and leaf in node:
-        raise StackWiseError(
-            f"{clash} sets {key} twice (a flat name and its section key); keep one."
-        )
-    node[leaf] = [value] if key in LISTS and isinstance(value, str) else value
+    """A flag's value at its config key (a list key takes one name as a list), through the
+    config's one dotted-path setter."""
+    from stackwise.config.paths import put
+
+    put(data, key, [value] if key in LISTS and isinstance(value, str) else value, clash=clash)
 
 
 def _apply_flat(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from stackwise.config.paths import put, section_at
 from stackwise.errors import StackWiseError
 
 # the seeds' flat names and the key each stands for; accepted at the top level and inside the
@@ -66,39 +67,26 @@ def alias_table() -> list[tuple[str, str]]:
     return rows
 
 
-def _node(data: dict[str, Any], sections: list[str], create: bool) -> dict[str, Any] | None:
-    node = data
-    for name in sections:
-        child = node.get(name)
-        if not isinstance(child, dict):
-            if not create:
-                return None
-            child = node[name] = {}
-        node = child
-    return node
-
-
 def apply_aliases(data: dict[str, Any]) -> dict[str, Any]:
     """`data` (never modified) with every alias replaced by its real key or value."""
     data = copy.deepcopy(data)
     for alias, target in KEY_ALIASES.items():
         *where, name = alias.split(".")
-        holder = _node(data, where, create=False)
+        holder = section_at(data, where, create=False)
         if holder is None or name not in holder:
             continue
         value = holder.pop(name)
         *sections, leaf = target.split(".")
-        node = _node(data, sections, create=True)
-        assert node is not None
-        if leaf in node:
+        node = section_at(data, sections, create=False)
+        if node is not None and leaf in node:
             raise StackWiseError(
                 f"Config sets both '{alias}' and '{target}' (its documented alias); "
                 "keep one of them."
             )
-        node[leaf] = value
+        put(data, target, value, f"'{alias}'")
     for path, values in VALUE_ALIASES.items():
         *sections, leaf = path.split(".")
-        node = _node(data, sections, create=False)
+        node = section_at(data, sections, create=False)
         if node is not None and isinstance(node.get(leaf), str) and node[leaf] in values:
             node[leaf] = values[node[leaf]]
     return data

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from stackwise.config.loading import validated
+from stackwise.config.paths import put
 from stackwise.config.root import Config
 
 
@@ -16,11 +17,7 @@ def derive(config: Config, changes: dict[str, Any], origin: str = "a derived con
     """`config` with `changes` applied: dotted path -> value (a section path replaces it)."""
     data = config.model_dump(mode="json")
     for path, value in changes.items():
-        *sections, leaf = path.split(".")
-        node = data
-        for name in sections:
-            node = node[name]
-        node[leaf] = value
+        put(data, path, value, origin)
     return validated(data, origin)
 
 

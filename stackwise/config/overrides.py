@@ -10,6 +10,7 @@ import yaml
 
 from stackwise.config.aliases import KEY_ALIASES
 from stackwise.config.keys import section_of
+from stackwise.config.paths import put
 from stackwise.config.root import Config
 from stackwise.errors import StackWiseError
 
@@ -70,26 +71,11 @@ def _canonical(parts: list[str], seen: dict[str, str]) -> list[str]:
     return target.split(".")
 
 
-def _key(node: dict[str, Any], part: str) -> Any:
-    """`part`, or the integer key it spells when `node` has one (`progressive.stacks.0`)."""
-    return int(part) if part.isdigit() and part not in node and int(part) in node else part
-
-
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """`data` with each dotted override set (a later one wins). A legacy name is set at its
     real key, and a number names an existing integer key (`progressive.stacks.0.steps`)."""
     seen: dict[str, str] = {}
     for item in overrides:
         parts, value = parse_override(item)
-        parts = _canonical(parts, seen)
-        node = data
-        for p in parts[:-1]:
-            key = _key(node, p)
-            child = node.get(key)
-            if child is None:
-                child = node[key] = {}
-            if not isinstance(child, dict):
-                raise StackWiseError(f"Override '{item}': '{p}' is a value, not a section.")
-            node = child
-        node[_key(node, parts[-1])] = value
+        put(data, ".".join(_canonical(parts, seen)), value, f"Override '{item}'")
     return data
