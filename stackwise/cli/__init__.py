@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from stackwise.cli.commands import generate_help_defaults
 from stackwise.cli.common import DEFAULT_PRESET, PRESETS, resolve_config_path
 from stackwise.cli.hf_commands import cmd_finetune
-from stackwise.cli.parsers import build_parser, refuse_unknown
+from stackwise.cli.parsers import build_parser
+from stackwise.cli.unknown_flags import refuse_unknown
 from stackwise.errors import StackWiseError
 from stackwise.quiet import filter_library_noise
 
@@ -63,39 +64,48 @@ def paragraph(message: str) -> str:
     return textwrap.fill(text, width=max(width, 40), break_long_words=False, break_on_hyphens=False)
 
 
-def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    filter_library_noise()
-    args = sys.argv[1:] if argv is None else [str(a) for a in argv]
+def _parse_command(args: list[str]) -> argparse.Namespace:
+    """The subcommand, its flags and its arguments (dotted overrides may follow the flags:
+    `lr-find cfg --steps 50 train.lr=1`); exits 2 on a flag the subcommand does not know."""
     parser = build_parser(generate_help_defaults(args))
     if args[:1] == ["finetune"] and not {"-h", "--help"} & set(args):
         # its flags are config keys, parsed (with did-you-mean) by stackwise.cli.finetune
-        ns = argparse.Namespace(command="finetune", args=args[1:], func=cmd_finetune)
-        extra: list[str] = []
-    else:
-        ns, extra = parser.parse_known_args(args)
-    if extra:  # dotted overrides may follow the flags: `lr-find cfg --steps 50 train.lr=1`
+        return argparse.Namespace(command="finetune", args=args[1:], func=cmd_finetune)
+    ns, extra = parser.parse_known_args(args)
+    if extra:
         if not hasattr(ns, "args") or any(a.startswith("-") or "=" not in a for a in extra):
             refuse_unknown(parser, getattr(ns, "command", None), extra)
         ns.args = [*ns.args, *extra]
+    return ns
+
+
+def _report_stop(err: StackWiseError, ns: argparse.Namespace) -> int:
+    """A stop signal during training: the work is saved; say where and how to go on."""
+    _release_processes()  # every rank stopped at the same step
+    code = 143 if err.signal_name == "SIGTERM" else 130  # 128 + the signal, as a shell
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 says it once
+        return code
+    print(
+        f"stackwise: stopped by {err.signal_name} {err.where}; {err.checkpoint} "
+        f"holds the work. To resume:\n  "
+        f"{err.resume_command(ns.args, ns.command)}",
+        file=sys.stderr,
+    )
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    filter_library_noise()
+    ns = _parse_command(sys.argv[1:] if argv is None else [str(a) for a in argv])
     try:
         with sigterm_as_interrupt():
             code = ns.func(ns)
         _release_processes()
         return code
     except StackWiseError as err:
-        if hasattr(err, "resume_command"):  # a stop signal: the work is saved, say how to go on
-            _release_processes()  # every rank stopped at the same step
-            code = 143 if err.signal_name == "SIGTERM" else 130  # 128 + the signal, as a shell
-            if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 says it once
-                return code
-            print(
-                f"stackwise: stopped by {err.signal_name} {err.where}; {err.checkpoint} "
-                f"holds the work. To resume:\n  "
-                f"{err.resume_command(ns.args, ns.command)}",
-                file=sys.stderr,
-            )
-            return code
+        if hasattr(err, "resume_command"):
+            return _report_stop(err, ns)
         print(f"stackwise: error: {paragraph(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:

@@ -1,50 +1,17 @@
-"""What each `stackwise` subcommand does; the parsers that lead here are in parsers.py."""
+"""The commands that use a trained run: `stackwise generate`, `eval`, `merge-lora` and
+`export-hf` (with generate's help defaults read from the run). The parsers that lead here are in
+parsers.py; train and lr-find are in train_commands.py, env and config in config_commands.py."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from stackwise.cli.common import (
-    DEFAULT_PRESET,
-    PRESETS,
-    load_args,
-    printable,
-    run_summary,
-)
+from stackwise.cli.common import printable
 from stackwise.errors import StackWiseError
-
-
-def cmd_train(ns: argparse.Namespace) -> int:
-    """Train from CONFIG (a YAML/JSON file or a preset name; default DEFAULT_PRESET) with
-    dotted overrides such as train.max_steps=100."""
-    from stackwise.generate import sample_texts
-    from stackwise.pipeline import train_from_config
-
-    start = time.monotonic()
-    config = load_args(ns.args)
-    result = train_from_config(config)
-    if not result.trainer.accelerator.is_main_process:  # under torchrun, rank 0 reports
-        return 0
-    n, hf = config.sample.num_samples, config.model.source == "hf"
-    print(f"Saved the {'fine-tuned model' if hf else 'trained rack'} to {result.output_dir}")
-    if config.data.mode == "instruction":
-        from stackwise.cli.hf_commands import show_replies
-
-        show_replies(result, n)
-    elif n:
-        for i, text in enumerate(
-            sample_texts(result.config, result.rack.eval(), result.data.tokenizer, n=n)
-        ):
-            print(f"--- sample {i + 1} ---\n{printable(text.strip())}")
-    print(run_summary(result, time.monotonic() - start))
-    return 0
-
 
 # the generate flags that override one sample.* setting each (None: the run's own)
 SAMPLE_OVERRIDES = (
@@ -171,60 +138,6 @@ def cmd_export_hf(ns: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_lr_find(ns: argparse.Namespace) -> int:
-    """Train briefly from CONFIG while the LR grows exponentially, print the LR where the loss
-    falls fastest and save a plot. The model is restored afterwards; progressive configs are
-    swept on the whole rack."""
-    from datetime import datetime
-
-    from stackwise.pipeline import trainer_of
-    from stackwise.train.lr_find import lr_find
-
-    if not (0 < ns.min_lr < ns.max_lr) or ns.steps < 2:
-        raise StackWiseError(
-            f"lr-find needs 0 < --min-lr < --max-lr and --steps >= 2 (got {ns.min_lr}, "
-            f"{ns.max_lr}, {ns.steps})."
-        )
-    config = load_args(ns.args)
-    if config.train.output_dir is None:
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        from stackwise.config import derive
-
-        config = derive(config, {"train.output_dir": f"outputs/lr-find-{stamp}"}, "lr-find")
-    plot_path = Path(ns.plot).expanduser() if ns.plot else None
-    if plot_path is not None:  # before the sweep: a bad path must not waste it
-        try:
-            plot_path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise StackWiseError(
-                f"Cannot create the folder of --plot '{plot_path}': {err.strerror or err}. "
-                "Pick a writable path."
-            ) from None
-    trainer = trainer_of(config)
-    result = lr_find(trainer, ns.min_lr, ns.max_lr, ns.steps)
-    plot = result.plot(plot_path or trainer.output_dir / "lr_find.png")
-    _drop_if_only_lock(trainer.output_dir)
-    print(
-        f"swept {len(result.lrs)} steps from {ns.min_lr:.1e} to {result.lrs[-1]:.1e}"
-        + (" (stopped: the loss diverged)" if result.stopped_early else "")
-    )
-    print(f"plot: {plot}")
-    print(f"suggested lr: {result.suggestion:.2e}")
-    for warning in result.warnings():
-        print(f"stackwise: warning: {warning}", file=sys.stderr)
-    return 0
-
-
-def _drop_if_only_lock(folder: Path) -> None:
-    """lr-find claims an output folder like any run; one that got nothing else is removed."""
-    from stackwise.io.lock import LOCK, release_run_folder
-
-    release_run_folder(folder)
-    if folder.is_dir() and [p.name for p in folder.iterdir()] == [LOCK]:
-        (folder / LOCK).unlink()
-        folder.rmdir()
-
-
 def cmd_eval(ns: argparse.Namespace) -> int:
     """Score the run in --checkpoint on its validation split with fixed noise (the numbers of
     two runs are comparable), sample from it, and write eval.json there."""
@@ -257,71 +170,6 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     print(render(report))
     print(f"wrote {out}")
     return 0
-
-
-def cmd_env(ns: argparse.Namespace) -> int:
-    import json
-
-    from stackwise.envreport import collect, render
-
-    info = collect(refresh_probe=ns.refresh_probe)
-    print(json.dumps(info, indent=1) if ns.json else render(info))
-    return 0
-
-
-def cmd_config(ns: argparse.Namespace) -> int:
-    if ns.action in ("list", "copy"):
-        return _presets(ns.action, ns.args)
-    if ns.aliases:
-        from stackwise.config import alias_table
-
-        if ns.action != "show" or ns.args:
-            raise StackWiseError("--aliases goes with `stackwise config show` alone.")
-        width = max(len(a) for a, _ in alias_table())
-        print("the seeds' legacy names StackWise accepts, and what each means:")
-        for alias, meaning in alias_table():
-            print(f"  {alias:<{width}}  ->  {meaning}")
-        return 0
-    config = load_args(ns.args)
-    if ns.action == "show":
-        print(config.to_yaml(), end="")
-    else:
-        print("config is valid")
-    return 0
-
-
-def _presets(action: str, args: list[str]) -> int:
-    """`config list`: the bundled presets; `config copy NAME FILE`: one of them, to edit."""
-    names = sorted(p.stem for p in PRESETS.glob("*.yaml"))
-    if action == "list":
-        if args:
-            raise StackWiseError("`stackwise config list` takes no arguments.")
-        for name in names:
-            print(f"{name:<36}{_first_sentence(PRESETS / f'{name}.yaml')}")
-        print(f"(default: {DEFAULT_PRESET}; copy one with `stackwise config copy NAME FILE`)")
-        return 0
-    if len(args) != 2:
-        raise StackWiseError("Use `stackwise config copy NAME FILE`, e.g. tiny-clm my.yaml.")
-    name, target = args[0].removesuffix(".yaml"), Path(args[1]).expanduser()
-    if target.is_dir():  # a folder: the preset keeps its file name there
-        target = target / f"{name}.yaml"
-    if name not in names:
-        raise StackWiseError(f"No preset '{name}'. Presets: {', '.join(names)}.")
-    if target.exists():
-        raise StackWiseError(f"'{target}' exists already; nothing was written. Pick a new name.")
-    try:
-        target.write_text((PRESETS / f"{name}.yaml").read_text(encoding="utf-8"), "utf-8")
-    except OSError as err:
-        raise StackWiseError(f"Cannot write '{target}': {err.strerror or err}.") from None
-    print(f"wrote {target}: edit it, then `stackwise train {shlex.quote(str(target))}`")
-    return 0
-
-
-def _first_sentence(path: Path) -> str:
-    """The first sentence of a preset's leading comment."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    comment = " ".join(line.lstrip("# ").strip() for line in lines if line.startswith("#"))
-    return comment.split(". ")[0].removesuffix(".")
 
 
 def generate_help_defaults(argv: list[str]) -> dict[str, Any] | None:

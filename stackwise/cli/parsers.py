@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import argparse
 import inspect
-from typing import Any, NoReturn
+from typing import Any
 
 from stackwise import registry
-from stackwise.cli.commands import (
-    cmd_config,
-    cmd_env,
-    cmd_eval,
-    cmd_export_hf,
-    cmd_generate,
-    cmd_lr_find,
-    cmd_merge_lora,
-    cmd_train,
-)
+from stackwise.cli.commands import cmd_eval, cmd_export_hf, cmd_generate, cmd_merge_lora
 from stackwise.cli.common import DEFAULT_PRESET
+from stackwise.cli.config_commands import cmd_config, cmd_env
 from stackwise.cli.hf_commands import cmd_data, cmd_finetune
+from stackwise.cli.train_commands import cmd_lr_find, cmd_train
 
 ARGS_HELP = "a YAML/JSON file or preset name first (optional), then dotted overrides"
 
@@ -134,24 +127,28 @@ def _generate_parser(sub: Any, defaults: dict[str, Any] | None) -> None:
     _masked_sampling_flags(g, defaults)
     block = _shown(defaults, "block_length", where)
     g.add_argument("--block-length", type=int, default=None, help=f"block size; 0: one{block}")
-    g.add_argument(
+    _repeat_words_flags(g, _shown(defaults, "no_repeat_words", where))
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    _remote_code_flag(g)
+    g.set_defaults(func=cmd_generate)
+
+
+def _repeat_words_flags(parser: argparse.ArgumentParser, shown: str) -> None:
+    """The pair that sets sample.no_repeat_words either way (unset: the run's own)."""
+    parser.add_argument(
         "--no-repeat-words",
         action="store_const",
         const=True,
         default=None,
-        help="char/byte racks: redraw a word that repeats the word before it"
-        + _shown(defaults, "no_repeat_words", where),
+        help="char/byte racks: redraw a word that repeats the word before it" + shown,
     )
-    g.add_argument(
+    parser.add_argument(
         "--allow-repeat-words",
         dest="no_repeat_words",
         action="store_const",
         const=False,
         help="turn off the config's sample.no_repeat_words",
     )
-    g.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
-    _remote_code_flag(g)
-    g.set_defaults(func=cmd_generate)
 
 
 def _shown(defaults: dict[str, Any] | None, name: str, where: str) -> str:
@@ -266,39 +263,3 @@ def _config_parser(sub: Any) -> None:
         "--aliases", action="store_true", help="show: list the accepted legacy (seed) key names"
     )
     c.set_defaults(func=cmd_config)
-
-
-def _config_key_for(flag: str, command: str | None) -> str | None:
-    """The config key a `--flag` names (`--max_steps` -> train.max_steps), for the commands
-    that take config keys as key=value."""
-    if command not in ("train", "lr-find"):
-        return None
-    from stackwise.config import Config
-    from stackwise.config.loading import _nearest
-
-    return _nearest(flag.lstrip("-").replace("-", "_"), Config, top=True)
-
-
-def refuse_unknown(
-    parser: argparse.ArgumentParser, command: str | None, extra: list[str]
-) -> NoReturn:
-    """Exit 2 with the command's own usage line, naming the nearest known flag of each unknown
-    one (`--temprature` -> --temperature, `--num_samples` -> --num-samples)."""
-    import difflib
-
-    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    own = subs[0].choices.get(command, parser) if subs and command else parser
-    known = [flag for action in own._actions for flag in action.option_strings]
-    hints = []
-    for i, arg in enumerate(extra):
-        name = arg.split("=", 1)[0]
-        near = difflib.get_close_matches(name.replace("_", "-"), known, n=1, cutoff=0.6)
-        key = _config_key_for(name, command) if arg.startswith("--") else None
-        if key:  # a config key typed as a flag (`--max_steps 5`)
-            value = arg.split("=", 1)[1] if "=" in arg else None
-            if value is None and i + 1 < len(extra) and not extra[i + 1].startswith("-"):
-                value = extra[i + 1]
-            hints.append(f"{name}: config keys go as key=value here, e.g. {key}={value or 'X'}")
-        elif arg.startswith("-") and near:
-            hints.append(f"{name}: did you mean {near[0]}?")
-    own.error(f"unrecognized arguments: {' '.join(extra)}" + "".join(f"; {h}" for h in hints))

@@ -1,0 +1,91 @@
+"""The commands that train: `stackwise train` and the LR range test `stackwise lr-find`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from stackwise.cli.common import load_args, printable, run_summary
+from stackwise.errors import StackWiseError
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
+    """Train from CONFIG (a YAML/JSON file or a preset name; default DEFAULT_PRESET) with
+    dotted overrides such as train.max_steps=100."""
+    from stackwise.generate import sample_texts
+    from stackwise.pipeline import train_from_config
+
+    start = time.monotonic()
+    config = load_args(ns.args)
+    result = train_from_config(config)
+    if not result.trainer.accelerator.is_main_process:  # under torchrun, rank 0 reports
+        return 0
+    n, hf = config.sample.num_samples, config.model.source == "hf"
+    print(f"Saved the {'fine-tuned model' if hf else 'trained rack'} to {result.output_dir}")
+    if config.data.mode == "instruction":
+        from stackwise.cli.hf_commands import show_replies
+
+        show_replies(result, n)
+    elif n:
+        for i, text in enumerate(
+            sample_texts(result.config, result.rack.eval(), result.data.tokenizer, n=n)
+        ):
+            print(f"--- sample {i + 1} ---\n{printable(text.strip())}")
+    print(run_summary(result, time.monotonic() - start))
+    return 0
+
+
+def cmd_lr_find(ns: argparse.Namespace) -> int:
+    """Train briefly from CONFIG while the LR grows exponentially, print the LR where the loss
+    falls fastest and save a plot. The model is restored afterwards; progressive configs are
+    swept on the whole rack."""
+    from datetime import datetime
+
+    from stackwise.pipeline import trainer_of
+    from stackwise.train.lr_find import lr_find
+
+    if not (0 < ns.min_lr < ns.max_lr) or ns.steps < 2:
+        raise StackWiseError(
+            f"lr-find needs 0 < --min-lr < --max-lr and --steps >= 2 (got {ns.min_lr}, "
+            f"{ns.max_lr}, {ns.steps})."
+        )
+    config = load_args(ns.args)
+    if config.train.output_dir is None:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        from stackwise.config import derive
+
+        config = derive(config, {"train.output_dir": f"outputs/lr-find-{stamp}"}, "lr-find")
+    plot_path = Path(ns.plot).expanduser() if ns.plot else None
+    if plot_path is not None:  # before the sweep: a bad path must not waste it
+        try:
+            plot_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise StackWiseError(
+                f"Cannot create the folder of --plot '{plot_path}': {err.strerror or err}. "
+                "Pick a writable path."
+            ) from None
+    trainer = trainer_of(config)
+    result = lr_find(trainer, ns.min_lr, ns.max_lr, ns.steps)
+    plot = result.plot(plot_path or trainer.output_dir / "lr_find.png")
+    _drop_if_only_lock(trainer.output_dir)
+    print(
+        f"swept {len(result.lrs)} steps from {ns.min_lr:.1e} to {result.lrs[-1]:.1e}"
+        + (" (stopped: the loss diverged)" if result.stopped_early else "")
+    )
+    print(f"plot: {plot}")
+    print(f"suggested lr: {result.suggestion:.2e}")
+    for warning in result.warnings():
+        print(f"stackwise: warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def _drop_if_only_lock(folder: Path) -> None:
+    """lr-find claims an output folder like any run; one that got nothing else is removed."""
+    from stackwise.io.lock import LOCK, release_run_folder
+
+    release_run_folder(folder)
+    if folder.is_dir() and [p.name for p in folder.iterdir()] == [LOCK]:
+        (folder / LOCK).unlink()
+        folder.rmdir()
