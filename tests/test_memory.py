@@ -240,8 +240,8 @@ def test_every_memory_setting_reaches_the_layers(tiny):
 
 
 def test_an_imported_llama_keeps_its_function_with_memory_inserted(tiny, tmp_path):
-    from stackwise.model.hf import export_llama
     from stackwise.io.trained import build_rack
+    from stackwise.model.hf import export_llama
     from stackwise.train.adapters import RackAdapter
 
     rack = build_rack(tiny(), 300).eval()
