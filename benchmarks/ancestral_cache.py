@@ -20,24 +20,24 @@ import time
 import torch
 
 from stackwise.data.pack import specials_of
-from stackwise.io.trained import load_trained
-from stackwise.objectives import build_objective
+from stackwise.objectives import objective_from
+from stackwise.runs import load_trained
 from stackwise.samplers import MaskedSampler, MaskedSampling
 
 
 def sample_once(loaded, settings: MaskedSampling, n: int, reuse: bool):
-    config, rack, tok = loaded
+    plan, rack, tok = loaded
     specials = specials_of(tok)
     banned = [i for i in (specials.mask_id, specials.pad_id, specials.bos_id) if i is not None]
     gen = torch.Generator().manual_seed(0)
-    schedule = build_objective(config, specials).schedule
+    schedule = objective_from(plan.objective, plan.masking, specials).schedule
     sampler = MaskedSampler(
         rack, settings, specials.mask_id, banned, gen, schedule, None, reuse_logits=reuse
     )
     prompt = torch.empty((n, 0), dtype=torch.long)
     start = time.perf_counter()
     with torch.no_grad():
-        out = sampler.run(prompt, config.sample.max_new_tokens)
+        out = sampler.run(prompt, plan.sample.max_new_tokens)
     return time.perf_counter() - start, out, sampler.stats
 
 

@@ -116,17 +116,17 @@ def train(name: str, overrides: list[str], out: str) -> dict[str, float]:
 def sample_all(runs: dict[str, str], samples: int) -> dict[str, list[tuple]]:
     from stackwise.evaluate import generative_perplexity, unigram_entropy
     from stackwise.generate import generate
-    from stackwise.io.trained import load_trained
+    from stackwise.runs import load_trained
 
     reference = load_trained(runs["clm"])
     out: dict[str, list[tuple]] = {}
     for name, folder in runs.items():
-        config, rack, tok = load_trained(folder)
+        plan, rack, tok = load_trained(folder)
         rows = []
         if name == "prog chain":  # one pass through the rack, one step per stack
             start = time.perf_counter()
             got = generate(
-                config,
+                plan,
                 rack,
                 tok,
                 n=samples,
@@ -149,7 +149,7 @@ def sample_all(runs: dict[str, str], samples: int) -> dict[str, list[tuple]]:
         for label, kw in SAMPLERS if name != "clm" else [("", {})]:
             if name == "clm":  # the reference's own samples: left to right
                 start = time.perf_counter()
-                got = generate(config, rack, tok, n=samples, temperature=0.6)
+                got = generate(plan, rack, tok, n=samples, temperature=0.6)
                 seconds = time.perf_counter() - start
                 ids = [r[got.prompt_len :].tolist() for r in got.ids]
                 ppl = generative_perplexity(got.texts, reference)
@@ -166,7 +166,7 @@ def sample_all(runs: dict[str, str], samples: int) -> dict[str, list[tuple]]:
             for steps in (32, 128):
                 start = time.perf_counter()
                 settings = {"temperature": 0.6, "block_length": 0, "no_repeat_words": False, **kw}
-                got = generate(config, rack, tok, n=samples, steps=steps, **settings)
+                got = generate(plan, rack, tok, n=samples, steps=steps, **settings)
                 seconds = time.perf_counter() - start
                 ids = [r[got.prompt_len :].tolist() for r in got.ids]
                 rows.append(
@@ -179,10 +179,10 @@ def sample_all(runs: dict[str, str], samples: int) -> dict[str, list[tuple]]:
                     )
                 )
         out[name] = rows
-    config, _, tok = reference
+    plan, _, tok = reference
     from stackwise.data.pack import build_data
 
-    val = build_data(config.data).val.blocks[:samples]
+    val = build_data(plan.data).val.blocks[:samples]
     out["_val_entropy"] = [(unigram_entropy([b.tolist() for b in val]),)]
     return out
 

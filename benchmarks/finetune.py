@@ -146,17 +146,15 @@ def supervised_tokens(model: Path, train: Path) -> int:
     from stackwise.chat.template import use_template
     from stackwise.config import DataConfig
     from stackwise.hf.load import load_tokenizer
+    from stackwise.plan import spec_of
+    from stackwise.spec import DataSpec
 
     tok = load_tokenizer(str(model), False)
     use_template(tok, None)
     rows = [json.loads(x) for x in train.read_text().splitlines()]
     stats = ChatStats()
-    examples_of(
-        rows,
-        tok,
-        DataConfig(mode="instruction", files=[str(train)], seq_len=HYPER["seq_len"]),
-        stats,
-    )
+    data = DataConfig(mode="instruction", files=[str(train)], seq_len=HYPER["seq_len"])
+    examples_of(rows, tok, spec_of(data, DataSpec), stats)
     return stats.supervised
 
 

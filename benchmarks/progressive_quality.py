@@ -38,12 +38,12 @@ batches, time steps and masks.
 itself (progressive `final_eval`, end-to-end last `history` entry, both on the first
 `--eval-batches` validation batches with the same masks) is shown too as `in-run`.
 
-Timing: `wall s` is the wall time of the training call (`ProgressiveTrainer.train_progressively`
-or `Trainer.train`): all optimizer steps, the in-run evaluations (start and end of each stage or
-run, `--eval-batches` batches each), cache carry-over and stage set-up, but not data loading or
-the common evaluation; `cpu s` is the process CPU time of the same call (less sensitive than wall
-time to other processes on a shared machine). `steps s` is the wall time of the
-`Trainer.train_step` calls alone. Each run happens
+Timing: `wall s` is the wall time of the training call (`ProgressiveRecipe.train_progressively`
+or `EnhancedTrainer.train`): all optimizer steps, the in-run evaluations (start and end of each
+stage or run, `--eval-batches` batches each), cache carry-over and stage set-up, but not data
+loading or the common evaluation; `cpu s` is the process CPU time of the same call (less
+sensitive than wall time to other processes on a shared machine). `steps s` is the wall time of
+the `EnhancedTrainer.optimizer_step` calls alone (one optimizer step each). Each run happens
 in a fresh child forked after the corpus is loaded and tokenized, with one torch thread; `peak RSS`
 is the child's VmHWM and `+RSS` its growth over the RSS it started with (the parent's imports and
 data, shared by every run). Each configuration runs once (quality is deterministic for a seed;
@@ -54,6 +54,7 @@ each other). The last line printed is the headline.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 import time
@@ -68,11 +69,12 @@ from accelerate.utils import set_seed
 from stackwise.config import Config, from_dict
 from stackwise.data.pack import PreparedData, TokenBlocks, build_data
 from stackwise.io.trained import build_rack
-from stackwise.objectives import build_objective
-from stackwise.pipeline import resolve_vocab
-from stackwise.progressive import LocalLossTrainer, ProgressiveTrainer
+from stackwise.objectives import objective_from
+from stackwise.pipeline import plan_for, progressive_recipe, resolve_vocab, trainer_for
+from stackwise.spec import Plan as RunPlan
+from stackwise.strategies import LocalLossStrategy
 from stackwise.train.evaluation import eval_generator, evaluate_model
-from stackwise.train.trainer import Trainer
+from stackwise.train.trainer import EnhancedTrainer
 
 SEED = 0
 EVAL_SEED = 4242  # the common evaluation's masks and time steps
@@ -203,12 +205,12 @@ def _status_kb(key: str) -> int:
 
 
 def common_eval(
-    rack: torch.nn.Module, config: Config, data: PreparedData, acc: Any, n_seqs: int
+    rack: torch.nn.Module, run: RunPlan, data: PreparedData, acc: Any, n_seqs: int
 ) -> float:
     """One scoring for every rack: the validation split, base objective, fixed masks."""
-    objective = build_objective(config, data.specials)
+    objective = objective_from(run.objective, run.masking, data.specials)
     val = TokenBlocks(data.val.blocks[:n_seqs]) if n_seqs else data.val
-    tc = config.train.model_copy(update={"batch_size": EVAL_BATCH, "eval_batches": 10**6})
+    tc = dataclasses.replace(run.train, batch_size=EVAL_BATCH, eval_batches=10**6)
     gen = torch.Generator(device=acc.device)
     out = evaluate_model(
         rack,
@@ -226,21 +228,22 @@ def run_once(plan: Plan, v: Variant, data: PreparedData, workdir: Path) -> Resul
     torch.set_num_threads(1)
     start_rss = _status_kb("VmRSS")
     step_time = [0.0]
-    step = Trainer.train_step
+    step = EnhancedTrainer.optimizer_step
 
-    def timed_step(self: Trainer, batches: Any) -> torch.Tensor:
+    def timed_step(self: EnhancedTrainer, batches: Any) -> torch.Tensor | None:
         t0 = time.perf_counter()
         loss = step(self, batches)
         step_time[0] += time.perf_counter() - t0
         return loss
 
-    Trainer.train_step = timed_step  # type: ignore[method-assign]
+    EnhancedTrainer.optimizer_step = timed_step  # type: ignore[method-assign]
     config = resolve_vocab(make_config(plan, v, workdir), len(data.tokenizer))
     key = "nelbo" if v.objective == "diffusion" else "loss"
     set_seed(config.train.seed)
     stages: list[str] = []
     if v.strategy == "progressive":
-        pt = ProgressiveTrainer(config, data, output_dir=workdir, quiet=True)
+        pt = progressive_recipe(config, data, output_dir=workdir, quiet=True)
+        run = pt.plan
         t0, c0 = time.perf_counter(), time.process_time()
         res = pt.train_progressively()
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -262,11 +265,14 @@ def run_once(plan: Plan, v: Variant, data: PreparedData, workdir: Path) -> Resul
                 f"{key} {res.joint['eval'].get(key, float('nan')):.3f}"
             )
     else:
-        assert config.model.vocab_size is not None
-        rack = build_rack(config, config.model.vocab_size)
-        objective = build_objective(config, data.specials)
-        cls = LocalLossTrainer if v.scope == "stackwise" else Trainer
-        trainer = cls(config, rack, objective, data.train, data.val, output_dir=workdir)
+        run = plan_for(config, data.train_size)
+        assert run.model.vocab_size is not None
+        rack = build_rack(run, run.model.vocab_size)
+        objective = objective_from(run.objective, run.masking, data.specials)
+        strategy = LocalLossStrategy() if v.scope == "stackwise" else None
+        trainer = trainer_for(
+            run, rack, objective, data.train, data.val, output_dir=workdir, strategy=strategy
+        )
         t0, c0 = time.perf_counter(), time.process_time()
         state = trainer.train()
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -274,7 +280,7 @@ def run_once(plan: Plan, v: Variant, data: PreparedData, workdir: Path) -> Resul
         evals = [h for h in state.history if key in h]
         in_run = evals[-1][key]
         steps, tokens = state.step, state.tokens_seen
-    metric = common_eval(rack, config, data, acc, plan.eval_seqs)
+    metric = common_eval(rack, run, data, acc, plan.eval_seqs)
     if torch.get_num_threads() != 1:
         raise RuntimeError(f"the run changed the thread count to {torch.get_num_threads()}")
     peak = _status_kb("VmHWM")

@@ -7,18 +7,18 @@ Run from the repository root:
 
 One progressive run grows an 8-stack rack (1 block per stack, append, frozen trunk, head policy
 train_first, time as input, masked-diffusion objective, fp32) on the built-in Shakespeare corpus,
-capped at `--samples` training sequences, stack by stack through
-`stackwise.progressive.ProgressiveTrainer`. Every stack trains for `--epochs` epochs over that
-capped set (steps_per_stack = epochs x samples / batch). The same run is made with
-`progressive.cache.enabled` true and false.
+capped at `--samples` training sequences, stack by stack through the progressive recipe
+(`stackwise.pipeline.progressive_recipe`, a `stackwise.progressive.ProgressiveRecipe`). Every
+stack trains for `--epochs` epochs over that capped set (steps_per_stack = epochs x samples /
+batch). The same run is made with `progressive.cache.enabled` true and false.
 
-What is timed: every call of `Trainer.train_step` (monkeypatched on the class), i.e. one
-optimizer step: fetching and collating the batch, masking, the trunk (run under no_grad without
-the cache; read from / written to the cache with it), forward and backward of the new stack and
-the head, clipping, AdamW and the scheduler. Steps are grouped by the stack being trained and
-each stack's median step time is t(k). Not timed: construction, evaluations, saving, and the
-cache's carry-over between stages (pushing every cached entry through the just-frozen stack,
-`advance_cache`), which is timed separately and shown as `carry ms`.
+What is timed: every call of `EnhancedTrainer.optimizer_step` (monkeypatched on the class),
+i.e. one optimizer step: fetching and collating the batch, masking, the trunk (run under no_grad
+without the cache; read from / written to the cache with it), forward and backward of the new
+stack and the head, clipping, AdamW and the scheduler. Steps are grouped by the stack being
+trained and each stack's median step time is t(k). Not timed: construction, evaluations, saving,
+and the cache's carry-over between stages (pushing every cached entry through the just-frozen
+stack, `advance_cache`), which is timed separately and shown as `carry ms`.
 
 With the cache on, stack 1 trains with no trunk (no cache); stack 2 fills the cache during its
 first epoch (misses: the trunk runs and its output is stored) and reads it afterwards (hits);
@@ -56,12 +56,11 @@ import _common as bench
 import torch
 
 import stackwise.progressive.stage_cache as prog_stage_cache
-import stackwise.progressive.trainer as prog_trainer
 from stackwise.config import Config, from_dict
 from stackwise.data.pack import PreparedData, build_data
-from stackwise.pipeline import resolve_vocab
-from stackwise.progressive import ProgressiveTrainer
-from stackwise.train.trainer import Trainer
+from stackwise.pipeline import progressive_recipe
+from stackwise.progressive import GrowingRack, ProgressiveRecipe
+from stackwise.train.trainer import EnhancedTrainer
 
 SEED = 0
 
@@ -159,22 +158,23 @@ _carry_times: dict[int, float] = defaultdict(float)
 
 
 def _install_clocks() -> None:
-    """Wrap Trainer.train_step (every optimizer step), ProgressiveTrainer.train_stage (which
-    stack trains) and advance_cache (the carry-over between stages) in this child process."""
+    """Wrap EnhancedTrainer.optimizer_step (every optimizer step), ProgressiveRecipe.train_stage
+    (which stack trains) and advance_cache (the carry-over between stages) in this child
+    process."""
     step, stage, advance = (
-        Trainer.train_step,
-        ProgressiveTrainer.train_stage,
+        EnhancedTrainer.optimizer_step,
+        ProgressiveRecipe.train_stage,
         prog_stage_cache.advance_cache,
     )
 
-    def timed_step(self: Trainer, batches: Any) -> torch.Tensor:
+    def timed_step(self: EnhancedTrainer, batches: Any) -> torch.Tensor | None:
         t0, c0 = time.perf_counter(), time.thread_time()
         loss = step(self, batches)
         _step_times[_current_stage[0]].append(time.perf_counter() - t0)
         _step_cpu[_current_stage[0]].append(time.thread_time() - c0)
         return loss
 
-    def tracked_stage(self: ProgressiveTrainer, index: int, n_stacks: int) -> Any:
+    def tracked_stage(self: ProgressiveRecipe, index: int, n_stacks: int) -> Any:
         _current_stage[0] = index
         return stage(self, index, n_stacks)
 
@@ -184,30 +184,31 @@ def _install_clocks() -> None:
         _carry_times[_current_stage[0]] += time.perf_counter() - t0
         return out
 
-    Trainer.train_step = timed_step  # type: ignore[method-assign]
-    ProgressiveTrainer.train_stage = tracked_stage  # type: ignore[method-assign]
+    EnhancedTrainer.optimizer_step = timed_step  # type: ignore[method-assign]
+    ProgressiveRecipe.train_stage = tracked_stage  # type: ignore[method-assign]
     prog_stage_cache.advance_cache = timed_advance  # type: ignore[assignment]
 
 
 def run_once(plan: Plan, cache: bool, data: PreparedData, workdir: Path) -> RunResult:
     torch.set_num_threads(1)
     _install_clocks()
-    config = resolve_vocab(make_config(plan, cache, workdir), len(data.tokenizer))
     torch.manual_seed(SEED)
-    trainer = ProgressiveTrainer(config, data, output_dir=workdir, quiet=True)
+    recipe = progressive_recipe(
+        make_config(plan, cache, workdir), data, output_dir=workdir, quiet=True
+    )
     # the records are written at the end of each stage; read the cache's contents then too
     contents: dict[int, tuple[int, int]] = {}
-    write_history = prog_trainer.write_history
+    write_history = GrowingRack.write_history
 
-    def after_stage(pt: ProgressiveTrainer) -> None:
-        c = pt.cache
-        if c is not None and pt.records:
+    def after_stage(growing: GrowingRack) -> None:
+        c = recipe.cache
+        if c is not None and growing.records:
             entries = sum(len(s.slot_of) for s in c.stores.values())
-            contents[len(pt.records) - 1] = (c.nbytes, entries * plan.seq_len)
-        write_history(pt)
+            contents[len(growing.records) - 1] = (c.nbytes, entries * plan.seq_len)
+        write_history(growing)
 
-    prog_trainer.write_history = after_stage  # this child's run only (it is forked)
-    result = trainer.train_progressively()
+    GrowingRack.write_history = after_stage  # type: ignore[method-assign]  (this child only)
+    result = recipe.train_progressively()
     if torch.get_num_threads() != 1:
         raise RuntimeError(f"the run changed the thread count to {torch.get_num_threads()}")
     out = RunResult()

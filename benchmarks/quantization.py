@@ -44,9 +44,11 @@ import torch.nn.functional as F
 from _common import benchmark_parser
 
 from stackwise.config import ModelConfig
-from stackwise.progressive.builder import AdapterSpec, ProgressiveRackBuilder
+from stackwise.plan import spec_of
+from stackwise.progressive.builder import ProgressiveRackBuilder
 from stackwise.quant.layers import weight_bytes
 from stackwise.quant.lora import TRUNK
+from stackwise.spec import AdapterSpec, ModelSpec
 
 FORMATS = ["fp32", "bf16", "fp8", "nf4", "nvfp4"]
 VOCAB = 2048
@@ -54,14 +56,14 @@ VOCAB = 2048
 
 def build(fmt: str, a: argparse.Namespace) -> ProgressiveRackBuilder:
     torch.manual_seed(0)
-    cfg = ModelConfig(
+    cfg = ModelConfig(  # validated as a config's model section, then made a spec
         d_model=a.d_model,
         n_heads=a.d_model // 64,
         n_stacks=a.stacks,
         blocks_per_stack=1,
         max_seq_len=a.seq,
     )
-    b = ProgressiveRackBuilder(cfg, VOCAB, causal=True, double_quant=True)
+    b = ProgressiveRackBuilder(spec_of(cfg, ModelSpec), VOCAB, causal=True, double_quant=True)
     for _ in range(a.stacks):
         b.append_stack()
     for stack in b.trunk:

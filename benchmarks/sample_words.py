@@ -21,10 +21,11 @@ import json
 
 import torch
 
+from stackwise.config import derive
 from stackwise.data.sources import load_documents
 from stackwise.evaluate import WORD, corpus_vocabulary, word_stats
 from stackwise.generate import generate
-from stackwise.io.trained import load_trained
+from stackwise.runs import config_of, load_trained
 
 GRID = [
     {},
@@ -53,10 +54,14 @@ def main() -> None:
     ap.add_argument("settings", nargs="*", help="JSON objects of sample.* overrides")
     args = ap.parse_args()
     torch.set_num_threads(2)
-    config, rack, tok = load_trained(args.checkpoint)
-    vocabulary = corpus_vocabulary([text for _, text in load_documents(config.data)])
+    plan, rack, tok = load_trained(args.checkpoint)
+    vocabulary = corpus_vocabulary([text for _, text in load_documents(plan.data)])
     seeds = [int(s) for s in args.seeds.split(",")]
     grid = [json.loads(s) for s in args.settings] or GRID
+    config = config_of(plan)  # generate takes its settings as checked: check each row first
+    for overrides in grid:
+        if overrides:
+            derive(config, {f"sample.{k}": v for k, v in overrides.items()}, "a SETTING")
     labels = [json.dumps(o) if o else "(the run's settings)" for o in grid]
     width = max(len(label) for label in [*labels, "overrides of the run sample.*"])
     print(f"{'overrides of the run sample.*':<{width}} {'words':>6} {'pairs':>6} {'w/ pair':>7} d2")
@@ -64,7 +69,7 @@ def main() -> None:
     for overrides, label in zip(grid, labels, strict=True):
         texts = []
         for seed in seeds:
-            texts += generate(config, rack, tok, n=args.samples, seed=seed, **overrides).texts
+            texts += generate(plan, rack, tok, n=args.samples, seed=seed, **overrides).texts
         stats = word_stats(texts, vocabulary)
         print(
             f"{label:<{width}} {stats['in_corpus']:>6.1%} {stats['repeat_rate']:>6.2%} "
