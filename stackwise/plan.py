@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from stackwise import seeds
 from stackwise.config import Config
 from stackwise.errors import StackWiseError
+from stackwise.precision import PACKED
 from stackwise.progressive.timing import TimeMapping, depth_range
 from stackwise.quant.lora import rank_for
 from stackwise.registry import OBJECTIVES
@@ -40,8 +41,6 @@ from stackwise.spec import (
     StageSpec,
     TrainSpec,
 )
-
-QUANTIZED_PRECISIONS = ("nf4", "fp8", "nvfp4", "qlora")
 
 
 def spec_of(value: Any, kind: Any) -> Any:
@@ -211,7 +210,7 @@ def trunk_adapter(config: Config) -> AdapterSpec | None:
 def stage_adapter(config: Config, index: int) -> AdapterSpec | None:
     """Stack `index`'s own LoRA: on a quantized new stack when LoRA is on."""
     lo = config.lora
-    if not (lo.enabled and config.progressive.new_stack_precision in QUANTIZED_PRECISIONS):
+    if not (lo.enabled and config.progressive.new_stack_precision in PACKED):
         return None
     rank, alpha = rank_for(index, config.model.n_stacks, lo)
     return AdapterSpec(rank, alpha, lo.dropout, adapter_dtype(config))

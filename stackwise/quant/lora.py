@@ -13,12 +13,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from stackwise.precision import torch_dtype
 from stackwise.quant.layers import dequantized_weight
 from stackwise.spec import AdapterSpec, LoraSpec
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 STACK, TRUNK = "stack", "trunk"
-ADAPTER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+ADAPTER_DTYPES = ("fp32", "bf16", "fp16")  # the floats an adapter trains in (precision's names)
 # stack files written before the adapter spec named the dtype as torch does
 TORCH_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
@@ -55,7 +56,7 @@ def dtype_name(dtype: str | torch.dtype) -> str:
 
 def adapter_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """The torch dtype an adapter's weights train in, from its spec's dtype name."""
-    return ADAPTER_DTYPES[dtype_name(dtype)]
+    return torch_dtype(dtype_name(dtype))
 
 
 def adapter_record(spec: AdapterSpec) -> dict[str, Any]:
