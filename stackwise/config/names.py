@@ -25,7 +25,8 @@ def registered(family: Family[Any], *allow: str) -> Any:
     def check(name: str) -> str:
         problem = None if name in allow else family.problem(name)
         if problem is not None:
-            raise ValueError(problem)
+            also = " or ".join(f"'{a}'" for a in allow)
+            raise ValueError(problem + (f" It also takes {also}." if allow else ""))
         return name
 
     return Annotated[str, AfterValidator(check)]

@@ -40,13 +40,17 @@ def growth_header(plan: Any, data: PreparedData, recipe: ProgressiveRecipe) -> s
     p = plan.progressive
     return (
         f"StackWise: growing a {plan.objective.name} rack to {plan.model.n_stacks} "
-        f"stacks of {plan.model.blocks_per_stack} blocks ({p.building_mode}, trunk "
+        f"stacks of {blocks(plan.model.blocks_per_stack)} ({p.building_mode}, trunk "
         f"{p.trunk_strategy}, head {p.head_policy}, time as {p.time_interpretation}"
         + (", activation cache" if p.cache.enabled else "")
         + (f", then {p.joint_tuning_steps} joint steps" if p.mode == "fused" else "")
         + f"); {data_line(data, plan)}; device {recipe.accelerator.device}, "
         f"precision {precision(plan, recipe)}; output {recipe.output_dir}" + saving_note(plan)
     )
+
+
+def blocks(n: int) -> str:
+    return f"{n} block" if n == 1 else f"{n} blocks"
 
 
 Progressive = ProgressiveStrategy
