@@ -12,7 +12,7 @@ import itertools
 import math
 import types
 import typing
-from dataclasses import fields, is_dataclass
+from dataclasses import fields, is_dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel
@@ -97,8 +97,6 @@ def sample_spec(config: Config) -> SampleSpec:
     sampler = base.sampler
     if sampler == "auto":
         sampler = OBJECTIVES.capabilities(config.objective.name).default_sampler
-    from dataclasses import replace
-
     return replace(base, sampler=sampler, changed_fields=changed)
 
 
@@ -106,8 +104,6 @@ def train_spec(config: Config, train_rows: int | None, world_size: int) -> Train
     """train with max_steps resolved from num_train_epochs (when the data size is known)."""
     tc = config.train
     spec: TrainSpec = spec_of(tc, TrainSpec)
-    from dataclasses import replace
-
     spec = replace(spec, greater_is_better=tc.best_is_greater())
     if tc.num_train_epochs is not None and train_rows is not None:
         per_step = tc.batch_size * tc.grad_accum_steps * world_size
@@ -155,7 +151,7 @@ def compile_plan(
     )
     if time_mapping is not None:  # a config's own mappings were checked by its rules
         check_mapping(stages, config.progressive.depth_order == "high_to_low")
-    return Plan(**{**plan.__dict__, "stages": stages})
+    return replace(plan, stages=stages)
 
 
 def check_mapping(stages: tuple[StageSpec, ...], chained: bool) -> None:
@@ -190,7 +186,8 @@ def parallel_spec(config: Config, given: str | None) -> ParallelSpec:
 def default_parallelizer(config: Config) -> str:
     """What the config's strategy declares it needs (local losses: an unwrapped model, for
     several backward passes a step), else DDP."""
-    from stackwise.strategies import STRATEGY_FAMILY, strategy_for
+    from stackwise.strategies import strategy_for
+    from stackwise.train.strategy import STRATEGY_FAMILY
 
     return STRATEGY_FAMILY.capabilities(strategy_for(config)).parallelizer or "ddp"
 
@@ -240,7 +237,7 @@ def stage_t_range(
     if p.time_interpretation != "depth" or not uses_time:
         return None
     n, steps = config.model.n_stacks, config.masking.num_time_steps
-    return depth_range(index, n, spec_of(p, ProgressiveSpec), steps, time_mapping)
+    return depth_range(index, n, p, steps, time_mapping)  # reads the section as its spec
 
 
 def stage_spec(

@@ -250,7 +250,7 @@ def test_the_first_families_share_the_protocol():
     @stackwise.register_training_strategy("toy_noop")
     class Noop(stackwise.TrainingStrategy):
         def run(self, config, data, adapter, quiet):
-            raise NotImplementedError
+            raise AssertionError("registered to be listed and looked up, never run")
 
     @stackwise.register_model_adapter("toy_adapter")
     class Adapter(stackwise.ModelAdapter):

@@ -16,6 +16,16 @@ from stackwise.plan import compile_plan
 from stackwise.spec import Plan
 
 
+def grown_plan(stacks: dict) -> Plan:
+    """The plan of a two-stack diffusion growth over 64 rows, with per-stack `stacks`."""
+    d = {
+        "model": {"d_model": 16, "n_heads": 2, "n_stacks": 2, "blocks_per_stack": 1},
+        "objective": {"name": "diffusion"},
+        "progressive": {"strategy": "progressive", "steps_per_stack": 2, "stacks": stacks},
+    }
+    return compile_plan(from_dict(d), train_rows=64)
+
+
 def test_a_plan_is_frozen_and_resolves_auto(tiny):
     plan = compile_plan(tiny(objective={"name": "diffusion"}, sample={"steps": 4}))
     assert isinstance(plan, Plan)
@@ -35,16 +45,7 @@ def test_epochs_become_steps_in_the_spec_and_in_config_yaml(tiny):
 
 
 def test_a_stage_override_is_validated_like_the_config():
-    d = {
-        "model": {"d_model": 16, "n_heads": 2, "n_stacks": 2, "blocks_per_stack": 1},
-        "objective": {"name": "diffusion"},
-        "progressive": {
-            "strategy": "progressive",
-            "steps_per_stack": 2,
-            "stacks": {1: {"masking": {"antithetic": "false"}, "lr": 0.01}},
-        },
-    }
-    plan = compile_plan(from_dict(d), train_rows=64)
+    plan = grown_plan({1: {"masking": {"antithetic": "false"}, "lr": 0.01}})
     first, second = plan.stages
     assert first.masking.antithetic is True
     assert second.masking.antithetic is False  # "false" read as the config reads it
@@ -57,16 +58,7 @@ def test_a_stage_plan_says_what_the_stage_trains(tmp_path):
     and reloads."""
     from stackwise.progressive.stage_specs import stage_plan
 
-    d = {
-        "model": {"d_model": 16, "n_heads": 2, "n_stacks": 2, "blocks_per_stack": 1},
-        "objective": {"name": "diffusion"},
-        "progressive": {
-            "strategy": "progressive",
-            "steps_per_stack": 2,
-            "stacks": {1: {"objective": {"name": "mlm"}, "masking": {"mask_ratio": 0.3}}},
-        },
-    }
-    plan = compile_plan(from_dict(d), train_rows=64)
+    plan = grown_plan({1: {"objective": {"name": "mlm"}, "masking": {"mask_ratio": 0.3}}})
     stage = stage_plan(plan, plan.stages[1], tmp_path / "stack_1")
     assert stage.objective.name == "mlm" and stage.masking.mask_ratio == 0.3
     again = from_dict(yaml.safe_load(stage.to_yaml()))

@@ -1,5 +1,5 @@
-"""The model section: the rack's shape (and which fields of it make weights a different
-function), or the Hugging Face model to load instead."""
+"""The model section: the rack's shape, or the Hugging Face model to load instead. Which
+shape fields make weights a different function is spec.model.RACK_SHAPE_FIELDS."""
 
 from __future__ import annotations
 
@@ -10,24 +10,7 @@ from pydantic import Field, PositiveFloat, PositiveInt
 from stackwise.config.base import Section
 from stackwise.config.moe import MoEConfig
 from stackwise.precision import ModelDtype, Storage4bit
-
-# the model fields that make a rack's weights a different function
-RACK_SHAPE_FIELDS = (
-    "vocab_size",
-    "d_model",
-    "n_heads",
-    "n_kv_heads",
-    "n_stacks",
-    "blocks_per_stack",
-    "ffn_hidden",
-    "max_seq_len",
-    "rope_theta",
-    "norm_eps",
-    "tie_embeddings",
-    "frozen_up_proj",
-    "time_conditioning",
-    "attention_bias",
-)
+from stackwise.spec.model import RACK_SHAPE_FIELDS  # noqa: F401  (kept importable here)
 
 
 class ModelConfig(Section):

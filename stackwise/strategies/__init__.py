@@ -9,9 +9,6 @@ progressive.mode fused it then tunes the whole rack). Adding one is a subclass r
 """
 
 from stackwise.strategies.base import (
-    REGISTERED as STRATEGY_FAMILY,
-)
-from stackwise.strategies.base import (
     STRATEGIES,
     RunResult,
     get_training_strategy,
@@ -25,7 +22,6 @@ from stackwise.train.strategy import TrainingStrategy
 
 __all__ = [
     "STRATEGIES",
-    "STRATEGY_FAMILY",
     "LocalLossStrategy",
     "LocalLosses",
     "Progressive",

@@ -14,8 +14,11 @@ from torch import nn
 
 from stackwise.data.pack import PreparedData
 from stackwise.train.state import TrainState
-from stackwise.train.strategy import STRATEGIES as FAMILY
-from stackwise.train.strategy import TrainingStrategy
+from stackwise.train.strategy import (
+    STRATEGY_FAMILY,
+    TrainingStrategy,
+    register_training_strategy,
+)
 
 
 @dataclass
@@ -29,10 +32,17 @@ class RunResult:
     progressive: Any = None  # ProgressiveResult of a progressive run
 
 
-REGISTERED = FAMILY
-STRATEGIES = REGISTERED.entries
+REGISTERED = STRATEGY_FAMILY  # the family (stackwise.registry's protocol)
+STRATEGIES = REGISTERED.entries  # name -> class
 # `@register_training_strategy(name)` makes `train_from_config(..., strategy=name)` work.
-register_training_strategy = REGISTERED.register
+__all__ = [
+    "REGISTERED",
+    "STRATEGIES",
+    "RunResult",
+    "get_training_strategy",
+    "register_training_strategy",
+    "strategy_for",
+]
 
 
 def get_training_strategy(name: str, config: Any = None, logger: Any = None) -> TrainingStrategy:

@@ -31,7 +31,7 @@ from stackwise.train.placement import ParamGroups, place_model
 from stackwise.train.run_dir import claim_output_dir, run_dir_of
 from stackwise.train.sampler import TrainingData
 from stackwise.train.state import Stage
-from stackwise.train.strategy import STRATEGIES, StepContext, TrainingStrategy
+from stackwise.train.strategy import STRATEGY_FAMILY, StepContext, TrainingStrategy
 from stackwise.train.trainer import EnhancedTrainer, RunData
 
 
@@ -53,7 +53,7 @@ def check_placement(chosen: str, strategy: TrainingStrategy) -> str:
     """The parallelizer to place the model with: the user's (`chosen`), else the one the
     strategy declares it needs, else DDP. A strategy whose step runs several backward passes
     (local losses) needs an unwrapped model: a wrapping choice is refused."""
-    needed = STRATEGIES.capabilities_of(strategy).parallelizer
+    needed = STRATEGY_FAMILY.capabilities_of(strategy).parallelizer
     if chosen == "auto":
         return needed or "ddp"
     if needed and PARALLELIZERS.capabilities(chosen, "train.parallelizer").wraps_model:

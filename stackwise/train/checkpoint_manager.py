@@ -73,10 +73,9 @@ class CheckpointManager:
         """checkpoint-<step> of the run; see `save`."""
         return self.save(step, lambda folder: write_contents(folder, contents), protected)
 
-    def restore(self, path: Path, contents: CheckpointContents) -> dict[str, Any]:
+    def restore(self, path: Path, contents: CheckpointContents, saved: dict[str, Any]) -> None:
         """Weights, optimizer, scheduler, scaler and this rank's RNG from checkpoint `path`
-        into `contents`' objects; returns the saved run state (trainer_state.json)."""
-        saved = self.read_state(path)
+        into `contents`' objects; `saved` is its run state (read_state)."""
         contents.adapter.load_weights(contents.model, path)
         contents.optimizer.load_state_dict(ckpt.load_bin(path / "optimizer.bin"))
         contents.scheduler.load_state_dict(ckpt.load_bin(path / "scheduler.bin"))
@@ -84,7 +83,6 @@ class CheckpointManager:
             contents.scaler.load_state_dict(ckpt.load_bin(path / "scaler.bin"))
         self.saved_steps = {int(saved.get("step", 0))}
         self.read_rng(path)
-        return saved
 
     def agree(self, error: str | None) -> None:
         agree(self.acc, error)

@@ -36,10 +36,11 @@ class Sink:
     def close(self, run: RunInfo) -> None: ...
 
     def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to continue this sink (W&B: its run id); most keep none."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        """`state_dict`'s value from a checkpoint; a sink that keeps none ignores it."""
 
 
 def _fmt(key: str, value: Any) -> str:

@@ -156,10 +156,10 @@ def training_batch(ctx: StepContext, batch: Batch) -> Batch:
     return random_lengths(batch, ctx.length_ratio, pad_id, ctx.gen)
 
 
-STRATEGIES: Registry[TrainingStrategy] = Registry(
+STRATEGY_FAMILY: Registry[TrainingStrategy] = Registry(
     "training strategy",
     "register_training_strategy",
     # a parallelizer whose placement the step needs (local losses: an unwrapped model)
     defaults={"parallelizer": None},
 )
-register_training_strategy = STRATEGIES.register
+register_training_strategy = STRATEGY_FAMILY.register

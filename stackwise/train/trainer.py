@@ -278,7 +278,7 @@ class EnhancedTrainer:
         saved = self.checkpoints.read_state(path)
         if note := ckpt.check_resume_config(path, self.plan, int(saved.get("step", 0))):
             self.logger_note(note)
-        saved = self.checkpoints.restore(path, self.contents())
+        self.checkpoints.restore(path, self.contents(), saved)
         self.live.state = TrainState.from_dict({**saved, "resumed_from": str(path)})
         states = saved.get("extensions", {})
         self.metrics.load_state_dict(saved.get("metrics") or states)  # older runs: extensions

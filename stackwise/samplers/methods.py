@@ -1,0 +1,133 @@
+"""The built-in masked samplers, each registered with `@register_sampler`: `ancestral` and
+`remask` reveal step by step (a `Stepwise` with its own `reveal` rule), `single_pass` runs a
+denoising chain once (a `Method` that fills the whole generation itself)."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from stackwise.registry import register_sampler
+from stackwise.samplers.draws import Progress, draw, split_steps
+
+if TYPE_CHECKING:
+    from stackwise.samplers import MaskedSampler
+
+REDRAW_STEPS = 8  # a block's extra steps for words the repeat guard masked again
+
+
+class Method(ABC):
+    """A registered sampler: fills the masked part of `x` for one run (`self.run`)."""
+
+    def __init__(self, run: MaskedSampler) -> None:
+        self.run = run
+
+    @abstractmethod
+    def fill(self, x: torch.Tensor, p: int, length: int, on_block: Progress | None) -> torch.Tensor:
+        """`x` with its masked positions after the prompt (`p` tokens) filled."""
+
+
+class Stepwise(Method):
+    """Blocks left to right over their share of the steps; `reveal` picks each step's."""
+
+    @abstractmethod
+    def reveal(self, masked: Tensor, logits: Tensor, tokens: Tensor, j: int, steps: int) -> Tensor:
+        """Which masked positions step `j` of `steps` reveals (with `tokens` drawn for them)."""
+
+    def fill(self, x: torch.Tensor, p: int, length: int, on_block: Progress | None) -> torch.Tensor:
+        run = self.run
+        block = run.s.block_length or length
+        starts = list(range(p, p + length, block))
+        for start, steps in zip(starts, split_steps(run.s.steps, len(starts)), strict=True):
+            in_block = torch.zeros_like(x, dtype=torch.bool)
+            in_block[:, start : min(start + block, p + length)] = True
+            x = self.fill_block(x, in_block, steps)
+            if on_block is not None:
+                on_block(x[:, : min(start + block, p + length)])
+            if run.eos_id is not None and bool((x[:, p:] == run.eos_id).any(1).all()):
+                break  # every row has ended: later blocks are not generated
+        return x
+
+    def fill_block(self, x: torch.Tensor, in_block: torch.Tensor, steps: int) -> torch.Tensor:
+        """`steps` steps; with a repeat guard, up to REDRAW_STEPS more redraw what it masked
+        again (each extra step reveals everything still masked, as a last step does)."""
+        run, s = self.run, self.run.s
+        budget = steps + (REDRAW_STEPS if run.guard is not None else 0)
+        for j in range(budget):
+            masked = (x == run.mask_id) & in_block
+            if not bool(masked.any()):
+                break
+            run.stats.steps += 1
+            logits = run.logits(x)
+            if run.guard is not None:
+                logits = run.guard.apply_bans(logits)
+            tokens = draw(logits, s.temperature, s.top_k, s.top_p, run.gen)
+            reveal = self.reveal(masked, logits, tokens, min(j, steps - 1), steps)
+            x = torch.where(reveal, tokens, x)
+            if run.guard is not None and j < budget - 1:
+                x, in_block = run.guard.mend(x, run.prompt_len, in_block)
+        return x
+
+
+@register_sampler("ancestral")
+class Ancestral(Stepwise):
+    """Each masked position is revealed with probability (m(t) - m(s)) / m(t)."""
+
+    def reveal(self, masked: Tensor, logits: Tensor, tokens: Tensor, j: int, steps: int) -> Tensor:
+        grid = torch.tensor([1 - j / steps, 1 - (j + 1) / steps], dtype=torch.float32)
+        m_t, m_s = self.run.schedule.mask_fraction(grid.clamp_min(0.0)).double().tolist()
+        p = 1.0 if j == steps - 1 or m_t <= 0 else (m_t - m_s) / m_t
+        gen = self.run.gen
+        u = torch.rand(masked.shape, generator=gen, device=masked.device, dtype=torch.float64)
+        return masked & (u < p)
+
+
+@register_sampler("remask", uses_remasking=True)
+class Remask(Stepwise):
+    """Each step reveals its share of the still-masked positions, ranked by `remasking`."""
+
+    def reveal(self, masked: Tensor, logits: Tensor, tokens: Tensor, j: int, steps: int) -> Tensor:
+        return self.run.remask(masked, logits, tokens, steps - j)
+
+
+@register_sampler("single_pass", needs_chain=True, uses_remasking=True)
+class SinglePass(Method):
+    """One pass through a rack grown as a denoising chain, revealing after each stack."""
+
+    def fill(self, x: torch.Tensor, p: int, length: int, on_block: Progress | None) -> torch.Tensor:
+        run, s, rack = self.run, self.run.s, self.run.rack
+        chain = getattr(rack, "chain", None)
+        if chain is None or rack.depth_ranges is None:
+            raise ValueError(
+                "sampler single_pass needs a rack grown as a denoising chain (time as depth with "
+                "progressive.depth_order: high_to_low)"
+            )
+        levels = [r[2] for r in rack.depth_ranges] + [0.0]
+        fractions = chain.mask_fraction(torch.tensor(levels)).double().tolist()
+        h = rack.embed(x)
+        for g, stack in enumerate(rack.stacks):
+            if g:
+                h = rack.chain_input(h, x)
+            h = rack.run_stacks(h, None, [stack])
+            masked = x == run.mask_id
+            if not bool(masked.any()):
+                break
+            run.stats.steps += 1
+            logits = rack.logits(h).float()
+            logits[..., run.banned] = -math.inf
+            tokens = draw(logits, s.temperature, s.top_k, s.top_p, run.gen)
+            m_t, m_s = fractions[g], fractions[g + 1]
+            share = 1.0 if g == len(rack.stacks) - 1 or m_t <= 0 else (m_t - m_s) / m_t
+            if s.remasking_set:
+                reveal = run.remask(masked, logits, tokens, 1.0 / max(share, 1e-12))
+            else:
+                u = torch.rand(masked.shape, generator=run.gen, dtype=torch.float64)
+                reveal = masked & (u.to(masked.device) < share)
+            x = torch.where(reveal, tokens, x)
+        run.stats.forward_passes += 1
+        run.stats.row_passes += x.shape[0]
+        return x
