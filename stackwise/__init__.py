@@ -57,14 +57,9 @@ _EXPORTS = {
     "stackwise.plan": ("compile_plan",),
     "stackwise.spec": ("Plan",),
     "stackwise.pipeline": ("progressive_recipe", "train_from_config", "trainer_for"),
-    "stackwise.train": (
-        "CheckpointManager",
-        "EnhancedTrainer",
-        "ExtensionManager",
-        "MetricsLogger",
-        "Trainer",
-        "build_trainer",
-    ),
+    "stackwise.train": ("CheckpointManager", "ExtensionManager", "MetricsLogger", "build_trainer"),
+    "stackwise.fronts.trainer": ("EnhancedTrainer", "Trainer"),
+    "stackwise.config.seed_config": ("StackWiseConfig", "TrainingConfig"),
     "stackwise.train.adapters": ("ModelAdapter", "get_model_adapter", "register_model_adapter"),
     "stackwise.train.extensions": ("Extension", "register_extension"),
 }
@@ -88,8 +83,10 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # static tools see the real names
     from stackwise.config import Config, load_config, save_config  # noqa: F401
+    from stackwise.config.seed_config import StackWiseConfig, TrainingConfig  # noqa: F401
     from stackwise.data import PreparedData, build_data  # noqa: F401
     from stackwise.errors import StackWiseError  # noqa: F401
+    from stackwise.fronts.trainer import EnhancedTrainer, Trainer  # noqa: F401
     from stackwise.generate import sample_texts  # noqa: F401
     from stackwise.hf.memory import MemoryAdapter  # noqa: F401
     from stackwise.io.trained import build_rack  # noqa: F401
@@ -136,10 +133,8 @@ if TYPE_CHECKING:  # static tools see the real names
     )
     from stackwise.train import (  # noqa: F401
         CheckpointManager,
-        EnhancedTrainer,
         ExtensionManager,
         MetricsLogger,
-        Trainer,
         build_trainer,
     )
     from stackwise.train.adapters import (  # noqa: F401

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any
 
 import pytest
 import yaml
@@ -306,26 +305,6 @@ def test_every_choice_field_takes_yaml_booleans_or_says_how_to_quote(field, word
     for part in path.split("."):
         node = getattr(node, part)
     assert node == colliding[0]
-
-
-def test_every_legacy_name_is_in_the_readme_and_maps_to_a_real_key():
-    """One alias table; the README lists each legacy name, and each target is a real field."""
-    import re
-    from pathlib import Path
-
-    from stackwise.config import KEY_ALIASES, VALUE_ALIASES, Config
-
-    readme = Path(__file__).parents[1].joinpath("README.md").read_text()
-    documented = set(re.findall(r"`([a-z_0-9]+)`", readme))
-    for alias, target in KEY_ALIASES.items():
-        assert alias.split(".")[-1] in documented, alias
-        node: Any = Config
-        for part in target.split("."):
-            node = node.model_fields[part].annotation
-    for path, values in VALUE_ALIASES.items():
-        for old in values:
-            assert old in documented, (path, old)
-    assert from_dict({"train": {"eval_steps": 7}}).train.eval_every == 7
 
 
 def test_section_and_cross_section_problems_come_in_one_message():

@@ -28,6 +28,7 @@ LAYERS = {  # first dotted parts -> layer, higher is further up
     "runs": 8,
     "evaluate": 8,
     "envreport": 8,
+    "fronts": 8,
     "strategies": 7,
     "hf": 6,
     "progressive": 6,

@@ -1,92 +1,171 @@
-"""The seeds' legacy names, in one table keyed by the path where each is accepted.
+"""The seeds' names applied to a config's plain data: each seed layout's key moved to the real
+key it stands for (`training.max_length` -> `data.seq_len`, `qlora_rank` -> `lora.rank`), with
+its value converted where the seed's type differs (`mixed_precision: true` -> `auto`), and the
+seeds' value names renamed in place (`new_stack_precision: half` -> `fp16`).
 
-Key aliases move a value to its real key (`progressive.qlora_rank` -> `lora.rank`); value
-aliases rename a value in place (`new_stack_precision: half` -> `fp16`). Giving both an alias
-and its real key is refused. `stackwise config show --aliases` prints this table.
+Giving a key twice (an alias and its real key, or two aliases of one key) is refused, as is a
+key under `training:` or `qlora:` that no seed names. The tables live in `seed_layouts`;
+`stackwise config show --aliases` prints them.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
 from typing import Any
 
 from stackwise.config.paths import put, section_at
+from stackwise.config.seed_layouts import (
+    Layout,
+    SeedKey,
+    enhanced,
+    infrastructure,
+    model_trainer,
+    progressive,
+    unified,
+)
 from stackwise.errors import StackWiseError
 
-# the seeds' flat names and the key each stands for; accepted at the top level and inside the
-# sections where the seeds put them (progressive:, train:)
-_SEED_KEYS: dict[str, str] = {
-    "quantization_enabled": "quant.enabled",
-    "quantization_type": "quant.type",
-    "backbone_quantized": "quant.backbone_quantized",
-    "adapters_full_precision": "quant.adapters_full_precision",
-    "mixed_precision": "train.mixed_precision",
-    "new_stack_precision": "progressive.new_stack_precision",
-    "qlora_enabled": "lora.enabled",
-    "use_lora": "lora.enabled",
-    "qlora_rank": "lora.rank",
-    "lora_r": "lora.rank",
-    "qlora_alpha": "lora.alpha",
-    "lora_alpha": "lora.alpha",
-    "lora_dropout": "lora.dropout",
-    "qlora_strategy": "lora.strategy",
-    "qlora_rank_pattern": "lora.rank_pattern",
-    "qlora_alpha_pattern": "lora.alpha_pattern",
-    "qlora_configs": "lora.per_stack",
-    "progressive_qlora": "lora.trunk_adapters",
-    "progressive_qlora_rank": "lora.trunk_rank",
-    "progressive_qlora_alpha": "lora.trunk_alpha",
-    "lora_lr": "train.group_lr.lora",
-    "memory_lr": "train.group_lr.memory",
-    "base_model_lr": "train.group_lr.base",
-    "enabled_extensions": "train.enabled_extensions",
-    "eval_steps": "train.eval_every",
-    "log_to_wandb": "logging.log_to_wandb",
-}
+LAYOUTS: tuple[Layout, ...] = tuple(
+    m.LAYOUT for m in (unified, infrastructure, enhanced, progressive, model_trainer)
+)
 
+# names earlier releases accepted inside progressive: and train: as well as at the top
+_NESTED_LEGACY = (
+    "quantization_enabled", "quantization_type", "backbone_quantized", "adapters_full_precision",
+    "mixed_precision", "new_stack_precision", "qlora_enabled", "use_lora", "qlora_rank",
+    "lora_r", "qlora_alpha", "lora_alpha", "lora_dropout", "qlora_strategy",
+    "qlora_rank_pattern", "qlora_alpha_pattern", "qlora_configs", "progressive_qlora",
+    "progressive_qlora_rank", "progressive_qlora_alpha", "lora_lr", "memory_lr",
+    "base_model_lr", "enabled_extensions", "eval_steps", "log_to_wandb",
+)  # fmt: skip
+# containers only the seeds write: emptied by the aliases, anything left in them is unknown
+SEED_SECTIONS = ("training.progressive", "training", "qlora")
+
+
+def _seed_keys() -> dict[str, SeedKey]:
+    found: dict[str, SeedKey] = {}
+    for layout in LAYOUTS:
+        for path, key in layout.keys.items():
+            if path in found and found[path].target != key.target:
+                raise AssertionError(f"seed key {path} means two things")
+            found.setdefault(path, key)
+    flat = {p: k for p, k in found.items() if "." not in p}
+    old = {
+        p: progressive.LAYOUT.keys[f"training.progressive.{p}"]
+        for p in _NESTED_LEGACY
+        if f"training.progressive.{p}" in progressive.LAYOUT.keys and p not in flat
+    }
+    for name in _NESTED_LEGACY:
+        key = flat.get(name) or old.get(name)
+        if key is not None:
+            for where in ("progressive.", "train."):
+                found.setdefault(where + name, key)
+            found.setdefault(name, key)
+    return {p: k for p, k in found.items() if p != k.target}  # a real key is no alias
+
+
+SEED_KEYS: dict[str, SeedKey] = _seed_keys()
 # alias path -> real path
-KEY_ALIASES: dict[str, str] = {
-    f"{where}{name}": target
-    for where in ("", "progressive.", "train.")
-    for name, target in _SEED_KEYS.items()
-    if f"{where}{name}" != target  # the real key itself is no alias
-}
-
-# real path -> {alias value: real value}
-VALUE_ALIASES: dict[str, dict[str, str]] = {
-    "progressive.new_stack_precision": {"half": "fp16", "float16": "fp16", "bfloat16": "bf16"},
-    "quant.type": {"nf_fp8": "fp8"},
-}
+KEY_ALIASES: dict[str, str] = {path: key.target for path, key in SEED_KEYS.items()}
+# real path -> {seed value: real value}
+VALUE_ALIASES: dict[str, dict[str, str]] = {}
+for _layout in LAYOUTS:
+    for _path, _values in _layout.values.items():
+        VALUE_ALIASES.setdefault(_path, {}).update(_values)
 
 
 def alias_table() -> list[tuple[str, str]]:
     """(alias, meaning) rows, keys first, for `stackwise config show --aliases`."""
-    rows = sorted(KEY_ALIASES.items())
+    rows = []
+    for path, key in sorted(SEED_KEYS.items()):
+        note = f"  ({key.note})" if key.note else ""
+        rows.append((path, key.target + note))
     for path, values in VALUE_ALIASES.items():
         rows += [(f"{path}: {old}", f"{path}: {new}") for old, new in values.items()]
     return rows
 
 
+def convert_seed_value(path: str, value: Any) -> Any:
+    """`value` given under the seed's `path`, as its real key takes it (OMIT: set nothing)."""
+    key = SEED_KEYS[path]
+    return key.convert(value) if key.convert is not None else value
+
+
 def apply_aliases(data: dict[str, Any]) -> dict[str, Any]:
-    """`data` (never modified) with every alias replaced by its real key or value."""
+    """`data` (never modified) with every seed key at its real key and every seed value
+    renamed. Deeper paths go first, so `training.progressive.*` leaves `training.*` alone."""
     data = copy.deepcopy(data)
-    for alias, target in KEY_ALIASES.items():
-        *where, name = alias.split(".")
+    moved: dict[str, str] = {}  # real path -> the seed path that set it
+    given: dict[str, Any] = {}
+    for path in sorted(SEED_KEYS, key=lambda p: -p.count(".")):
+        *where, name = path.split(".")
         holder = section_at(data, where, create=False)
         if holder is None or name not in holder:
             continue
-        value = holder.pop(name)
-        *sections, leaf = target.split(".")
-        node = section_at(data, sections, create=False)
-        if node is not None and leaf in node:
-            raise StackWiseError(
-                f"Config sets both '{alias}' and '{target}' (its documented alias); "
-                "keep one of them."
-            )
-        put(data, target, value, f"'{alias}'")
+        given[path] = holder.pop(name)
+        value = convert_seed_value(path, given[path])
+        if value is model_trainer.OMIT:
+            continue
+        target = SEED_KEYS[path].target
+        _refuse_twice(data, path, target, moved)
+        put(data, target, value, f"'{path}'")
+        moved[target] = path
+    if model_trainer.both_precisions_off(given) and "train.mixed_precision" not in moved:
+        _refuse_twice(data, "fp16/bf16", "train.mixed_precision", moved)
+        put(data, "train.mixed_precision", "no")
+    _refuse_leftovers(data)
     for path, values in VALUE_ALIASES.items():
         *sections, leaf = path.split(".")
         node = section_at(data, sections, create=False)
         if node is not None and isinstance(node.get(leaf), str) and node[leaf] in values:
             node[leaf] = values[node[leaf]]
     return data
+
+
+def _refuse_twice(data: dict[str, Any], path: str, target: str, moved: dict[str, str]) -> None:
+    *sections, leaf = target.split(".")
+    node = section_at(data, sections, create=False)
+    if target in moved:
+        raise StackWiseError(
+            f"Config sets {target} twice, as '{moved[target]}' and as '{path}' (two names of "
+            "one key); keep one of them."
+        )
+    if node is not None and leaf in node:
+        raise StackWiseError(
+            f"Config sets both '{path}' and '{target}' (its documented alias); keep one of them."
+        )
+
+
+def _refuse_leftovers(data: dict[str, Any]) -> None:
+    """Drop the seed-only containers the aliases emptied; name any key still in one."""
+    for container in SEED_SECTIONS:
+        *where, name = container.split(".")
+        holder = section_at(data, where, create=False)
+        if holder is None or name not in holder:
+            continue
+        node = holder[name]
+        if isinstance(node, dict) and not node:
+            del holder[name]
+            continue
+        if not isinstance(node, dict):
+            raise StackWiseError(f"'{container}' must be a section of keys, not {node!r}.")
+        known = sorted(
+            p.removeprefix(container + ".")
+            for p in SEED_KEYS
+            if p.startswith(container + ".") and "." not in p[len(container) + 1 :]
+        )
+        stray = [k for k in node if not (container == "training" and k == "progressive")]
+        if not stray:
+            continue
+        hints = []
+        for key in stray:
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            hints.append(
+                f"'{container}.{key}'" + (f" (did you mean '{close[0]}'?)" if close else "")
+            )
+        raise StackWiseError(
+            f"Unknown key{'s' if len(hints) > 1 else ''} {', '.join(hints)} in the seeds' "
+            f"'{container}:' section. It takes: {', '.join(known)}; `stackwise config show "
+            "--aliases` lists every seed key and where it lands."
+        )

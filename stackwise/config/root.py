@@ -81,3 +81,11 @@ class Config(Section):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    @property
+    def training(self) -> Any:
+        """The seeds' `training` section as attributes (`config.training.max_length`,
+        `config.training.progressive.trunk_strategy = "qlora"`), on the real keys."""
+        from stackwise.config.seed_view import SeedView
+
+        return SeedView(self, "training.")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,10 +22,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from stackwise import seeds
+from stackwise.errors import StackWiseError
 from stackwise.io import checkpoints as ckpt
 from stackwise.model.layers import compile_blocks
 from stackwise.train import interrupts
-from stackwise.train.checkpoint_manager import CheckpointContents, CheckpointManager
+from stackwise.train.checkpoint_manager import CheckpointManager
 from stackwise.train.evaluation import Evaluator
 from stackwise.train.extensions import ExtensionManager
 from stackwise.train.interrupts import StopSignals, TrainingInterrupted, stop_signals
@@ -36,9 +36,9 @@ from stackwise.train.placement import Placement
 from stackwise.train.sampler import TrainingData
 from stackwise.train.state import Control, Live, RunInfo, Stage, TrainState
 from stackwise.train.strategy import TrainingStrategy
+from stackwise.train.trainer_files import RunFiles
 
 Batches = Iterator[dict[str, torch.Tensor]]
-Writer = Callable[[Path], None] | None  # writes more final files into the folder it is given
 
 
 @dataclass
@@ -49,21 +49,50 @@ class RunData:
     evaluator: Evaluator
 
 
-class EnhancedTrainer:
+# The seeds' ways to make a Trainer from settings (`Trainer(config)`, `Trainer(config,
+# model=m)`, `EnhancedTrainer(model_config=..., training_config=..., data_config=...)`) need
+# the config door, a layer above this one: stackwise.fronts.trainer registers the function that
+# builds them (importing it from `stackwise` does).
+SEED_FRONT: list[Callable[..., EnhancedTrainer]] = []
+
+
+def _from_settings(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """A call without the built parts (placement and data) is a seed's call from settings."""
+    return len(args) < 4 and "placement" not in kwargs
+
+
+class EnhancedTrainer(RunFiles):
+    def __new__(cls, *args: Any, **kwargs: Any) -> EnhancedTrainer:
+        if not _from_settings(args, kwargs):
+            return super().__new__(cls)
+        if not SEED_FRONT:
+            raise StackWiseError(
+                "Trainer(config) and EnhancedTrainer(model_config=..., training_config=...) "
+                "are built by stackwise.fronts.trainer: import the class from stackwise "
+                "(`from stackwise import Trainer`), which loads it."
+            )
+        return SEED_FRONT[0](*args, **kwargs)
+
     def __init__(
         self,
-        plan: Any,
-        model_adapter: Any,
-        training_strategy: TrainingStrategy,
-        placement: Placement,
-        data: RunData,
-        extension_manager: ExtensionManager,
-        checkpoint_manager: CheckpointManager,
-        metrics_logger: MetricsLogger,
+        plan: Any = None,
+        model_adapter: Any = None,
+        training_strategy: TrainingStrategy | None = None,
+        placement: Placement | None = None,
+        data: RunData | None = None,
+        extension_manager: ExtensionManager | None = None,
+        checkpoint_manager: CheckpointManager | None = None,
+        metrics_logger: MetricsLogger | None = None,
         stage: Stage | None = None,
+        **settings: Any,
     ) -> None:
         """`plan`: the run's specs; `stage` labels a progressive stage (defer_finish keeps its
-        loggers open until `finish()`, after its stack's own report)."""
+        loggers open until `finish()`, after its stack's own report). A call from settings
+        (see SEED_FRONT) was built whole by `__new__`: nothing is left to do here."""
+        if placement is None:
+            return
+        assert data is not None and training_strategy is not None
+        assert extension_manager and checkpoint_manager and metrics_logger
         self.plan, self.adapter, self.strategy = plan, model_adapter, training_strategy
         self.placement, self.data = placement, data
         self.extensions, self.checkpoints = extension_manager, checkpoint_manager
@@ -236,63 +265,6 @@ class EnhancedTrainer:
                 compile_blocks(self.raw_model, on=False)
             self.call_hook("on_train_end")
             self.metrics.close()
-
-    # -- checkpoints ----------------------------------------------------------------------------
-
-    def contents(self) -> CheckpointContents:
-        p = self.placement
-        scaler = self.accelerator.scaler
-        return CheckpointContents(
-            self.adapter,
-            p.checkpointed(),
-            p.optimizer,
-            p.scheduler,
-            scaler,
-            self.plan,
-            self.state_dict(),
-        )
-
-    def save_checkpoint(self) -> Path:
-        """outputs/<run>/checkpoint-<step>, atomically (see CheckpointManager)."""
-        protected = self.extensions.protected_checkpoints()
-        path, fresh = self.checkpoints.save_run(self.state.step, self.contents(), protected)
-        if fresh:
-            if reports := self.extensions.reports():
-                self.metrics.log({f"report/{k}": v for k, v in reports.items()})
-            self.call_hook("on_save", path)
-        return path
-
-    def state_dict(self) -> dict[str, Any]:
-        """trainer_state.json: the run state, the process count, the stage, and the states
-        extensions and sinks keep (what resuming needs, and nothing else)."""
-        return {
-            **self.state.state_dict(),
-            "world_size": self.accelerator.num_processes,
-            "stack_index": self.stage.index,
-            "extensions": self.extensions.state_dict(),
-            "metrics": self.metrics.state_dict(),
-        }
-
-    def load_checkpoint(self, path: Path) -> None:
-        """Weights, optimizer, scheduler, sampler position, RNG and extension states."""
-        saved = self.checkpoints.read_state(path)
-        if note := ckpt.check_resume_config(path, self.plan, int(saved.get("step", 0))):
-            self.logger_note(note)
-        self.checkpoints.restore(path, self.contents(), saved)
-        self.live.state = TrainState.from_dict({**saved, "resumed_from": str(path)})
-        states = saved.get("extensions", {})
-        self.metrics.load_state_dict(saved.get("metrics") or states)  # older runs: extensions
-        self.extensions.load_state_dict(states)
-        self.logger_note(f"resumed from {path} at step {self.state.step}")
-
-    # -- saving -----------------------------------------------------------------------------
-
-    def save(self, tokenizer: Any = None, weights: bool = True, also: Writer = None) -> Path:
-        """Weights, config.yaml, tokenizer/, history.json, `also`'s files: staged (io.final)."""
-        contents = self.contents()
-        contents.model = self.unwrapped()
-        self.checkpoints.save_final(contents, tokenizer, weights, also)
-        return self.output_dir
 
 
 Trainer = EnhancedTrainer

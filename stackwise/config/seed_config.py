@@ -1,0 +1,65 @@
+"""`TrainingConfig`: a whole config built the way seeds 000, 002 and 004 build theirs, from
+flat keywords (`TrainingConfig(mode="blockwise", qlora_enabled=True)`,
+`TrainingConfig(model_name_or_path=..., use_lora=True)`), and read or written through the same
+flat names (`config.use_lora`, `training_config.enabled_extensions = [...]`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError, model_validator
+
+from stackwise.config.aliases import SEED_KEYS, apply_aliases
+from stackwise.config.base import ALL_RULES
+from stackwise.config.keys import check_keys
+from stackwise.config.loading import invalid_config, load_config, validated
+from stackwise.config.root import Config
+from stackwise.config.seed_view import SeedView
+
+
+class StackWiseConfig(Config):
+    """A Config as seed 003 loads and checks one: `StackWiseConfig.from_yaml(path)`, then
+    `config.validate()` after attribute edits."""
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> StackWiseConfig:
+        """A config file (ours or a seed's layout), loaded and validated."""
+        return cls.model_validate(load_config(path).model_dump(mode="json"), context=ALL_RULES)
+
+    def validate(self) -> StackWiseConfig:  # type: ignore[override]
+        """Check the whole config again, every rule at once (attribute edits check each value
+        alone); returns the checked config and raises naming each problem."""
+        validated(self.model_dump(mode="json"), "config")
+        return self
+
+
+class TrainingConfig(StackWiseConfig):
+    """A Config that takes the seeds' flat keys beside our sections."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _seed_keywords(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        plain = {k: v.model_dump() if isinstance(v, BaseModel) else v for k, v in data.items()}
+        plain = apply_aliases(plain)
+        check_keys(plain, Config)
+        return plain
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as err:
+            raise invalid_config(err, "TrainingConfig(...)") from None
+
+    def __getattr__(self, name: str) -> Any:
+        if name in SEED_KEYS and "." not in name:
+            return getattr(SeedView(self, ""), name)
+        return super().__getattr__(name)  # type: ignore[misc]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in SEED_KEYS and "." not in name and name not in type(self).model_fields:
+            setattr(SeedView(self, ""), name, value)
+            return
+        super().__setattr__(name, value)

@@ -1,0 +1,54 @@
+"""The seeds' config layouts: every key a seed document writes, and the real key it lands on.
+
+A seed layout is a table of paths as the seed writes them (`training.max_length`,
+`training.progressive.cache_activations`, a flat `qlora_rank`, `qlora.lr`) and, for each, the
+dotted key of ours that does what the seed says, optionally with a value conversion
+(`mixed_precision: true` -> `auto`). One table per seed document (unified, infrastructure,
+enhanced, progressive, model_trainer); `stackwise config show --aliases` prints them all and
+`config show --as-seed N` writes a config back in seed N's layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+Convert = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class SeedKey:
+    """`target`: our dotted key; `convert`: the seed's value -> ours (None: as given);
+    `note`: what the seed means, where the key's own description does not say it."""
+
+    target: str
+    convert: Convert | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One seed's keys: `keys` maps the seed's dotted path (as written in its files or given
+    to its constructors) to a SeedKey; `values` renames values of our keys in place."""
+
+    seed: str
+    title: str
+    keys: dict[str, SeedKey]
+    values: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def keys(table: dict[str, str | SeedKey]) -> dict[str, SeedKey]:
+    """A table written with plain targets where no conversion is needed."""
+    return {k: v if isinstance(v, SeedKey) else SeedKey(v) for k, v in table.items()}
+
+
+def boolean_to(true: Any, false: Any) -> Convert:
+    """A seed's on/off switch for a key of ours that takes a name."""
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, bool):
+            return true if value else false
+        return value  # anything else: our key's own check names the problem
+
+    return convert

@@ -1,0 +1,94 @@
+"""The EnhancedTrainer's files: checkpoints it saves and resumes from, and the final save.
+
+A mixin of the Trainer's own methods, kept apart so the loop reads on its own; it uses the
+Trainer's parts (placement, checkpoints, extensions, metrics, live state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stackwise.io import checkpoints as ckpt
+from stackwise.train.checkpoint_manager import CheckpointContents
+from stackwise.train.state import TrainState
+
+Writer = Callable[[Path], None] | None  # writes more final files into the folder it is given
+
+
+class RunFiles:
+    """Checkpoint and final-save methods of the EnhancedTrainer."""
+
+    # the Trainer's parts these methods use
+    placement: Any
+    accelerator: Any
+    adapter: Any
+    plan: Any
+    checkpoints: Any
+    extensions: Any
+    metrics: Any
+    stage: Any
+    live: Any
+    state: TrainState
+    output_dir: Path
+    logger_note: Callable[[str], None]
+    call_hook: Callable[..., None]
+    unwrapped: Callable[[], Any]
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def contents(self) -> CheckpointContents:
+        p = self.placement
+        scaler = self.accelerator.scaler
+        return CheckpointContents(
+            self.adapter,
+            p.checkpointed(),
+            p.optimizer,
+            p.scheduler,
+            scaler,
+            self.plan,
+            self.state_dict(),
+        )
+
+    def save_checkpoint(self) -> Path:
+        """outputs/<run>/checkpoint-<step>, atomically (see CheckpointManager)."""
+        protected = self.extensions.protected_checkpoints()
+        path, fresh = self.checkpoints.save_run(self.state.step, self.contents(), protected)
+        if fresh:
+            if reports := self.extensions.reports():
+                self.metrics.log({f"report/{k}": v for k, v in reports.items()})
+            self.call_hook("on_save", path)
+        return path
+
+    def state_dict(self) -> dict[str, Any]:
+        """trainer_state.json: the run state, the process count, the stage, and the states
+        extensions and sinks keep (what resuming needs, and nothing else)."""
+        return {
+            **self.state.state_dict(),
+            "world_size": self.accelerator.num_processes,
+            "stack_index": self.stage.index,
+            "extensions": self.extensions.state_dict(),
+            "metrics": self.metrics.state_dict(),
+        }
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Weights, optimizer, scheduler, sampler position, RNG and extension states."""
+        saved = self.checkpoints.read_state(path)
+        if note := ckpt.check_resume_config(path, self.plan, int(saved.get("step", 0))):
+            self.logger_note(note)
+        self.checkpoints.restore(path, self.contents(), saved)
+        self.live.state = TrainState.from_dict({**saved, "resumed_from": str(path)})
+        states = saved.get("extensions", {})
+        self.metrics.load_state_dict(saved.get("metrics") or states)  # older runs: extensions
+        self.extensions.load_state_dict(states)
+        self.logger_note(f"resumed from {path} at step {self.state.step}")
+
+    # -- saving -----------------------------------------------------------------------------
+
+    def save(self, tokenizer: Any = None, weights: bool = True, also: Writer = None) -> Path:
+        """Weights, config.yaml, tokenizer/, history.json, `also`'s files: staged (io.final)."""
+        contents = self.contents()
+        contents.model = self.unwrapped()
+        self.checkpoints.save_final(contents, tokenizer, weights, also)
+        return self.output_dir
