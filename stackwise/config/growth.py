@@ -122,6 +122,11 @@ class ProgressiveConfig(Section):
     )
     block_size: PositiveInt | None = Field(None, description="blockwise/fused: blocks per stack.")
     joint_tuning_steps: NonNegativeInt = 0
+    target_stacks: PositiveInt | None = Field(
+        None,
+        description="The rack's final number of stacks; sets model.n_stacks (the seeds' "
+        "target_stacks and max_stacks).",
+    )
     building_mode: Literal["append", "prepend"] = "append"
     trunk_strategy: Literal["frozen", "full", "qlora"] = Field(
         "frozen",

@@ -17,6 +17,7 @@ from stackwise.config.base import (
     section_problems,
 )
 from stackwise.config.growth import LoraConfig, ProgressiveConfig, QuantConfig
+from stackwise.config.linked import linked_model_keys
 from stackwise.config.moe import MemoryConfig
 from stackwise.config.sections import (
     DataConfig,
@@ -50,24 +51,24 @@ class Config(Section):
     @model_validator(mode="before")
     @classmethod
     def _stack_shape(cls, data: Any) -> Any:
-        """progressive.mode layerwise/blockwise set model.blocks_per_stack (one source of truth)."""
+        """progressive.mode layerwise/blockwise set model.blocks_per_stack and progressive.
+        target_stacks sets model.n_stacks (one source of truth each)."""
         if not isinstance(data, dict):
             return data
         prog = data.get("progressive") or {}
         if not isinstance(prog, dict):
             return data
-        mode, size = prog.get("mode", "blockwise"), prog.get("block_size")
-        want = 1 if mode == "layerwise" else size
-        if want is None:
-            return data
+        linked = linked_model_keys(prog)
+        if not linked or not isinstance(data.get("model") or {}, dict):
+            return data  # nothing decided, or a model: that validation refuses
         model = dict(data.get("model") or {})
-        given = model.get("blocks_per_stack")
-        if given is not None and given != want:
-            raise ValueError(
-                f"progressive.mode {mode} means blocks_per_stack={want}, but model.blocks_per_stack"
-                f" is {given}; remove one of them"
-            )
-        model["blocks_per_stack"] = want
+        for key, (want, source) in linked.items():
+            given = model.get(key)
+            if given is not None and given != want:
+                raise ValueError(
+                    f"{source} means {key}={want}, but model.{key} is {given}; remove one of them"
+                )
+            model[key] = want
         return {**data, "model": model}
 
     @model_validator(mode="after")

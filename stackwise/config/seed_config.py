@@ -30,7 +30,9 @@ class StackWiseConfig(Config):
     def validate(self) -> StackWiseConfig:  # type: ignore[override]
         """Check the whole config again, every rule at once (attribute edits check each value
         alone); returns the checked config and raises naming each problem."""
-        validated(self.model_dump(mode="json"), "config")
+        checked = validated(self.model_dump(mode="json"), "config")
+        for name in type(checked).model_fields:  # what the rules derive (n_stacks) lands here
+            self.__dict__[name] = getattr(checked, name)
         return self
 
 
@@ -42,7 +44,10 @@ class TrainingConfig(StackWiseConfig):
     def _seed_keywords(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        plain = {k: v.model_dump() if isinstance(v, BaseModel) else v for k, v in data.items()}
+        plain = {
+            k: v.model_dump(exclude_unset=True) if isinstance(v, BaseModel) else v
+            for k, v in data.items()
+        }
         plain = apply_aliases(plain)
         check_keys(plain, Config)
         return plain

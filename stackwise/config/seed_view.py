@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from stackwise.config.aliases import SEED_KEYS, convert_seed_value
+from stackwise.config.linked import linked_model_keys
 from stackwise.config.seed_layouts import model_trainer
 from stackwise.errors import StackWiseError
 
@@ -77,8 +78,14 @@ class SeedView:
         if path not in SEED_KEYS:
             raise self._missing(name)
         converted = convert_seed_value(path, value)
-        if converted is not model_trainer.OMIT:
-            set_path(self._config, SEED_KEYS[path].target, converted)
+        if converted is model_trainer.OMIT:
+            return
+        target = SEED_KEYS[path].target
+        set_path(self._config, target, converted)
+        if target.startswith("progressive."):  # the model keys it decides follow it
+            progressive = self._config.progressive.model_dump()
+            for key, (value, _) in linked_model_keys(progressive).items():
+                set_path(self._config, f"model.{key}", value)
 
     def __dir__(self) -> list[str]:
         return self._names()
