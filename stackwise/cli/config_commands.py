@@ -30,12 +30,18 @@ def cmd_config(ns: argparse.Namespace) -> int:
         if ns.action != "show" or ns.args:
             raise StackWiseError("--aliases goes with `stackwise config show` alone.")
         width = max(len(a) for a, _ in alias_table())
-        print("the seeds' legacy names StackWise accepts, and what each means:")
+        print("the seeds' key names StackWise accepts, and the key each lands on:")
         for alias, meaning in alias_table():
             print(f"  {alias:<{width}}  ->  {meaning}")
         return 0
+    if ns.as_seed is not None and ns.action != "show":
+        raise StackWiseError("--as-seed goes with `stackwise config show [CONFIG]`.")
     config = load_args(ns.args)
-    if ns.action == "show":
+    if ns.as_seed is not None:
+        from stackwise.config.seed_export import seed_yaml
+
+        print(seed_yaml(config, ns.as_seed), end="")
+    elif ns.action == "show":
         print(config.to_yaml(), end="")
     else:
         print("config is valid")

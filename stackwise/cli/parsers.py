@@ -260,6 +260,11 @@ def _config_parser(sub: Any) -> None:
     c.add_argument("action", choices=["show", "validate", "list", "copy"])
     c.add_argument("args", nargs="*", metavar="CONFIG|key=value", help=ARGS_HELP)
     c.add_argument(
-        "--aliases", action="store_true", help="show: list the accepted legacy (seed) key names"
+        "--aliases", action="store_true", help="show: list every seed key and where it lands"
+    )
+    c.add_argument(
+        "--as-seed",
+        metavar="N",
+        help="show: write the config in seed N's layout (000, 001, 002, 003 or 004)",
     )
     c.set_defaults(func=cmd_config)

@@ -43,12 +43,33 @@ def keys(table: dict[str, str | SeedKey]) -> dict[str, SeedKey]:
     return {k: v if isinstance(v, SeedKey) else SeedKey(v) for k, v in table.items()}
 
 
-def boolean_to(true: Any, false: Any) -> Convert:
-    """A seed's on/off switch for a key of ours that takes a name."""
+NOT_SEED = object()  # a value of ours that the seed's key cannot spell (stays in our sections)
 
-    def convert(value: Any) -> Any:
+
+@dataclass(frozen=True)
+class Switch:
+    """A seed's on/off switch for a key of ours that takes a name (`true` -> `auto`)."""
+
+    true: Any
+    false: Any
+
+    def __call__(self, value: Any) -> Any:
         if isinstance(value, bool):
-            return true if value else false
+            return self.true if value else self.false
         return value  # anything else: our key's own check names the problem
 
-    return convert
+    def reverse(self, value: Any) -> Any:
+        """Our value as the seed writes it (for `config show --as-seed`)."""
+        return {self.true: True, self.false: False}.get(value, NOT_SEED)
+
+
+def boolean_to(true: Any, false: Any) -> Convert:
+    return Switch(true, false)
+
+
+def seed_value(key: SeedKey, value: Any) -> Any:
+    """Our value of `key.target` as the seed's key spells it, or NOT_SEED."""
+    if key.convert is None:
+        return value
+    reverse = getattr(key.convert, "reverse", None)
+    return NOT_SEED if reverse is None else reverse(value)
