@@ -48,7 +48,9 @@ _EXPORTS = {
     ),
     "stackwise.runs": ("load_trained", "merge_checkpoint"),
     "stackwise.strategies": (
+        "FinetuningStrategy",
         "RunResult",
+        "StandardTrainingStrategy",
         "TrainingStrategy",
         "get_training_strategy",
         "register_training_strategy",
@@ -60,7 +62,14 @@ _EXPORTS = {
     "stackwise.train": ("CheckpointManager", "ExtensionManager", "MetricsLogger", "build_trainer"),
     "stackwise.fronts.trainer": ("EnhancedTrainer", "Trainer"),
     "stackwise.config.seed_config": ("StackWiseConfig", "TrainingConfig"),
-    "stackwise.train.adapters": ("ModelAdapter", "get_model_adapter", "register_model_adapter"),
+    "stackwise.train.adapters": (
+        "DialogueModelAdapter",
+        "ModelAdapter",
+        "StandardModelAdapter",
+        "register_model_adapter",
+    ),
+    "stackwise.fronts.components": ("get_model_adapter",),
+    "stackwise.fronts.factory": ("TrainerFactory",),
     "stackwise.train.extensions": ("Extension", "register_extension"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -86,6 +95,8 @@ if TYPE_CHECKING:  # static tools see the real names
     from stackwise.config.seed_config import StackWiseConfig, TrainingConfig  # noqa: F401
     from stackwise.data import PreparedData, build_data  # noqa: F401
     from stackwise.errors import StackWiseError  # noqa: F401
+    from stackwise.fronts.components import get_model_adapter  # noqa: F401
+    from stackwise.fronts.factory import TrainerFactory  # noqa: F401
     from stackwise.fronts.trainer import EnhancedTrainer, Trainer  # noqa: F401
     from stackwise.generate import sample_texts  # noqa: F401
     from stackwise.hf.memory import MemoryAdapter  # noqa: F401
@@ -126,7 +137,9 @@ if TYPE_CHECKING:  # static tools see the real names
     from stackwise.runs import load_trained, merge_checkpoint  # noqa: F401
     from stackwise.spec import Plan  # noqa: F401
     from stackwise.strategies import (  # noqa: F401
+        FinetuningStrategy,
         RunResult,
+        StandardTrainingStrategy,
         TrainingStrategy,
         get_training_strategy,
         register_training_strategy,
@@ -138,8 +151,9 @@ if TYPE_CHECKING:  # static tools see the real names
         build_trainer,
     )
     from stackwise.train.adapters import (  # noqa: F401
+        DialogueModelAdapter,
         ModelAdapter,
-        get_model_adapter,
+        StandardModelAdapter,
         register_model_adapter,
     )
     from stackwise.train.extensions import Extension, register_extension  # noqa: F401

@@ -25,7 +25,8 @@ from stackwise.progressive.recipe import ProgressiveRecipe
 from stackwise.progressive.timing import TimeMapping
 from stackwise.registry import OBJECTIVES
 from stackwise.spec import Plan
-from stackwise.strategies import RunResult, get_training_strategy, strategy_for
+from stackwise.strategies import RunResult, check_options, get_training_strategy, strategy_for
+from stackwise.strategies.standard import run_strategy
 from stackwise.train.adapters import get_model_adapter
 from stackwise.train.builders import build_trainer, check_placement
 from stackwise.train.extensions import Extension
@@ -163,10 +164,11 @@ def train_from_config(
             "pretraining data has none. Use the Python API (stackwise.pipeline.trainer_for) "
             "with a dataset that yields 'labels'."
         )
-    chosen = get_training_strategy(strategy or strategy_for(config))  # unknown: fail first
+    chosen = get_training_strategy(strategy or strategy_for(config), config.train)  # fail first
+    check_options(chosen, config.train.strategy_options)  # read by a strategy of your own
     check_placement(config.train.parallelizer, chosen)
     model_adapter = get_model_adapter(adapter_for(config) if adapter == "rack" else adapter)
     plan, data = prepared(config)
-    result = chosen.run(plan, data, model_adapter, quiet)
+    result = run_strategy(chosen, plan, data, model_adapter, quiet)
     release_run_folder(result.output_dir)  # finished: the next run may take the folder quietly
     return result

@@ -223,6 +223,9 @@ CUSTOM = {
     "train.enabled_extensions",
     "logging.log_to_wandb",
     "logging.wandb_project",
+    # tested in tests/seeds/test_seed_002.py: a curriculum strategy of the user's reads its
+    # stages from them; a strategy of ours given options is refused
+    "train.strategy_options",
     # tested in test_families.py: a toy growth operator and a toy parallelizer named in a config
     "progressive.growth_operator",
     "train.parallelizer",

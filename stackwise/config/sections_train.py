@@ -3,7 +3,8 @@ and where a run reports."""
 
 from __future__ import annotations
 
-from typing import Literal
+import difflib
+from typing import Any, Literal
 
 from pydantic import (
     Field,
@@ -106,6 +107,37 @@ class TrainConfig(Section):
         "(ddp; manual: unwrapped, gradients averaged by hand); auto: ddp, or manual for local "
         "losses.",
     )
+
+    strategy_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Settings of a training strategy of your own (register_training_strategy); "
+        "it reads each as an attribute of its config (strategy_options: {curriculum_stages: "
+        "[...]} is config.curriculum_stages). StackWise's strategies read none: refused there.",
+    )
+
+    def __getattr__(self, name: str) -> Any:
+        """A strategy option, read as an attribute; any other unknown name is an error."""
+        options = self.__dict__.get("strategy_options") or {}
+        if name in options:
+            return options[name]
+        if name.startswith("_"):
+            return super().__getattr__(name)  # type: ignore[misc]
+        raise AttributeError(
+            f"train has no key '{name}', and train.strategy_options does not set it (it sets: "
+            f"{', '.join(sorted(options)) or 'nothing'})"
+        )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in type(self).model_fields or name.startswith("_"):
+            super().__setattr__(name, value)
+            return
+        near = difflib.get_close_matches(name, list(type(self).model_fields), n=1)
+        raise AttributeError(
+            f"train has no key '{name}'"
+            + (f" (did you mean '{near[0]}'?)" if near else "")
+            + f"; a setting of your own strategy goes in train.strategy_options "
+            f"(training_config.strategy_options['{name}'] = ...)"
+        )
 
     def best_is_greater(self) -> bool:
         """Whether a larger metric_for_best is better (greater_is_better, or its default)."""

@@ -59,6 +59,9 @@ class TrainingConfig(StackWiseConfig):
             raise invalid_config(err, "TrainingConfig(...)") from None
 
     def __getattr__(self, name: str) -> Any:
+        train = self.__dict__.get("train")
+        if train is not None and name in train.strategy_options:  # a user strategy's setting
+            return train.strategy_options[name]
         if name in SEED_KEYS and "." not in name:
             return getattr(SeedView(self, ""), name)
         return super().__getattr__(name)  # type: ignore[misc]

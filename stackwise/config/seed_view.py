@@ -68,7 +68,11 @@ class SeedView:
             raise AttributeError(name)
         path = self._prefix + name
         if path in SEED_KEYS:
-            return get_path(self._config, SEED_KEYS[path].target)
+            try:
+                return get_path(self._config, SEED_KEYS[path].target)
+            except KeyError:  # an entry of a free-form mapping (train.strategy_options)
+                target = SEED_KEYS[path].target
+                raise AttributeError(f"'{path}' ({target}) is not set") from None
         if any(p.startswith(path + ".") for p in SEED_KEYS):
             return SeedView(self._config, path + ".")
         raise self._missing(name)

@@ -11,11 +11,10 @@ from torch import nn
 
 from stackwise.config import Config, from_dict
 from stackwise.errors import StackWiseError
+from stackwise.fronts.components import carried_sections, chosen_parts
 from stackwise.objectives import objective_from
-from stackwise.pipeline import adapter_for, prepared
-from stackwise.strategies import get_training_strategy, strategy_for
+from stackwise.pipeline import prepared
 from stackwise.train import trainer as trainer_module
-from stackwise.train.adapters import get_model_adapter
 from stackwise.train.builders import build_trainer
 from stackwise.train.trainer import EnhancedTrainer, Trainer
 
@@ -34,6 +33,9 @@ def trainer_from_settings(
 ) -> EnhancedTrainer:
     """The Trainer of `config` (or of its sections given one by one), on `model` when given,
     else on the model the config describes."""
+    model_config, training_config = carried_sections(
+        model_adapter, training_strategy, model_config, training_config
+    )
     if config is None and training_config is None and model_config is None:
         raise StackWiseError(
             "Trainer needs a config: Trainer(config) with a config from stackwise.load_config("
@@ -87,12 +89,11 @@ def trainer_of_settings(
             "train_progressively(...) or `stackwise train --config FILE`, or set "
             "progressive.strategy: end_to_end."
         )
-    adapter = adapter or get_model_adapter(adapter_for(config))
+    adapter, chosen = chosen_parts(config, adapter, strategy)
     plan, data = prepared(config)
     if model is None:
-        model = adapter.build(plan, plan.model.vocab_size or len(data.tokenizer))
+        model = adapter.new_model(plan, plan.model.vocab_size or len(data.tokenizer))
     objective = objective_from(plan.objective, plan.masking, data.specials)
-    chosen = strategy or get_training_strategy(strategy_for(config))
     return build_trainer(
         plan, model, objective, data.train, data.val, adapter=adapter, strategy=chosen
     )

@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from stackwise.data.pack import PreparedData
+from stackwise.errors import StackWiseError
 from stackwise.train.state import TrainState
 from stackwise.train.strategy import (
     STRATEGY_FAMILY,
@@ -39,6 +40,7 @@ __all__ = [
     "REGISTERED",
     "STRATEGIES",
     "RunResult",
+    "check_options",
     "get_training_strategy",
     "register_training_strategy",
     "strategy_for",
@@ -52,8 +54,24 @@ def get_training_strategy(name: str, config: Any = None, logger: Any = None) -> 
 
 
 def strategy_for(plan: Any) -> str:
-    """The built-in strategy a plan asks for."""
+    """The built-in strategy a plan (or config) asks for: a Hugging Face model with LoRA or
+    memory layers is fine-tuned (its base frozen)."""
     p = plan.progressive
     if p.strategy == "progressive":
         return "progressive"
+    if plan.model.source == "hf" and (plan.lora.enabled or plan.memory_on):
+        return "finetuning"
     return "local_losses" if p.end_to_end_scope == "stackwise" else "standard"
+
+
+def check_options(strategy: TrainingStrategy, options: dict[str, Any]) -> None:
+    """train.strategy_options are read by a strategy of your own; StackWise's read none, so
+    options given to one of them would do nothing and are refused."""
+    if options and type(strategy).__module__.startswith("stackwise."):
+        raise StackWiseError(
+            f"train.strategy_options sets {', '.join(sorted(options))}, which the "
+            f"'{strategy.name}' strategy does not read (StackWise's strategies take their "
+            "settings from the config's own keys). Strategy options are for a strategy of "
+            "your own (@stackwise.register_training_strategy), which reads them as attributes "
+            "of its config; remove them, or pass your strategy to the Trainer."
+        )

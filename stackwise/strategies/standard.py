@@ -54,3 +54,13 @@ class StandardTrainingStrategy(TrainingStrategy):
 
 
 Standard = StandardTrainingStrategy
+
+
+def run_strategy(
+    strategy: TrainingStrategy, plan: Any, data: PreparedData, adapter: ModelAdapter, quiet: bool
+) -> RunResult:
+    """`strategy`'s recipe; a strategy that defines only its step (a user's, subclassing
+    TrainingStrategy) trains the whole model end to end with it."""
+    if type(strategy).run is TrainingStrategy.run:
+        return run_end_to_end(strategy, plan, data, adapter, quiet)
+    return strategy.run(plan, data, adapter, quiet)

@@ -20,14 +20,30 @@ from stackwise.model.moe import moe_layers
 from stackwise.model.routing import router_loss, router_metrics, routing_scope
 from stackwise.objectives.base import IGNORE, Batch, Objective
 from stackwise.registry import Registry
+from stackwise.train.hardware import training_device
 
 
 class ModelAdapter(ABC):
     name = "adapter"
+    # what get_model_adapter(name, model_config, training_config, device) was given
+    model_config: Any = None
+    training_config: Any = None
+    device: torch.device | None = None
 
     @abstractmethod
     def build(self, plan: Any, vocab_size: int) -> nn.Module:
         """A fresh model for `plan` over a vocabulary of `vocab_size` tokens."""
+
+    def check_data(self, data: Any) -> None:
+        """Refuse data (a data spec or section) this adapter cannot train on; by default any."""
+        return None
+
+    def new_model(self, plan: Any, vocab_size: int) -> nn.Module:
+        """`build`, moved to the device get_model_adapter was given (when given one)."""
+        model = self.build(plan, vocab_size)
+        if self.device is not None and all(p.is_floating_point() for p in model.parameters()):
+            model = model.to(self.device)
+        return model
 
     def loss(
         self, model: nn.Module, objective: Objective, batch: Batch, gen: Generator, uses_time: bool
@@ -144,7 +160,43 @@ ADAPTERS: Registry[ModelAdapter] = Registry(
 MODEL_ADAPTERS = ADAPTERS.entries
 # `@register_model_adapter(name)` makes `train_from_config(..., adapter=name)` work.
 register_model_adapter = ADAPTERS.register
-get_model_adapter = ADAPTERS.create
+# seed 002's name of an adapter registered under another
+ADAPTER_ALIASES = {"standard": "rack"}
+# parts seed 002 names and no seed defines: what to do instead
+UNDEFINED = {
+    "multimodal": "a model of images or audio beside text, with no model, data format or "
+    "batch for it described anywhere",
+}
+
+
+def get_model_adapter(
+    name: str, model_config: Any = None, training_config: Any = None, device: Any = None
+) -> ModelAdapter:
+    """A new model adapter `name` ("rack", its seed name "standard", "dialogue", "hf", or
+    one registered with @register_model_adapter). Seed 002's call also hands it the model and
+    training sections it will train (a Trainer given the adapter takes them, and refuses other
+    ones) and the device to build the model on, which must be the one this process trains on."""
+    if name in UNDEFINED:
+        raise StackWiseError(
+            f"The '{name}' model adapter is named by the seeds but defined by none of them "
+            f"({UNDEFINED[name]}), so StackWise has none. Registered adapters: "
+            f"{', '.join(sorted({*ADAPTERS.names(), *ADAPTER_ALIASES}))}. To add one, subclass "
+            "stackwise.ModelAdapter (build, and loss if the batch is not tokens), decorate it "
+            f"with @stackwise.register_model_adapter('{name}') and ask for it by that name."
+        )
+    adapter = ADAPTERS.create(ADAPTER_ALIASES.get(name, name))
+    if model_config is not None or training_config is not None or device is not None:
+        adapter.model_config, adapter.training_config = model_config, training_config
+        call = f"get_model_adapter('{name}', ..., device={device!r})"
+        adapter.device = None if device is None else training_device(device, call)
+        source = getattr(model_config, "source", None)
+        if isinstance(adapter, RackAdapter) and source not in (None, "rack"):
+            raise StackWiseError(
+                f"The '{name}' model adapter builds a StackWise rack, but this model_config "
+                f"loads a '{source}' model (model.source: {source}). Use "
+                "get_model_adapter('hf', ...) for a Hugging Face model."
+            )
+    return adapter
 
 
 @register_model_adapter("rack", growable=True)
@@ -162,6 +214,10 @@ class RackAdapter(ModelAdapter):
             load_llama_weights(rack, imported)
             if plan.memory_on:  # gates at zero: the imported model's function, unchanged
                 attach_memory(rack, plan)
+        if plan.lora.enabled and plan.progressive.strategy == "end_to_end":
+            from stackwise.quant.rack_qlora import adapt_rack
+
+            adapt_rack(rack, plan.lora, plan.quant)  # QLoRA: frozen stacks, one adapter each
         return rack
 
     def micro_scales(self, micros: list[dict[str, torch.Tensor]], acc: Any) -> list[float]:
@@ -186,3 +242,42 @@ class RackAdapter(ModelAdapter):
         from stackwise.io.trained import load_trained
 
         return load_trained(folder, read_plan)
+
+
+StandardModelAdapter = RackAdapter  # seed 002's name ("standard")
+
+
+@register_model_adapter("dialogue")
+class DialogueModelAdapter(RackAdapter):
+    """The rack on conversations (data.mode: instruction): the loss is over the assistant's
+    tokens only (the chat rows' labels), each micro-batch weighted by its share of them, and
+    the logs count them. A Hugging Face chat model's adapter is `hf` (model.source: hf)."""
+
+    targets = 0  # assistant tokens scored in the last micro-batch
+
+    def check_data(self, data: Any) -> None:
+        if data.mode != "instruction":
+            raise StackWiseError(
+                "The 'dialogue' model adapter trains a rack on conversations, scoring the "
+                f"assistant's replies; this data is '{data.mode}' text. Set data.mode: "
+                "instruction (chat rows: messages, or prompt/completion), or use the "
+                "'standard' adapter for plain text."
+            )
+
+    def build(self, plan: Any, vocab_size: int) -> nn.Module:
+        self.check_data(plan.data)
+        return super().build(plan, vocab_size)
+
+    def loss(
+        self, model: nn.Module, objective: Objective, batch: Batch, gen: Generator, uses_time: bool
+    ) -> torch.Tensor:
+        if "labels" not in batch:
+            raise StackWiseError(
+                "The 'dialogue' model adapter got a batch without reply labels; it trains on "
+                "chat rows (data.mode: instruction), whose labels mark the assistant's tokens."
+            )
+        self.targets = int((batch["labels"] != IGNORE).sum())
+        return super().loss(model, objective, batch, gen, uses_time)
+
+    def step_metrics(self, model: nn.Module) -> dict[str, float]:
+        return super().step_metrics(model) | {"train/reply_tokens": float(self.targets)}

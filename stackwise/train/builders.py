@@ -141,6 +141,7 @@ def build_trainer(
     acc = accelerator or accelerator_for(plan)
     out = claim_output_dir(acc, plan, run_dir_of(plan, output_dir))
     parallelizer = parallelizer_for(plan, strategy)
+    strategy.prepare_model(model, adapter)
     placement = place_model(model, adapter, tc, acc, parallelizer, param_groups, scheduler)
     bind_step(strategy, placement, adapter, objective, plan)
     scored = eval_objective or objective

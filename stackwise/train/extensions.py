@@ -93,9 +93,26 @@ def register_extension(name: str) -> Callable[[type[Any]], type[Any]]:
     return EXTENSIONS.register(name)
 
 
+# extensions the seeds name and none of them defines: what each would have been
+UNDEFINED = {
+    "quantum": "quantum-inspired layers or training, described by no seed",
+    "multimodal": "inputs beside text (images, audio), with no model or data for them",
+}
+
+
 def build_extensions(names: list[str]) -> list[Extension]:
     """The extensions `names` lists; `module:name` imports the module first, so an extension
     registered in your own code works from the command line too."""
+    for name in names:
+        if name in UNDEFINED and name not in EXTENSIONS.entries:
+            raise StackWiseError(
+                f"train.enabled_extensions names '{name}', an extension the seeds mention but "
+                f"never define ({UNDEFINED[name]}), so StackWise has none. Registered "
+                f"extensions: {EXTENSIONS.known()} (memory adds routed memory layers to the "
+                "model). To add your own, subclass stackwise.Extension (its hooks: "
+                f"{', '.join(HOOKS)}), decorate it with @stackwise.register_extension('{name}') "
+                "and list that name; or remove it from the list."
+            )
     return [EXTENSIONS.create(_imported(n), "train.enabled_extensions") for n in names]
 
 

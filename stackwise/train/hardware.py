@@ -154,3 +154,26 @@ def average_gradients(model: nn.Module, acc: Accelerator) -> None:
         if p.grad is not None:
             dist.all_reduce(p.grad)
             p.grad /= acc.num_processes
+
+
+def training_device(device: Any, who: str) -> torch.device:
+    """`device` when it is where this process trains (Accelerate's device, where the Trainer
+    places the model); any other is refused, saying how to train there. `who`: the call."""
+    try:
+        wanted = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise StackWiseError(f"{who}: not a device; give 'cpu', 'cuda' or 'cuda:N'.") from None
+    here = torch.device(process_state().device)
+    if wanted.type == here.type and wanted.index in (None, here.index or 0):
+        return here
+    if wanted.type == "cpu":
+        how = "hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU"
+    elif wanted.type == "cuda" and not torch.cuda.is_available():
+        how = "run where a CUDA GPU is visible (torch.cuda.is_available()) to train on one"
+    else:
+        how = "pick the GPU with CUDA_VISIBLE_DEVICES, or launch a process per GPU (torchrun)"
+    raise StackWiseError(
+        f"{who}: this process trains on {here} (Accelerate's device, where the Trainer places "
+        f"the model), so a model built on {wanted} would be moved away from it. Pass "
+        f"device='{here}' or leave it out; or {how}."
+    )

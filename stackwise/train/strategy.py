@@ -64,6 +64,10 @@ class TrainingStrategy:
         self.config, self.logger = config, logger
         self.ctx: StepContext | None = None
 
+    def prepare_model(self, model: nn.Module, adapter: Any) -> None:
+        """Before the model is placed and its optimizer made: what this algorithm trains
+        (fine-tuning freezes the base here); by default the model as it is."""
+
     def bind(self, ctx: StepContext) -> None:
         self.ctx = ctx
 

@@ -136,6 +136,11 @@ class EnhancedTrainer(RunFiles):
     def unwrapped(self) -> nn.Module:
         return self.placement.unwrapped()
 
+    def initialize_model(self) -> nn.Module:
+        """The model as built for this run (seed 002's name): the adapter's, with the layers
+        its extensions add (memory) and the adapters it trains, on the run's device."""
+        return self.placement.raw_model
+
     # -- steps ------------------------------------------------------------------------------
 
     def batches(self) -> Batches:
