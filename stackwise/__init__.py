@@ -26,7 +26,7 @@ _EXPORTS = {
     "stackwise.model": ("Block", "Rack", "Stack"),
     "stackwise.model.hf": ("export_llama",),
     "stackwise.model.memory": ("MemoryLayer",),
-    "stackwise.hf.memory": ("MemoryAdapter",),
+    "stackwise.fronts.memory": ("MemoryAdapter",),
     "stackwise.model.moe": ("MoEFeedForward",),
     "stackwise.model.routing": ("compute_router_auxiliary_loss",),
     "stackwise.objectives": ("Objective", "Specials", "build_objective"),
@@ -61,6 +61,7 @@ _EXPORTS = {
     "stackwise.pipeline": ("progressive_recipe", "train_from_config", "trainer_for"),
     "stackwise.train": ("CheckpointManager", "ExtensionManager", "MetricsLogger", "build_trainer"),
     "stackwise.fronts.trainer": ("EnhancedTrainer", "Trainer"),
+    "stackwise.fronts.data": ("TextDataset", "create_dataloader"),
     "stackwise.config.seed_config": ("StackWiseConfig", "TrainingConfig"),
     "stackwise.train.adapters": (
         "DialogueModelAdapter",
@@ -96,10 +97,11 @@ if TYPE_CHECKING:  # static tools see the real names
     from stackwise.data import PreparedData, build_data  # noqa: F401
     from stackwise.errors import StackWiseError  # noqa: F401
     from stackwise.fronts.components import get_model_adapter  # noqa: F401
+    from stackwise.fronts.data import TextDataset, create_dataloader  # noqa: F401
     from stackwise.fronts.factory import TrainerFactory  # noqa: F401
+    from stackwise.fronts.memory import MemoryAdapter  # noqa: F401
     from stackwise.fronts.trainer import EnhancedTrainer, Trainer  # noqa: F401
     from stackwise.generate import sample_texts  # noqa: F401
-    from stackwise.hf.memory import MemoryAdapter  # noqa: F401
     from stackwise.io.trained import build_rack  # noqa: F401
     from stackwise.model import Block, Rack, Stack  # noqa: F401
     from stackwise.model.hf import export_llama  # noqa: F401

@@ -30,7 +30,7 @@ from stackwise.strategies.standard import run_strategy
 from stackwise.train.adapters import get_model_adapter
 from stackwise.train.builders import build_trainer, check_placement
 from stackwise.train.extensions import Extension
-from stackwise.train.hardware import process_state
+from stackwise.train.hardware import check_launch, process_state
 from stackwise.train.run_dir import precheck_run_dir
 from stackwise.train.trainer import EnhancedTrainer
 
@@ -95,6 +95,8 @@ def prepared(config: Config, time_mapping: TimeMapping | None = None) -> tuple[P
         config = with_hf_source(config)
     config = with_hf_shape(config)
     precheck_run_dir(config)  # before the data: a refused run is refused at once
+    state = process_state()
+    check_launch(config.train, state.num_processes, state.is_main_process)
     set_seed(config.train.seed)
     if config.data.mode == "instruction":
         from stackwise.chat.build import build_chat_data

@@ -25,6 +25,7 @@ from stackwise.train.extensions import REGISTRY, Extension
 
 CKPT_FILES = {
     "model.safetensors",
+    "model.pt",
     "optimizer.bin",
     "scheduler.bin",
     "trainer_state.json",
@@ -80,7 +81,8 @@ def test_checkpoint_layout_and_safe_reading(tiny, tmp_path):
     state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["step"] == 2 and state["batch_in_epoch"] == 2 and state["epoch"] == 0
     assert {"tokens_seen", "extensions", "stack_index", "history"} <= set(state)
-    assert "best_metric" not in state  # a report goes to the metrics, not the run state
+    # the best eval so far, for readers (seed 001's best loss): from the history, not a report
+    assert state["best_metric"] == min(r["loss"] for r in state["history"])
     opt = torch.load(out / "checkpoint-2" / "optimizer.bin", weights_only=True)
     assert opt["state"] and all("exp_avg" in s for s in opt["state"].values())
     final = load_file(str(out / "model.safetensors"))

@@ -226,6 +226,13 @@ CUSTOM = {
     # tested in tests/seeds/test_seed_002.py: a curriculum strategy of the user's reads its
     # stages from them; a strategy of ours given options is refused
     "train.strategy_options",
+    # tested in tests/seeds/test_seed_001.py: the process count checked against the launch,
+    # Adam, the saved weights' dtype, the early-stopping switch, the sharding note under DDP
+    "train.num_processes",
+    "train.optimizer",
+    "train.save_precision",
+    "train.early_stopping",
+    "train.fsdp_sharding_strategy",
     # tested in test_families.py: a toy growth operator and a toy parallelizer named in a config
     "progressive.growth_operator",
     "train.parallelizer",

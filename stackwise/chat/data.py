@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from stackwise.chat.formats import detect_format, to_messages
+from stackwise.chat.formats import READS, detect_format, to_messages
 from stackwise.chat.labels import tokenize_conversation
 from stackwise.chat.sources import ORIGIN
 from stackwise.data.sources import text_field_given
@@ -102,11 +102,13 @@ def examples_of(
     """(ids, labels) per conversation; an example without a target token is an error, or with
     data.drop_unsupervised dropped and counted."""
     fmt = stats.format = _chat_format(rows, cfg)
-    if fmt not in ("text",) and text_field_given(cfg):
+    own = set(READS.get(fmt, ()))  # text_field may name the columns the format reads
+    if fmt != "text" and text_field_given(cfg) and not set(cfg.text_fields) <= own:
         raise StackWiseError(
-            f"data.text_field names the fields of plain-text rows, but these rows are "
-            f"'{fmt}' conversations, so it would do nothing. Remove it, or set "
-            "data.chat_format: text to train on those fields."
+            f"data.text_field names the fields {', '.join(cfg.text_fields)}, but these rows "
+            f"are '{fmt}' conversations, read from {', '.join(sorted(own))}, so it would do "
+            "nothing. Remove it (or name those fields), or set data.chat_format: text to "
+            "train on its fields joined."
         )
     examples = (_example(raw, index, fmt, tokenizer, cfg, stats) for index, raw in enumerate(rows))
     return [e for e in examples if e is not None]

@@ -36,6 +36,14 @@ MARKERS = {
     "alpaca": ("instruction", "output"),
 }
 
+# format name -> every column it reads (data.text_field may name these: they are its text)
+READS = {
+    "messages": ("messages",),
+    "sharegpt": ("conversations",),
+    "prompt_response": ("system", "prompt", "response", "completion"),
+    "alpaca": ("system", "instruction", "input", "output"),
+}
+
 
 def detect_format(columns: list[str], text_fields: list[str]) -> str:
     """The format whose marker columns a dataset has; `text` when it has the text fields."""

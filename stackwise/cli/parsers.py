@@ -46,6 +46,9 @@ def build_parser(generate_defaults: dict[str, Any] | None = None) -> argparse.Ar
 def _train_parser(sub: Any) -> None:
     t = sub.add_parser("train", help="train a rack", description=_about(cmd_train))
     t.add_argument("args", nargs="*", metavar="CONFIG|key=value", help=ARGS_HELP)
+    t.add_argument(
+        "--config", dest="config_file", metavar="FILE", help="the config (instead of CONFIG)"
+    )
     t.set_defaults(func=cmd_train)
 
 

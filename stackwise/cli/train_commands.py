@@ -7,18 +7,20 @@ import sys
 import time
 from pathlib import Path
 
-from stackwise.cli.common import load_args, printable, run_summary
+from stackwise.cli.common import load_args, printable, run_summary, split_args
 from stackwise.errors import StackWiseError
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
-    """Train from CONFIG (a YAML/JSON file or a preset name; default DEFAULT_PRESET) with
-    dotted overrides such as train.max_steps=100."""
+    """Train from CONFIG (a YAML/JSON file or a preset name, also given as --config FILE;
+    default DEFAULT_PRESET) with dotted overrides such as train.max_steps=100. Several
+    processes: `torchrun --nproc_per_node N -m stackwise train ...` or `accelerate launch
+    --num_processes N -m stackwise train ...` (with --multi_gpu where there is no GPU)."""
     from stackwise.generate import sample_texts
     from stackwise.pipeline import train_from_config
 
     start = time.monotonic()
-    config = load_args(ns.args)
+    config = load_args(with_config_flag(ns))
     result = train_from_config(config)
     if not result.trainer.accelerator.is_main_process:  # under torchrun, rank 0 reports
         return 0
@@ -35,6 +37,19 @@ def cmd_train(ns: argparse.Namespace) -> int:
             print(f"--- sample {i + 1} ---\n{printable(text.strip())}")
     print(run_summary(result, time.monotonic() - start))
     return 0
+
+
+def with_config_flag(ns: argparse.Namespace) -> list[str]:
+    """The arguments with --config FILE as CONFIG (given once: as the flag or in front)."""
+    given = getattr(ns, "config_file", None)
+    if given is None:
+        return list(ns.args)
+    if split_args(ns.args)[0] is not None:
+        raise StackWiseError(
+            f"The config is given twice: --config {given} and '{ns.args[0]}' in front. Give "
+            "it once; what follows it are key=value overrides."
+        )
+    return [given, *ns.args]
 
 
 def cmd_lr_find(ns: argparse.Namespace) -> int:

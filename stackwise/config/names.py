@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
+from stackwise.errors import fsdp_unavailable
 from stackwise.registry import (
     GROWTH_OPERATORS,
     OBJECTIVES,
@@ -19,10 +20,13 @@ from stackwise.registry import (
 )
 
 
-def registered(family: Family[Any], *allow: str) -> Any:
-    """A str type whose value must be registered in `family` (or be one of `allow`)."""
+def registered(family: Family[Any], *allow: str, refused: dict[str, str] | None = None) -> Any:
+    """A str type whose value must be registered in `family` (or be one of `allow`); a name in
+    `refused` is refused with its own reason (a known kind that is not available)."""
 
     def check(name: str) -> str:
+        if refused and name in refused:
+            raise ValueError(refused[name])
         problem = None if name in allow else family.problem(name)
         if problem is not None:
             also = " or ".join(f"'{a}'" for a in allow)
@@ -36,4 +40,6 @@ ObjectiveName = registered(OBJECTIVES)
 ScheduleName = registered(SCHEDULES)
 SamplerName = registered(SAMPLERS, "auto")
 GrowthOperatorName = registered(GROWTH_OPERATORS)
-ParallelizerName = registered(PARALLELIZERS, "auto")
+ParallelizerName = registered(
+    PARALLELIZERS, "auto", refused={"fsdp": fsdp_unavailable("The value 'fsdp'")}
+)

@@ -155,7 +155,7 @@ def _lr_schedule(s: TrainConfig) -> Iterator[str]:
 
 def _tracks_best(s: TrainConfig) -> bool:
     """Whether the run follows metric_for_best (to save the best model or stop early)."""
-    return s.save_best_model or s.early_stopping_patience is not None
+    return s.save_best_model or s.stopping_patience() is not None
 
 
 def _best_tracking(s: TrainConfig) -> Iterator[str]:
@@ -163,8 +163,8 @@ def _best_tracking(s: TrainConfig) -> Iterator[str]:
     for name in ("metric_for_best", "greater_is_better"):
         if s.changed(name) and not _tracks_best(s):
             yield (f"{name} is read by save_best_model and early stopping; turn one of them on")
-    if s.changed("early_stopping_threshold") and s.early_stopping_patience is None:
-        yield "early_stopping_threshold needs early_stopping_patience"
+    if s.changed("early_stopping_threshold") and s.stopping_patience() is None:
+        yield "early_stopping_threshold needs early stopping: set early_stopping_patience"
 
 
 def _checkpoint_rotation(s: TrainConfig) -> Iterator[str]:
@@ -184,7 +184,7 @@ def _checkpoint_rotation(s: TrainConfig) -> Iterator[str]:
 # built-in extensions, each turned on by its own setting rather than by enabled_extensions
 BUILTIN_EXTENSIONS = {
     "best_model": "save_best_model: true",
-    "early_stopping": "early_stopping_patience",
+    "early_stopping": "early_stopping (or early_stopping_patience)",
     "console": "logging.console",
     "jsonl": "logging.jsonl",
     "tensorboard": "logging.tensorboard",

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from stackwise.config.base import cross_rule
 from stackwise.config.root import Config
+from stackwise.precision import PACKED
 from stackwise.registry import OBJECTIVES, SAMPLERS
 
 
@@ -144,4 +145,16 @@ def relevance_run(cfg: Config) -> Iterator[str]:
         yield (
             f"data.seq_len ({cfg.data.seq_len}) exceeds model.max_seq_len "
             f"({cfg.model.max_seq_len}); raise max_seq_len or shorten seq_len"
+        )
+
+
+@cross_rule
+def saved_precision(cfg: Config) -> Iterator[str]:
+    """train.save_precision casts float weights; packed (quantized) rack weights have a format
+    of their own that a cast would not keep."""
+    packed = cfg.quant.enabled or cfg.progressive.new_stack_precision in PACKED
+    if cfg.train.save_precision is not None and packed and cfg.model.source == "rack":
+        yield (
+            "train.save_precision casts the saved float weights, but this rack keeps packed "
+            "(quantized) weights, which have a format of their own; remove train.save_precision"
         )

@@ -18,8 +18,10 @@ from pydantic import (
 from stackwise.config.base import Section
 from stackwise.config.names import ParallelizerName
 from stackwise.precision import MixedPrecision
+from stackwise.spec.run import DEFAULT_PATIENCE, stopping_patience
 
 SchedulerName = Literal["linear", "cosine", "constant", "constant_with_warmup", "polynomial"]
+FsdpSharding = Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"]
 
 
 class GroupLR(Section):
@@ -59,6 +61,10 @@ class TrainConfig(Section):
     betas: tuple[float, float] = (0.9, 0.95)
     adam_eps: PositiveFloat = 1e-8
     fused_adamw: bool = False
+    optimizer: Literal["adamw", "adam"] = Field(
+        "adamw",
+        description="adamw: decoupled weight decay; adam: weight decay as L2 in the gradient.",
+    )
     max_grad_norm: NonNegativeFloat = Field(1.0, description="0 disables clipping.")
     scheduler: SchedulerName = "cosine"
     warmup_steps: NonNegativeInt = 0
@@ -67,6 +73,11 @@ class TrainConfig(Section):
     poly_power: PositiveFloat = 1.0
     mixed_precision: MixedPrecision = Field(
         "auto", description="auto: bf16 where the hardware runs it natively, else fp32 (no)."
+    )
+    save_precision: Literal["fp32", "fp16", "bf16"] | None = Field(
+        None,
+        description="The dtype of the weights a finished run writes (and each checkpoint's "
+        "model.pt); None: as trained. Checkpoints keep full weights for resuming.",
     )
     compile: bool = False
     eval_every: PositiveInt = 100
@@ -89,6 +100,11 @@ class TrainConfig(Section):
     greater_is_better: bool | None = Field(
         None, description="Default: true for accuracy, false otherwise."
     )
+    early_stopping: bool | None = Field(
+        None,
+        description=f"Stop when metric_for_best stalls. None: on when early_stopping_patience "
+        f"is set; false: off whatever the patience; true: on, patience default {DEFAULT_PATIENCE}.",
+    )
     early_stopping_patience: PositiveInt | None = Field(
         None, description="Stop after N evals without improvement of metric_for_best."
     )
@@ -106,6 +122,14 @@ class TrainConfig(Section):
         description="How the model is placed on the run's processes: a registered parallelizer "
         "(ddp; manual: unwrapped, gradients averaged by hand); auto: ddp, or manual for local "
         "losses.",
+    )
+    num_processes: PositiveInt | None = Field(
+        None,
+        description="The process count the run expects; a launch with another count is refused "
+        "(None: any).",
+    )
+    fsdp_sharding_strategy: FsdpSharding | None = Field(
+        None, description="FSDP only: how parameters are sharded (DDP runs say it has no effect)."
     )
 
     strategy_options: dict[str, Any] = Field(
@@ -138,6 +162,10 @@ class TrainConfig(Section):
             + f"; a setting of your own strategy goes in train.strategy_options "
             f"(training_config.strategy_options['{name}'] = ...)"
         )
+
+    def stopping_patience(self) -> int | None:
+        """Evals without improvement before early stopping; None: it is off."""
+        return stopping_patience(self.early_stopping, self.early_stopping_patience)
 
     def best_is_greater(self) -> bool:
         """Whether a larger metric_for_best is better (greater_is_better, or its default)."""

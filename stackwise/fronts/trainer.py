@@ -5,6 +5,7 @@ Importing this module registers the builder with the class."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from torch import nn
@@ -12,10 +13,14 @@ from torch import nn
 from stackwise.config import Config, from_dict
 from stackwise.errors import StackWiseError
 from stackwise.fronts.components import carried_sections, chosen_parts
+from stackwise.io.lock import release_run_folder
+from stackwise.io.trained import save_tokenizer
 from stackwise.objectives import objective_from
 from stackwise.pipeline import prepared
+from stackwise.strategies.standard import save_trained
 from stackwise.train import trainer as trainer_module
 from stackwise.train.builders import build_trainer
+from stackwise.train.checkpoint_manager import on_main
 from stackwise.train.trainer import EnhancedTrainer, Trainer
 
 __all__ = ["EnhancedTrainer", "Trainer", "trainer_from_settings"]
@@ -93,10 +98,22 @@ def trainer_of_settings(
     plan, data = prepared(config)
     if model is None:
         model = adapter.new_model(plan, plan.model.vocab_size or len(data.tokenizer))
+    elif hasattr(adapter, "adopt"):  # a model built apart (MemoryAdapter(config)): learn it
+        adapter.adopt(model, plan)
     objective = objective_from(plan.objective, plan.masking, data.specials)
-    return build_trainer(
+    trainer = build_trainer(
         plan, model, objective, data.train, data.val, adapter=adapter, strategy=chosen
     )
+    on_main(trainer.accelerator, lambda: save_tokenizer(trainer.output_dir, data.tokenizer))
+    trainer.save_when_trained = partial(saved_and_released, trainer, data, adapter)
+    return trainer
+
+
+def saved_and_released(trainer: EnhancedTrainer, data: Any, adapter: Any) -> None:
+    """What train() leaves in output_dir, as `stackwise train` does: the finished run (weights
+    in train.save_precision, config.yaml, tokenizer/, history.json); the folder is freed."""
+    save_trained(trainer, data, adapter)
+    release_run_folder(trainer.output_dir)
 
 
 if not trainer_module.SEED_FRONT:

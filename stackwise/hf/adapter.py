@@ -92,6 +92,12 @@ class HFAdapter(ModelAdapter):
             attach_memory_hf(model, plan)
         return model
 
+    def adopt(self, model: nn.Module, plan: Plan) -> None:
+        """A model of `plan` built outside this adapter (MemoryAdapter(config), or a user's
+        own): the plan and base identity that saving and resuming need, as `build` keeps."""
+        self.plan = plan
+        self.base = base_identity(model, plan.model.model_name_or_path or "")
+
     def loss(
         self, model: nn.Module, objective: Objective, batch: Batch, gen: Generator, uses_time: bool
     ) -> torch.Tensor:

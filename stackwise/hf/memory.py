@@ -56,8 +56,25 @@ def _add_read(memory: MemoryLayer, module: nn.Module, args: Any, output: Any) ->
     return (new, *output[1:]) if isinstance(output, tuple) else new
 
 
+# `MemoryAdapter(config)` (seed 001) builds the whole memory-augmented model from a config,
+# which is read above this layer: stackwise.fronts.memory registers that builder here
+SEED_FRONT: list[Any] = []
+
+
 class MemoryAdapter(nn.Module):
-    """The memory layers of one model, keyed by the index of the decoder layer they follow."""
+    """The memory layers of one model, keyed by the index of the decoder layer they follow.
+    `MemoryAdapter(config)` is the seeds' call: the config's whole model (see SEED_FRONT)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        given = args[0] if args else kwargs.get("config", kwargs.get("layers"))
+        if isinstance(given, dict):
+            return super().__new__(cls)
+        if not SEED_FRONT:
+            raise StackWiseError(
+                "MemoryAdapter(config) is built by stackwise.fronts.memory: import the class "
+                "from stackwise (`from stackwise import MemoryAdapter`), which loads it."
+            )
+        return SEED_FRONT[0](*args, **kwargs)
 
     def __init__(self, layers: dict[int, MemoryLayer]) -> None:
         super().__init__()

@@ -1,7 +1,9 @@
 """Training checkpoints you can trust: atomic, rotated, resumable bit for bit.
 
 Layout of `outputs/<run>/checkpoint-<step>/`:
-  model.safetensors     the model's weights
+  model.safetensors     the model's weights (an HF model: its adapter's files), read on resume
+  model.pt              the whole model's state dict in train.save_precision, for inference:
+                        plain tensors, torch.load(weights_only=True) reads it
   optimizer.bin         optimizer state_dict (tensors and plain containers only)
   scheduler.bin         LR scheduler state_dict
   trainer_state.json    step, epoch, sampler position, tokens, history, extension states
@@ -9,8 +11,9 @@ Layout of `outputs/<run>/checkpoint-<step>/`:
   config.yaml           the run's config
 A checkpoint is written into `.checkpoint-<step>.tmp`, every file fsynced, then renamed into
 place; `latest` (a one-line file naming the newest checkpoint) is replaced last. A crash at any
-moment leaves the previous checkpoint and pointer intact. The .bin files are read back with
-`torch.load(weights_only=True)`, which refuses anything but tensors and plain containers.
+moment leaves the previous checkpoint and pointer intact. The .bin files (and model.pt) are read
+back with `torch.load(weights_only=True)`, which refuses anything but tensors and plain
+containers.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from stackwise.io.saved_config import (
 
 LATEST = "latest"
 STATE = "trainer_state.json"
+CONSOLIDATED = "model.pt"
 PATTERN = re.compile(r"^checkpoint-(\d+)$")
 
 

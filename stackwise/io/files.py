@@ -144,6 +144,39 @@ def save_tensors(state: dict[str, torch.Tensor], path: Path) -> Path:
     return path
 
 
+def in_precision(state: dict[str, torch.Tensor], precision: str | None) -> dict[str, torch.Tensor]:
+    """`state` with its floating tensors cast to `precision` (fp32, fp16, bf16; None: as is)."""
+    if precision is None:
+        return state
+    from stackwise.precision import torch_dtype
+
+    dtype = torch_dtype(precision)
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+
+
+def cast_weight_files(folder: Path, precision: str | None) -> None:
+    """Each safetensors file directly in `folder` rewritten (atomically, its metadata kept)
+    with its floating tensors in `precision`; None leaves them as they are."""
+    if precision is None:
+        return
+    from safetensors import safe_open
+
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as handle:
+            metadata = handle.metadata()
+        state = in_precision(read_tensors(path, "It was written a moment ago."), precision)
+        tmp = _tmp(path)
+        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp), metadata)
+        _replace(tmp, path)
+
+
+def save_torch_weights(state: dict[str, torch.Tensor], path: Path) -> None:
+    """A state dict as a torch file of plain CPU tensors, which torch.load reads back with
+    weights_only=True (no pickled object: tensor subclasses are stored as plain tensors)."""
+    plain = {k: v.detach().cpu().as_subclass(torch.Tensor) for k, v in state.items()}
+    torch.save(plain, path)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -18,7 +18,7 @@ from typing import Any
 
 from stackwise.errors import StackWiseError
 from stackwise.io.checkpoints import LATEST, rng_state, set_rng_state
-from stackwise.io.files import read_json, read_tensors, write_atomic, write_json
+from stackwise.io.files import cast_weight_files, read_json, read_tensors, write_atomic, write_json
 from stackwise.io.final import final_save
 from stackwise.io.hf_llama import load_llama_weights, read_llama_config
 from stackwise.io.stack_files import (
@@ -146,8 +146,9 @@ class GrowingRack:
             write_atomic(out / "config.yaml", self.plan.to_yaml())
             if tokenizer is not None:
                 tokenizer.save_pretrained(str(out / "tokenizer"))
-            if self.p.save_rack:
+            if self.p.save_rack:  # in train.save_precision
                 save_model(self.builder.rack, out)
+                cast_weight_files(out, self.plan.train.save_precision)
             if self.p.save_stacks:  # prepend shifts positions; joint tuning changes weights
                 self.save_stacks(changed_only=False, chained=chained, folder=out)
 

@@ -86,6 +86,17 @@ class GroupLRSpec:
     memory: float | None = None
 
 
+DEFAULT_PATIENCE = 3  # train.early_stopping: true without early_stopping_patience
+
+
+def stopping_patience(switch: bool | None, patience: int | None) -> int | None:
+    """train.early_stopping with early_stopping_patience: the evals without improvement that
+    stop a run, or None when early stopping is off (false; or unset without a patience)."""
+    if switch is False:
+        return None
+    return patience or (DEFAULT_PATIENCE if switch else None)
+
+
 @dataclass(frozen=True)
 class TrainSpec:
     """The optimiser, the LR schedule and the loop. `max_steps` is resolved (epochs become
@@ -102,6 +113,7 @@ class TrainSpec:
     betas: tuple[float, float] = (0.9, 0.95)
     adam_eps: float = 1e-8
     fused_adamw: bool = False
+    optimizer: str = "adamw"
     max_grad_norm: float = 1.0
     scheduler: str = "cosine"
     warmup_steps: int = 0
@@ -109,6 +121,7 @@ class TrainSpec:
     min_lr_ratio: float = 0.0
     poly_power: float = 1.0
     mixed_precision: str = "auto"
+    save_precision: str | None = None
     compile: bool = False
     eval_every: int = 100
     eval_batches: int = 10
@@ -120,11 +133,17 @@ class TrainSpec:
     save_best_model: bool = False
     metric_for_best: str = "loss"
     greater_is_better: bool = False
+    early_stopping: bool | None = None
     early_stopping_patience: int | None = None
     early_stopping_threshold: float = 0.0
     skip_nonfinite_steps: bool = False
     enabled_extensions: tuple[str, ...] = ()
     parallelizer: str = "auto"  # resolved into Plan.parallel
+    num_processes: int | None = None
+    fsdp_sharding_strategy: str | None = None
+
+    def stopping_patience(self) -> int | None:
+        return stopping_patience(self.early_stopping, self.early_stopping_patience)
 
     def best_is_greater(self) -> bool:
         return self.greater_is_better

@@ -37,12 +37,18 @@ def run_end_to_end(
     state = trainer.train()
     if main and state.history:
         print(final_eval_line(state.history[-1]), flush=True)
-    trained = trainer.unwrapped()
+    save_trained(trainer, data, adapter)
+    return RunResult(plan, trainer.output_dir, trainer.unwrapped(), data, state, trainer)
+
+
+def save_trained(trainer: Any, data: PreparedData, adapter: ModelAdapter) -> None:
+    """The finished run's folder: the weights (train.save_precision), the adapter's own files
+    or the stacks, config.yaml, tokenizer/ and history.json, marked complete."""
+    plan, trained = trainer.plan, trainer.unwrapped()
     also = adapter.final_files(trained, data.tokenizer, plan)
     if also is None and plan.progressive.save_stacks:
         also = partial(save_all_stacks, trained)
     trainer.save(data.tokenizer, weights=plan.progressive.save_rack, also=also)
-    return RunResult(plan, trainer.output_dir, trained, data, state, trainer)
 
 
 @register_training_strategy("standard")

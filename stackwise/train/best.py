@@ -15,7 +15,7 @@ def builtin_extensions(plan: Any) -> list[Extension]:
     out: list[Extension] = []
     if tc.save_best_model:
         out.append(BestModel())
-    if tc.early_stopping_patience is not None:
+    if tc.stopping_patience() is not None:  # train.early_stopping with its patience
         out.append(EarlyStopping())
     return out
 
@@ -68,8 +68,9 @@ class BestModel(Extension):
 
 @register_extension("early_stopping")
 class EarlyStopping(Extension):
-    """Stops after `early_stopping_patience` evals without an improvement larger than
-    `early_stopping_threshold` on `metric_for_best`."""
+    """Stops after train.stopping_patience() evals (early_stopping_patience, or its default
+    when early_stopping is true) without an improvement larger than `early_stopping_threshold`
+    on `metric_for_best`."""
 
     def __init__(self) -> None:
         self.best: float | None = None
@@ -78,14 +79,14 @@ class EarlyStopping(Extension):
 
     def on_eval(self, run: RunInfo, metrics: dict[str, float]) -> None:
         tc = run.config.train
-        value = metrics.get(tc.metric_for_best)
-        if value is None or tc.early_stopping_patience is None:
+        value, patience = metrics.get(tc.metric_for_best), tc.stopping_patience()
+        if value is None or patience is None:
             return
         if better(value, self.best, run.greater_is_better, tc.early_stopping_threshold):
             self.best, self.bad_evals = value, 0
             return
         self.bad_evals += 1
-        if self.bad_evals >= tc.early_stopping_patience:
+        if self.bad_evals >= patience:
             self.stopped_at = run.state.step
             run.control.should_stop = True
             run.note(

@@ -25,7 +25,7 @@ from stackwise.train.adapters import ModelAdapter, RackAdapter
 from stackwise.train.checkpoint_manager import CheckpointManager
 from stackwise.train.evaluation import Evaluator
 from stackwise.train.extensions import Extension, ExtensionManager, build_extensions
-from stackwise.train.hardware import keep_freed_memory, make_accelerator
+from stackwise.train.hardware import check_launch, keep_freed_memory, make_accelerator
 from stackwise.train.metrics import MetricsLogger
 from stackwise.train.placement import ParamGroups, place_model
 from stackwise.train.run_dir import claim_output_dir, run_dir_of
@@ -44,6 +44,7 @@ def extension_manager(plan: Any, extra: Sequence[Extension] = ()) -> ExtensionMa
 
 def accelerator_for(plan: Any) -> Accelerator:
     acc = make_accelerator(plan.train.mixed_precision)
+    check_launch(plan.train, acc.num_processes, acc.is_main_process)
     if acc.device.type == "cpu":
         keep_freed_memory()
     return acc

@@ -172,8 +172,9 @@ class CheckpointManager:
 
         def write() -> None:
             with final_save(self.output_dir) as folder:
-                if weights:
+                if weights:  # train.save_precision: the finished run's dtype
                     contents.adapter.save(contents.model, folder)
+                    files.cast_weight_files(folder, contents.plan.train.save_precision)
                 save_run(folder, contents.plan, tokenizer, summary)
                 if also is not None:
                     also(folder)
@@ -183,8 +184,13 @@ class CheckpointManager:
 
 
 def write_contents(folder: Path, contents: CheckpointContents) -> None:
-    """One checkpoint's files, into its (temporary) folder."""
+    """One checkpoint's files, into its (temporary) folder: the adapter's weights (what a
+    resume reads), and model.pt, the whole model's state dict in train.save_precision (to load
+    with torch.load(weights_only=True) for inference)."""
     contents.adapter.save(contents.model, folder)
+    state = contents.model.state_dict()
+    precision = contents.plan.train.save_precision
+    files.save_torch_weights(files.in_precision(state, precision), folder / ckpt.CONSOLIDATED)
     torch.save(contents.optimizer.state_dict(), folder / "optimizer.bin")
     torch.save(contents.scheduler.state_dict(), folder / "scheduler.bin")
     if contents.scaler is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 from typing import Any
 
@@ -23,7 +24,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from torch import nn
 
-from stackwise.errors import StackWiseError
+from stackwise.errors import StackWiseError, fsdp_unavailable
 from stackwise.hwprobe import FORCE_ENV, ensure_bf16_ready
 
 _M_TRIM_THRESHOLD = -1
@@ -122,6 +123,52 @@ def release_processes() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
         AcceleratorState._reset_state(reset_partial_state=True)  # it described that group
+
+
+FSDP_ENV = "ACCELERATE_USE_FSDP"  # set by `accelerate launch --use_fsdp` (or its config)
+_NOTED: set[str] = set()  # notes said once per process
+
+
+def check_launch(train: Any, world: int, main: bool = True) -> None:
+    """The launch must fit the run: no FSDP launch (not available yet), and as many processes
+    as train.num_processes expects. train.fsdp_sharding_strategy under DDP is noted once."""
+    if os.environ.get(FSDP_ENV, "false").strip().lower() in ("1", "true", "yes"):
+        raise StackWiseError(
+            fsdp_unavailable(f"This launch ({FSDP_ENV} is set: accelerate launch --use_fsdp)")
+        )
+    expected, single = train.num_processes, one_of_several(world)
+    if expected is not None and expected != world:
+        raise StackWiseError(
+            f"train.num_processes (the seeds' training.num_gpus) is {expected}, but this run "
+            f"has {world} process{'es' if world != 1 else ''}{single}. Launch {expected}: "
+            f"`torchrun --nproc_per_node {expected} -m stackwise train --config FILE`, or "
+            f"`accelerate launch --num_processes {expected} -m stackwise train --config FILE` "
+            "(add --multi_gpu where there is no GPU: it also starts CPU processes); or set "
+            f"train.num_processes: {world}, or remove it."
+        )
+    notes = {
+        "sharding": train.fsdp_sharding_strategy is not None
+        and f"train.fsdp_sharding_strategy {train.fsdp_sharding_strategy} has no effect: it "
+        "applies to FSDP, and this run uses DDP (a whole model on each process).",
+        "single": single
+        and f"this run has 1 process{single}; add --multi_gpu to start them "
+        "on the CPU, or launch with torchrun --nproc_per_node N.",
+    }
+    for name, note in notes.items():
+        if note and main and name not in _NOTED:
+            _NOTED.add(name)
+            print(f"stackwise: note: {note}", file=sys.stderr)
+
+
+def one_of_several(world: int) -> str:
+    """Why a run that asked accelerate for several processes has one: without a GPU,
+    `accelerate launch --num_processes N` starts one process (it sets MASTER_ADDR for N > 1,
+    which a single process never reads). Empty when that is not the case."""
+    env = os.environ
+    launched = "ACCELERATE_MIXED_PRECISION" in env and "MASTER_ADDR" in env
+    if world != 1 or not launched or "WORLD_SIZE" in env:
+        return ""
+    return " (accelerate launch starts a single process on a machine without GPUs)"
 
 
 def make_accelerator(mixed_precision: str) -> Accelerator:

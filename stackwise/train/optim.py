@@ -1,4 +1,4 @@
-"""AdamW over named parameter groups, and the LR schedules.
+"""AdamW (or Adam) over named parameter groups, and the LR schedules.
 
 Weight decay applies to matrices only (ndim >= 2); norms, biases and 1-d scales are not decayed.
 The schedules are one small function rather than transformers' helpers because every schedule
@@ -48,11 +48,16 @@ def build_param_groups(
     return out
 
 
+OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
+
+
 def build_optimizer(groups: list[dict[str, Any]], cfg: TrainSpec) -> torch.optim.Optimizer:
+    """train.optimizer over the groups: AdamW (decoupled weight decay) or Adam (each group's
+    weight decay added to its gradient, L2)."""
     kwargs: dict[str, Any] = {"betas": cfg.betas, "eps": cfg.adam_eps}
     if cfg.fused_adamw:
         kwargs["fused"] = True
-    return torch.optim.AdamW(groups, **kwargs)
+    return OPTIMIZERS[cfg.optimizer](groups, **kwargs)
 
 
 def warmup_steps(cfg: TrainSpec) -> int:

@@ -62,6 +62,10 @@ def _from_settings(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 
 
 class EnhancedTrainer(RunFiles):
+    # what a finished train() saves, when the Trainer saves its own run (one built from
+    # settings: stackwise.fronts.trainer); recipes that save themselves leave it None
+    save_when_trained: Callable[[], Any] | None = None
+
     def __new__(cls, *args: Any, **kwargs: Any) -> EnhancedTrainer:
         if not _from_settings(args, kwargs):
             return super().__new__(cls)
@@ -229,6 +233,8 @@ class EnhancedTrainer(RunFiles):
                 raise
         if not self.stage.defer_finish:
             self.finish()
+        if self.save_when_trained is not None:
+            self.save_when_trained()
         return self.state
 
     def _loop(self, batches: Batches, window: LossWindow, signals: StopSignals) -> None:

@@ -66,11 +66,21 @@ class RunFiles:
         extensions and sinks keep (what resuming needs, and nothing else)."""
         return {
             **self.state.state_dict(),
+            "best_metric": self.best_metric(),  # for readers; a resume takes it from history
+            "metric_for_best": self.plan.train.metric_for_best,
             "world_size": self.accelerator.num_processes,
             "stack_index": self.stage.index,
             "extensions": self.extensions.state_dict(),
             "metrics": self.metrics.state_dict(),
         }
+
+    def best_metric(self) -> float | None:
+        """The best train.metric_for_best of the evals so far (None before any)."""
+        name = self.plan.train.metric_for_best
+        values = [row[name] for row in self.state.history if name in row]
+        if not values:
+            return None
+        return max(values) if self.plan.train.best_is_greater() else min(values)
 
     def load_checkpoint(self, path: Path) -> None:
         """Weights, optimizer, scheduler, sampler position, RNG and extension states."""
