@@ -58,6 +58,7 @@ GENERIC: dict[str, tuple[Any, dict]] = {
     "model.tie_embeddings": (False, {}),
     "model.frozen_up_proj": (True, {}),
     "model.time_conditioning": ("sinusoidal", DIFF),
+    "model.time_embedding_dim": (16, {**DIFF, "model": {"time_conditioning": "sinusoidal"}}),
     "model.init_std": (0.05, {}),
     "model.attention_bias": (True, {}),
     "data.source": ("shakespeare", {}),  # with files given: refused

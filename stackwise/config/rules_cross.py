@@ -90,6 +90,8 @@ def relevance_objective(cfg: Config) -> Iterator[str]:
         p.strategy != "progressive" or p.trunk_strategy != "full"
     ):
         yield (
+    if tc == "none" and cfg.model.time_embedding_dim is not None:
+        yield "model.time_embedding_dim needs model.time_conditioning sinusoidal or learned"
             "train.group_lr.trunk sets the LR of a trunk that trains: it needs "
             "progressive.strategy: progressive with trunk_strategy: full (a frozen trunk "
             "does not train; a qlora trunk trains its adapters, at group_lr.lora)"

@@ -31,6 +31,11 @@ class ModelConfig(Section):
     frozen_up_proj: bool = Field(False, description="Freeze a random SwiGLU up-projection.")
     moe: MoEConfig = Field(default_factory=MoEConfig)
     time_conditioning: Literal["none", "sinusoidal", "learned"] = "none"
+    time_embedding_dim: PositiveInt | None = Field(
+        None,
+        description="Width of the time embedding (sinusoidal features, or a learned row, "
+        "projected to d_model); None = d_model.",
+    )
     init_std: PositiveFloat = 0.02
     gradient_checkpointing: bool = False
     attention_bias: bool = Field(
@@ -68,6 +73,11 @@ class ModelConfig(Section):
     @property
     def n_layers(self) -> int:
         return self.n_stacks * self.blocks_per_stack
+
+    @property
+    def d_ff(self) -> int:
+        """The SwiGLU width as the seeds name it (model.ffn_hidden, resolved)."""
+        return self.ffn_width
 
     @property
     def ffn_width(self) -> int:

@@ -55,11 +55,11 @@ class Rack(nn.Module):
         self.embed_tokens = nn.Embedding(vocab_size, spec.d_model)
         self.time_embed: nn.Module | None = None
         if spec.time_conditioning == "sinusoidal":
-            self.time_embed = SinusoidalTime(spec.d_model)
+            self.time_embed = SinusoidalTime(spec.d_model, spec.time_embedding_dim)
         elif spec.time_conditioning == "learned":
             if num_time_steps is None:
                 raise ValueError("learned time conditioning needs num_time_steps")
-            self.time_embed = LearnedTime(spec.d_model, num_time_steps)
+            self.time_embed = LearnedTime(spec.d_model, num_time_steps, spec.time_embedding_dim)
         self.rotary = Rotary(spec.d_model // spec.n_heads, spec.max_seq_len, spec.rope_theta)
         n = spec.n_stacks if n_stacks is None else n_stacks
         self.stacks = nn.ModuleList(Stack(spec, causal, index=i) for i in range(n))

@@ -20,6 +20,7 @@ RACK_SHAPE_FIELDS = (
     "tie_embeddings",
     "frozen_up_proj",
     "time_conditioning",
+    "time_embedding_dim",
     "attention_bias",
 )
 
@@ -78,6 +79,7 @@ class ModelSpec:
     frozen_up_proj: bool = False
     moe: MoESpec = MoESpec()
     time_conditioning: str = "none"
+    time_embedding_dim: int | None = None
     init_std: float = 0.02
     gradient_checkpointing: bool = False
     attention_bias: bool = False
