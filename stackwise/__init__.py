@@ -30,13 +30,14 @@ _EXPORTS = {
     "stackwise.model.moe": ("MoEFeedForward",),
     "stackwise.model.routing": ("compute_router_auxiliary_loss",),
     "stackwise.objectives": ("Objective", "Specials", "build_objective"),
-    "stackwise.progressive": (
-        "ActivationCache",
-        "GrowingRack",
+    "stackwise.progressive": ("ActivationCache", "GrowingRack", "ProgressiveRecipe", "depth_range"),
+    "stackwise.fronts.progressive": (
+        "ProgressiveDataLoader",
         "ProgressiveRackBuilder",
-        "ProgressiveRecipe",
         "ProgressiveTrainer",
-        "depth_range",
+        "TimeStepMasking",
+        "compute_loss",
+        "create_stack_from_config",
     ),
     "stackwise.quant": ("add_adapter", "merge_adapters", "quantize_linears", "weight_bytes"),
     "stackwise.registry": (
@@ -100,6 +101,14 @@ if TYPE_CHECKING:  # static tools see the real names
     from stackwise.fronts.data import TextDataset, create_dataloader  # noqa: F401
     from stackwise.fronts.factory import TrainerFactory  # noqa: F401
     from stackwise.fronts.memory import MemoryAdapter  # noqa: F401
+    from stackwise.fronts.progressive import (  # noqa: F401
+        ProgressiveDataLoader,
+        ProgressiveRackBuilder,
+        ProgressiveTrainer,
+        TimeStepMasking,
+        compute_loss,
+        create_stack_from_config,
+    )
     from stackwise.fronts.trainer import EnhancedTrainer, Trainer  # noqa: F401
     from stackwise.generate import sample_texts  # noqa: F401
     from stackwise.io.trained import build_rack  # noqa: F401
@@ -118,9 +127,7 @@ if TYPE_CHECKING:  # static tools see the real names
     from stackwise.progressive import (  # noqa: F401
         ActivationCache,
         GrowingRack,
-        ProgressiveRackBuilder,
         ProgressiveRecipe,
-        ProgressiveTrainer,
         depth_range,
     )
     from stackwise.quant import (  # noqa: F401

@@ -163,8 +163,10 @@ def train_from_config(
     if OBJECTIVES.capabilities(config.objective.name).labels_from_batch:
         raise StackWiseError(
             f"objective '{config.objective.name}' reads labels from the batch, and the "
-            "pretraining data has none. Use the Python API (stackwise.pipeline.trainer_for) "
-            "with a dataset that yields 'labels'."
+            "pretraining data has none. Use the Python API with a dataset that yields "
+            "'labels' (or the seeds' 'targets'): stackwise.pipeline.trainer_for, or "
+            "ProgressiveTrainer(config).train_progressively(dataloader=...) for a progressive "
+            "run."
         )
     chosen = get_training_strategy(strategy or strategy_for(config), config.train)  # fail first
     check_options(chosen, config.train.strategy_options)  # read by a strategy of your own

@@ -20,7 +20,6 @@ from pydantic import BaseModel
 from stackwise import seeds
 from stackwise.config import Config
 from stackwise.errors import StackWiseError
-from stackwise.precision import PACKED
 from stackwise.progressive.timing import TimeMapping, depth_range
 from stackwise.quant.lora import rank_for
 from stackwise.registry import OBJECTIVES
@@ -205,9 +204,10 @@ def trunk_adapter(config: Config) -> AdapterSpec | None:
 
 
 def stage_adapter(config: Config, index: int) -> AdapterSpec | None:
-    """Stack `index`'s own LoRA: on a quantized new stack when LoRA is on."""
+    """Stack `index`'s own LoRA, added as the stack is created when LoRA is on (on a packed
+    stack it is what trains; on a float one it trains beside the weights)."""
     lo = config.lora
-    if not (lo.enabled and config.progressive.new_stack_precision in PACKED):
+    if not lo.enabled:
         return None
     rank, alpha = rank_for(index, config.model.n_stacks, lo)
     return AdapterSpec(rank, alpha, lo.dropout, adapter_dtype(config))
@@ -237,6 +237,14 @@ def stage_t_range(
     if p.time_interpretation != "depth" or not uses_time:
         return None
     n, steps = config.model.n_stacks, config.masking.num_time_steps
+    if p.depth_mapping == "custom" and p.depth_time_table is None and time_mapping is None:
+        raise StackWiseError(
+            "progressive.depth_mapping is 'custom' with no depth_time_table, so the stacks' "
+            "time steps come from a function given in Python, and none was given. Pass it "
+            "(ProgressiveTrainer(config, time_mapping=fn), TimeStepMasking(config, "
+            "time_mapping=fn), or progressive_recipe(config, data, time_mapping=fn)), or write "
+            "the ranges as progressive.depth_time_table."
+        )
     return depth_range(index, n, p, steps, time_mapping)  # reads the section as its spec
 
 

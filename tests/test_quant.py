@@ -219,7 +219,7 @@ def test_seed_flat_names_are_documented_aliases(tiny):
 @pytest.mark.parametrize(
     ("lora", "prog", "match"),
     [
-        ({"enabled": True}, {}, "LoRA would do nothing"),
+        ({"enabled": True, "trunk_rank": 2}, {}, "needs lora.trunk_adapters"),
         ({}, {"new_stack_precision": "nf4"}, "lora.enabled: true"),
         ({}, {"trunk_strategy": "qlora"}, "memory-light"),
         (
@@ -327,7 +327,8 @@ def test_dual_lora_every_adapter_trains_and_frozen_weights_do_not(tiny):
         for s in b.trunk:
             old_base, old_stack, old_trunk = before[id(s)]
             assert changed(old_base, base_state(s)) == set()  # nf4 codes and norms frozen
-            assert changed(old_stack, lora_params(s, "stack")) == set()  # its stack adapter too
+            # a qlora trunk trains every LoRA adapter it has: its stack adapter too
+            assert changed(old_stack, lora_params(s, "stack")) == set(old_stack)
             trunk = lora_params(s, "trunk")
             # one trunk adapter per stack, rank 2, created once; B always moves, A after step 1
             assert len(trunk) == 14 and all(
@@ -523,7 +524,8 @@ def test_merge_lora_cli_fp32_base(tiny, tmp_path, capsys):
     out = tmp_path / "merged"
     assert main(["merge-lora", str(res.output_dir), str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "Merged the adapters of 1 stack" in printed
+    # both stacks: each has its own adapter (lora.enabled), the trunk one its trunk adapter too
+    assert "Merged the adapters of 2 stack" in printed
     _, merged, _ = load_trained(out)
     assert not any("lora_" in n for n, _ in merged.named_parameters())
     assert (probe_logits(cfg, merged) - adapted).abs().max() < 1e-4

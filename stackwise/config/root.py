@@ -58,6 +58,7 @@ class Config(Section):
         prog = data.get("progressive") or {}
         if not isinstance(prog, dict):
             return data
+        data = _grid_of_depth(data, prog)
         linked = linked_model_keys(prog)
         if not linked or not isinstance(data.get("model") or {}, dict):
             return data  # nothing decided, or a model: that validation refuses
@@ -90,3 +91,20 @@ class Config(Section):
         from stackwise.config.seed_view import SeedView
 
         return SeedView(self, "training.")
+
+
+def _grid_of_depth(data: dict[str, Any], prog: dict[str, Any]) -> dict[str, Any]:
+    """Time as depth with progressive.time_per_stack grid steps per stack and no
+    masking.num_time_steps: the grid is time_per_stack x the rack's stacks (the seeds' way)."""
+    masking, model = data.get("masking") or {}, data.get("model") or {}
+    width = prog.get("time_per_stack")
+    if prog.get("time_interpretation") != "depth" or not isinstance(width, int):
+        return data
+    if not isinstance(masking, dict) or not isinstance(model, dict):
+        return data
+    if masking.get("num_time_steps") is not None:
+        return data
+    n = prog.get("target_stacks") or model.get("n_stacks") or ModelConfig().n_stacks
+    if not isinstance(n, int):
+        return data
+    return {**data, "masking": {**masking, "num_time_steps": width * n}}

@@ -85,13 +85,13 @@ def relevance_objective(cfg: Config) -> Iterator[str]:
         )
     if tc == "learned" and m.num_time_steps is None:
         yield "time_conditioning 'learned' needs masking.num_time_steps (its table)"
+    if tc == "none" and cfg.model.time_embedding_dim is not None:
+        yield "model.time_embedding_dim needs model.time_conditioning sinusoidal or learned"
     p = cfg.progressive
     if cfg.train.group_lr.trunk is not None and (
         p.strategy != "progressive" or p.trunk_strategy != "full"
     ):
         yield (
-    if tc == "none" and cfg.model.time_embedding_dim is not None:
-        yield "model.time_embedding_dim needs model.time_conditioning sinusoidal or learned"
             "train.group_lr.trunk sets the LR of a trunk that trains: it needs "
             "progressive.strategy: progressive with trunk_strategy: full (a frozen trunk "
             "does not train; a qlora trunk trains its adapters, at group_lr.lora)"

@@ -95,27 +95,14 @@ def growth_precision(cfg: Config) -> Iterator[str]:
             "are trained, but trunk_strategy 'full' or mode 'fused' keeps training them, and "
             "fp16 weights diverge without loss scaling; use bf16 there"
         )
-    stack_adapters = prec in QUANTIZED
-    if lo.enabled and not (stack_adapters or lo.trunk_adapters):
+    # lora.enabled gives every stack its own adapter as it is created (a float stack trains it
+    # beside its weights; a packed one trains only it); a qlora trunk trains every adapter
+    if p.trunk_strategy == "qlora" and not lo.enabled:
         yield (
-            f"lora.enabled adapts frozen weights, but new stacks of precision '{prec}' train "
-            "all their weights and no trunk adapters are on, so LoRA would do nothing: set "
-            "progressive.new_stack_precision to qlora/nf4/fp8/nvfp4 (stack adapters) or "
-            "lora.trunk_adapters: true"
-        )
-    if lo.enabled and not stack_adapters:
-        for name in ("rank", "alpha", "strategy"):
-            if lo.changed(name):
-                yield (
-                    f"lora.{name} sets the stack adapters, which only quantized new stacks "
-                    f"(new_stack_precision qlora/nf4/fp8/nvfp4) have; with '{prec}' use "
-                    "lora.trunk_rank / trunk_alpha"
-                )
-    if p.trunk_strategy == "qlora" and not (lo.enabled and lo.trunk_adapters):
-        yield (
-            "trunk_strategy 'qlora' quantizes the frozen trunk and trains one LoRA adapter "
-            "per trunk stack: set lora.enabled: true and lora.trunk_adapters: true (use "
-            "'frozen' with cache.enabled for the memory-light path)"
+            "trunk_strategy 'qlora' quantizes the frozen trunk and trains only its LoRA "
+            "adapters: set lora.enabled: true (each stack's own adapter), and for one more "
+            "adapter per trunk stack lora.trunk_adapters: true (use 'frozen' with "
+            "cache.enabled for the memory-light path)"
         )
 
 

@@ -123,11 +123,9 @@ def progressive_depth_keys(s: ProgressiveConfig) -> Iterator[str]:
             yield ("progressive.time_per_stack sets linear widths; use depth_mapping: linear")
         if s.depth_mapping != "exponential" and s.changed("depth_growth"):
             yield "progressive.depth_growth needs depth_mapping: exponential"
-        if (s.depth_mapping == "custom") != (s.depth_time_table is not None):
-            yield (
-                "depth_mapping 'custom' takes its times from depth_time_table; set both "
-                "(a callable mapping is available from the Python API)"
-            )
+        if s.depth_time_table is not None and s.depth_mapping != "custom":
+            yield "progressive.depth_time_table needs depth_mapping: custom"
+        # custom without a table: the mapping function comes from Python (stackwise.plan)
 
 
 @section_rule("ProgressiveConfig")

@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from torch import nn
-
+from stackwise.errors import StackWiseError
 from stackwise.model.layers import Stack
 from stackwise.model.rack import Rack
 from stackwise.precision import FLOAT_STORAGE, PACKED, STACK_PRECISIONS, StackPrecision, torch_dtype
+from stackwise.progressive.roles import StackRoles
+from stackwise.progressive.seed_builder import precision_name, seed_settings
 from stackwise.quant.layers import quantize_linears
 from stackwise.quant.lora import (
     STACK,
@@ -24,18 +25,12 @@ from stackwise.quant.lora import (
     adapter_record,
     add_adapter,
     dtype_name,
-    set_adapter_trainable,
 )
 from stackwise.registry import GROWTH_OPERATORS
 from stackwise.spec import AdapterSpec, ModelSpec
 
 Precision = StackPrecision
 QUANTIZED = PACKED  # a packed precision -> its storage format
-
-
-def _fixed(p: nn.Parameter) -> bool:
-    """Parameters that never train (the optional frozen random SwiGLU up-projection)."""
-    return bool(getattr(p, "_stackwise_fixed", False))
 
 
 @dataclass
@@ -54,84 +49,130 @@ class StackMeta:
         }
 
 
-class ProgressiveRackBuilder:
+class ProgressiveRackBuilder(StackRoles):
     def __init__(
         self,
-        spec: ModelSpec,
-        vocab_size: int,
-        causal: bool,
+        spec: ModelSpec | None = None,
+        vocab_size: int | None = None,
+        causal: bool | None = None,
         *,
-        building_mode: Literal["append", "prepend"] = "append",
+        building_mode: Literal["append", "prepend"] | None = None,
         num_time_steps: int | None = None,
         double_quant: bool = False,
         growth_operator: str = "random",
+        config: Any = None,
+        default_precision: str | None = None,
+        max_stacks: int | None = None,
+        **shape: Any,
     ) -> None:
-        """`growth_operator` names how a new stack is initialised (stackwise.growth)."""
-        self.spec = spec
-        self.grow = GROWTH_OPERATORS.get(growth_operator, "growth_operator")  # unknown: fail now
-        self.double_quant = double_quant  # nf4: quantize the block scales too
-        self.causal = causal
-        self.building_mode = building_mode
-        self.rack = Rack(spec, vocab_size, causal, num_time_steps, n_stacks=0)
+        """`growth_operator` names how a new stack is initialised (stackwise.growth).
+
+        The seeds' ways are taken too: `config=` (every setting read from a config, through
+        stackwise.fronts.progressive), or the rack's shape as keywords (`vocab_size=...,
+        d_model=..., d_ff=..., n_heads=...`), whose remaining settings a ProgressiveTrainer
+        fills in from its config (see seed_builder.bind). `default_precision` is what
+        append_stack/prepend_stack use when no precision is given."""
+        given = seed_settings(config, spec, vocab_size, causal, shape)
+        self.seed = given  # what the seed's call fixed (checked when a trainer adopts it)
+        mode = building_mode or given.get("building_mode") or "append"
+        self.spec: ModelSpec = given.get("spec", spec)
+        self.vocab_size: int = given.get("vocab_size", vocab_size)
+        self.causal: bool = given.get("causal", causal)
+        self.building_mode: Literal["append", "prepend"] = mode
+        self.mode_given = building_mode is not None
+        operator = given.get("growth_operator", growth_operator)
+        self.grow = GROWTH_OPERATORS.get(operator, "growth_operator")  # unknown: fail now
+        self.double_quant = given.get("double_quant", double_quant)  # nf4: quantize the scales too
+        steps = given.get("num_time_steps", num_time_steps)
+        self.default_precision = precision_name(
+            default_precision or given.get("default_precision", "full")
+        )
+        self.max_stacks: int | None = max_stacks or given.get("max_stacks")
+        self.stack_adapters: dict[int, AdapterSpec] = given.get("stack_adapters", {})
+        self.default_adapter: AdapterSpec | None = given.get("default_adapter")
+        self.trunk_adapter: AdapterSpec | None = given.get("trunk_adapter")
+        self.rack = Rack(self.spec, self.vocab_size, self.causal, steps, n_stacks=0)
         self.new_stack: Stack | None = None
         self.grown: list[Stack] = []  # in the order they were grown (growth index)
-        # keyed by the stack itself (held here, so no key is ever another stack's)
-        self.meta: dict[Stack, StackMeta] = {}
+        self.meta: dict[Stack, StackMeta] = {}  # keyed by the stack itself (held here)
 
     # -- growing ------------------------------------------------------------------------------
 
-    def _make_stack(
-        self, n_blocks: int | None, precision: Precision, adapter: AdapterSpec | None
+    def _build(
+        self, index: int, n_blocks: int | None, precision: str | None, adapter: AdapterSpec | None
     ) -> Stack:
+        """Stack `index` (growth order) as this builder grows it: initialised by the growth
+        operator, stored in `precision`, with its stack adapter; not yet in the rack."""
+        precision = precision_name(precision or self.default_precision)
         if precision not in STACK_PRECISIONS:
             known = sorted(STACK_PRECISIONS)
             raise ValueError(f"precision '{precision}' is not one of {known}")
+        adapter = adapter or self.stack_adapters.get(index)
         if precision in QUANTIZED and adapter is None:
-            raise ValueError(
-                f"a '{precision}' stack stores frozen weights; give it an adapter to train"
-            )
-        stack = Stack(self.spec, self.causal, n_blocks, index=len(self.grown))
+            adapter = self.default_adapter
+            if adapter is None:
+                raise ValueError(
+                    f"a '{precision}' stack stores frozen weights; give it an adapter to train"
+                )
+        stack = Stack(self.spec, self.causal, n_blocks, index=index)
         self.grow(stack, list(self.rack.stacks), self.rack)
         for p in stack.parameters():
             if not p.requires_grad:
                 p._stackwise_fixed = True  # type: ignore[attr-defined]
-        device = self.rack.embed_tokens.weight.device
-        stack.to(device=device)
+        stack.to(device=self.rack.embed_tokens.weight.device)
         self.meta[stack] = StackMeta(precision)
         self.store_as(stack, QUANTIZED.get(precision, precision))
         if adapter is not None:
             self.add_adapter(stack, STACK, adapter)
-        self.grown.append(stack)
-        self.new_stack = stack
         return stack
+
+    def create_stack(
+        self, stack_id: int, n_blocks: int | None = None, precision: str | None = None
+    ) -> Stack:
+        """A stack made as stack `stack_id` would be grown (its initialisation, precision and
+        LoRA adapter), outside the rack: the seeds' create_stack_from_config."""
+        return self._build(stack_id, n_blocks, precision, None)
 
     def append_stack(
         self,
         n_blocks: int | None = None,
-        precision: Precision = "full",
+        precision: str | None = None,
         adapter: AdapterSpec | None = None,
     ) -> Stack:
         """A new stack after the trunk (next to the head): the trunk's output feeds it."""
-        return self.add_stack(n_blocks, precision, adapter, "append")
+        return self.add_stack(n_blocks, precision, adapter, "append", trunk_adapters=True)
 
     def prepend_stack(
         self,
         n_blocks: int | None = None,
-        precision: Precision = "full",
+        precision: str | None = None,
         adapter: AdapterSpec | None = None,
     ) -> Stack:
         """A new stack before the trunk (next to the embeddings): it feeds the trunk."""
-        return self.add_stack(n_blocks, precision, adapter, "prepend")
+        return self.add_stack(n_blocks, precision, adapter, "prepend", trunk_adapters=True)
 
     def add_stack(
         self,
         n_blocks: int | None = None,
-        precision: Precision = "full",
+        precision: str | None = None,
         adapter: AdapterSpec | None = None,
         mode: Literal["append", "prepend"] | None = None,
+        trunk_adapters: bool = False,
     ) -> Stack:
-        """A new stack where `mode` (default: the builder's building_mode) puts it."""
-        stack = self._make_stack(n_blocks, precision, adapter)
+        """A new stack where `mode` (default: the builder's building_mode) puts it. With
+        `trunk_adapters` the stacks already grown get the builder's trunk adapter (the seeds'
+        progressive_qlora) once; a progressive run adds them itself (GrowingRack.set_roles)."""
+        if self.max_stacks is not None and len(self.grown) >= self.max_stacks:
+            raise StackWiseError(
+                f"This rack already has its {self.max_stacks} stacks (max_stacks, the config's "
+                "model.n_stacks); raise training.progressive.max_stacks to grow it further."
+            )
+        stack = self._build(len(self.grown), n_blocks, precision, adapter)
+        if trunk_adapters and self.trunk_adapter is not None:
+            for old in self.grown:
+                self.ensure_trunk_adapter(old, self.trunk_adapter)
+        self.grown.append(stack)
+        self.new_stack = stack
         if (mode or self.building_mode) == "append":
             self.rack.stacks.append(stack)
         else:
@@ -154,8 +195,9 @@ class ProgressiveRackBuilder:
                 if "lora_" not in name:
                     p.data = p.data.to(torch_dtype(fmt))
         else:
-            for p in stack.parameters():
-                p.data = p.data.float()
+            for name, p in stack.named_parameters():
+                if "lora_" not in name:  # adapters keep their own dtype
+                    p.data = p.data.float()
             quantize_linears(stack, fmt, self.double_quant)  # type: ignore[arg-type]
         self.meta[stack].storage = fmt
 
@@ -172,63 +214,12 @@ class ProgressiveRackBuilder:
         self.add_adapter(stack, TRUNK, spec)
         return True
 
-    # -- roles --------------------------------------------------------------------------------
+    def cached_activations(self, dtype: str = "bf16", max_bytes: int | None = None) -> Any:
+        """The trunk's activations, streamed through it and kept in an activation cache: what a
+        ProgressiveDataLoader reads (`trunk_activations=`)."""
+        from stackwise.progressive.trunk import TrunkActivations
 
-    @property
-    def trunk(self) -> list[Stack]:
-        """Every stack except the new one, in rack order."""
-        return [s for s in self.rack.stacks if s is not self.new_stack]
-
-    def position(self, stack: Stack) -> int:
-        for i, s in enumerate(self.rack.stacks):
-            if s is stack:
-                return i
-        raise ValueError("this stack is not part of the rack")
-
-    def growth_index(self, stack: Stack) -> int:
-        return next(i for i, s in enumerate(self.grown) if s is stack)
-
-    def anchor_modules(self) -> list[nn.Module]:
-        """Embeddings, time embedding, final norm and (untied) head: shared by every stack."""
-        mods: list[nn.Module] = [self.rack.embed_tokens, self.rack.norm]
-        if self.rack.time_embed is not None:
-            mods.append(self.rack.time_embed)
-        if self.rack.lm_head is not None:
-            mods.append(self.rack.lm_head)
-        return mods
-
-    @staticmethod
-    def _set(module: nn.Module, trainable: bool) -> None:
-        for p in module.parameters():
-            # integer tensors are packed quantized codes: never trainable
-            p.requires_grad_(trainable and not _fixed(p) and p.is_floating_point())
-
-    def set_trainable(self, stack: Stack, trainable: bool) -> None:
-        """A stack with a stack adapter trains through it (its base stays frozen)."""
-        if stack in self.meta and STACK in self.meta[stack].adapters:
-            self._set(stack, False)
-            set_adapter_trainable(stack, STACK, trainable)
-        else:
-            self._set(stack, trainable)
-
-    def set_trunk_adapter_trainable(self, stack: Stack, trainable: bool) -> None:
-        set_adapter_trainable(stack, TRUNK, trainable)
-
-    def set_anchor_trainable(self, trainable: bool) -> None:
-        for mod in self.anchor_modules():
-            self._set(mod, trainable)
-
-    def freeze_trunk(self) -> None:
-        """Trunk stacks get no gradients (adapters included); the new stack trains."""
-        for stack in self.trunk:
-            self._set(stack, False)
-        if self.new_stack is not None:
-            self.set_trainable(self.new_stack, True)
-
-    def freeze_all_but_lora(self) -> None:
-        """Only LoRA adapter weights (PEFT's `lora_` parameters) stay trainable."""
-        for name, p in self.rack.named_parameters():
-            p.requires_grad_("lora_" in name and not _fixed(p))
+        return TrunkActivations(self.rack, dtype=dtype, max_bytes=max_bytes)
 
     def trainable_names(self) -> set[str]:
         return {n for n, p in self.rack.named_parameters() if p.requires_grad}

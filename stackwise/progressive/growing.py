@@ -32,6 +32,7 @@ from stackwise.io.trained import save_model
 from stackwise.model.chain import CHAIN_INPUT_VERSION
 from stackwise.progressive.builder import QUANTIZED, ProgressiveRackBuilder
 from stackwise.progressive.records import StackRecord
+from stackwise.progressive.seed_builder import bind
 from stackwise.spec import Plan, StageSpec
 from stackwise.train.interrupts import StopSignals, TrainingInterrupted, any_rank_signalled
 
@@ -40,21 +41,31 @@ DAMAGED = "The run was made with another config, or its files are damaged: start
 
 class GrowingRack:
     def __init__(
-        self, plan: Plan, output_dir: Path, accelerator: Any, log: Callable[[str], None]
+        self,
+        plan: Plan,
+        output_dir: Path,
+        accelerator: Any,
+        log: Callable[[str], None],
+        builder: ProgressiveRackBuilder | None = None,
     ) -> None:
+        """`builder`: a rack builder of the caller's to grow (see seed_builder.bind)."""
         self.plan, self.p = plan, plan.progressive
         self.output_dir, self.accelerator, self.log = output_dir, accelerator, log
         m = plan.model
         assert m.vocab_size is not None, "the plan resolves model.vocab_size"
-        self.builder = ProgressiveRackBuilder(
-            m,
-            m.vocab_size,
-            plan.objective.causal,
-            building_mode=self.p.building_mode,
-            num_time_steps=plan.masking.num_time_steps,
-            double_quant=plan.quant.enabled and plan.quant.double_quant,
-            growth_operator=self.p.growth_operator,
-        )
+        if builder is not None:
+            bind(builder, plan)
+        else:
+            builder = ProgressiveRackBuilder(
+                m,
+                m.vocab_size,
+                plan.objective.causal,
+                building_mode=self.p.building_mode,
+                num_time_steps=plan.masking.num_time_steps,
+                double_quant=plan.quant.enabled and plan.quant.double_quant,
+                growth_operator=self.p.growth_operator,
+            )
+        self.builder = builder
         self.builder.rack.to(accelerator.device)
         self.records: list[StackRecord] = []
         self.joint: dict[str, Any] | None = None
@@ -92,10 +103,13 @@ class GrowingRack:
         for stack in b.trunk:
             if fmt is not None and b.meta[stack].storage not in QUANTIZED:
                 b.store_as(stack, fmt)  # once: stacks already quantized keep their format
-            b.set_trainable(stack, p.trunk_strategy == "full")
             if self.plan.trunk_adapter is not None:  # one per trunk stack, made once, reused
                 b.ensure_trunk_adapter(stack, self.plan.trunk_adapter)
+            b.set_trainable(stack, p.trunk_strategy == "full")
+            if self.plan.trunk_adapter is not None:
                 b.set_trunk_adapter_trainable(stack, True)
+            if p.trunk_strategy == "qlora":  # a qlora trunk trains every LoRA adapter it has
+                b.set_lora_trainable(stack, True)
         assert b.new_stack is not None
         b.set_trainable(b.new_stack, True)
         anchor = {"train_first": index == 0, "always": True, "frozen": False}[p.head_policy]

@@ -21,14 +21,14 @@ from stackwise.errors import StackWiseError
 from stackwise.model.chain import DenoisingChain
 from stackwise.model.rack import count_parameters
 from stackwise.objectives import Objective, objective_from
+from stackwise.progressive.finish import final_eval, joint_tuning
 from stackwise.progressive.growing import GrowingRack
 from stackwise.progressive.records import ProgressiveResult, StackRecord
-from stackwise.progressive.scoring import routed_scores
+from stackwise.progressive.seed_builder import SeedSettings, start_seed_run
 from stackwise.progressive.stage import KeyedSamples, StageModel
 from stackwise.progressive.stage_cache import StageCache
 from stackwise.progressive.stage_specs import (
     global_schedule,
-    joint_plan,
     stage_line,
     stage_objective,
     stage_plan,
@@ -36,13 +36,8 @@ from stackwise.progressive.stage_specs import (
 from stackwise.spec import Plan, StageSpec
 from stackwise.train.builders import build_trainer
 from stackwise.train.checkpoint_manager import on_main
-from stackwise.train.evaluation import score_model
 from stackwise.train.hardware import make_accelerator
-from stackwise.train.interrupts import (
-    StopSignals,
-    TrainingInterrupted,
-    stop_signals,
-)
+from stackwise.train.interrupts import StopSignals, TrainingInterrupted, stop_signals
 from stackwise.train.run_dir import claim_output_dir
 from stackwise.train.state import Stage
 from stackwise.train.strategy import TrainingStrategy
@@ -52,13 +47,34 @@ from stackwise.train.trainer import EnhancedTrainer
 class ProgressiveRecipe:
     def __init__(
         self,
+        plan: Plan | Any,
+        data: PreparedData | None = None,
+        output_dir: str | Path | None = None,
+        quiet: bool = False,
+        strategy: TrainingStrategy | None = None,
+        *,
+        builder: Any = None,
+        time_mapping: Any = None,
+    ) -> None:
+        """`plan` must hold its stage specs (compile_plan with the training set's size).
+        `builder`: a ProgressiveRackBuilder of the caller's to grow. A config instead of a plan
+        (the seeds' `ProgressiveTrainer(config)`) waits for train_progressively's data."""
+        self.seed: SeedSettings | None = None
+        if not isinstance(plan, Plan):
+            self.seed = SeedSettings(plan, output_dir, quiet, strategy, time_mapping)
+            return
+        assert data is not None, "a plan comes with its data"
+        self.setup(plan, data, output_dir, quiet, strategy, builder)
+
+    def setup(
+        self,
         plan: Plan,
         data: PreparedData,
         output_dir: str | Path | None = None,
         quiet: bool = False,
         strategy: TrainingStrategy | None = None,
+        builder: Any = None,
     ) -> None:
-        """`plan` must hold its stage specs (compile_plan with the training set's size)."""
         if plan.model.vocab_size is None or not plan.stages:
             raise ValueError("compile the plan with the data first (vocab_size, stages)")
         self.plan, self.data, self.quiet = plan, data, quiet
@@ -66,7 +82,7 @@ class ProgressiveRecipe:
         self.strategy = strategy  # each stage's step (None: the standard one)
         self.accelerator: Accelerator = make_accelerator(plan.train.mixed_precision)
         self.output_dir = claim_output_dir(self.accelerator, plan, output_dir)
-        self.growing = GrowingRack(plan, self.output_dir, self.accelerator, self.log)
+        self.growing = GrowingRack(plan, self.output_dir, self.accelerator, self.log, builder)
         self.base_objective = objective_from(plan.objective, plan.masking, data.specials)
         self._chain = self._build_chain()
         self.stage_cache = StageCache(plan, data.train_size, self.output_dir, self.accelerator)
@@ -187,11 +203,42 @@ class ProgressiveRecipe:
 
     # -- the run -----------------------------------------------------------------------------
 
-    def train_progressively(self, target_stacks: int | None = None) -> ProgressiveResult:
+    def train_progressively(
+        self,
+        target_stacks: int | None = None,
+        *,
+        rack_builder: Any = None,
+        dataloader: Any = None,
+        **data: Any,
+    ) -> ProgressiveResult:
         """Grow to `target_stacks` (default model.n_stacks), under the run's stop signals: one
-        that arrives between stages stops the run at the boundary, every finished stage saved."""
+        that arrives between stages stops the run at the boundary, every finished stage saved.
+        A trainer made from a config trains on `dataloader`'s data and grows `rack_builder`'s
+        rack (`data`: tokenizer=, eval_dataloader=; see stackwise.fronts.progressive)."""
+        if self.seed is not None:
+            start_seed_run(self, rack_builder, dataloader, target_stacks, **data)
+        elif rack_builder is not None or dataloader is not None or data:
+            raise StackWiseError(
+                "This progressive trainer was built from a plan and its data; make one from a "
+                "config (ProgressiveTrainer(config)) to train on your own dataloader and builder."
+            )
         with stop_signals(announce=self.accelerator.is_main_process) as signals:
-            return self._grow(target_stacks, signals)
+            result = self._grow(target_stacks, signals)
+        if self.seed is not None:  # a finished run folder, as `stackwise train` leaves one
+            self.save(self.data.tokenizer)
+        return result
+
+    def train_rack(
+        self,
+        rack_builder: Any = None,
+        dataloader: Any = None,
+        target_stacks: int | None = None,
+        **data: Any,
+    ) -> ProgressiveResult:
+        """train_progressively, the builder and dataloader first (the seeds' train_rack)."""
+        return self.train_progressively(
+            target_stacks, rack_builder=rack_builder, dataloader=dataloader, **data
+        )
 
     def _grow(self, target_stacks: int | None, signals: StopSignals) -> ProgressiveResult:
         n_all = self.plan.model.n_stacks
@@ -230,47 +277,12 @@ class ProgressiveRecipe:
         return ProgressiveResult(g.rack, self.output_dir, g.records, g.final or {}, g.joint)
 
     def joint_tuning(self) -> dict[str, Any]:
-        """mode fused: every parameter that can train trains together, ordinary backprop over
-        the rack: embeddings, norms, head, full-precision stacks and LoRA adapters. Quantized
-        base weights (packed integer codes) cannot, so a qlora trunk adapts through its
-        adapters."""
-        rack = self.builder.rack
-        for p in rack.parameters():
-            p.requires_grad_(p.is_floating_point() and not getattr(p, "_stackwise_fixed", False))
-        steps = self.p.joint_tuning_steps
-        folder = self.output_dir / "joint"
-        plan = joint_plan(self.plan, steps, folder)
-        self.log(f"joint tuning of the whole rack: {steps} steps")
-        trainer = build_trainer(
-            plan,
-            rack,
-            self.base_objective,
-            self.data.train,
-            self.data.val,
-            strategy=self.strategy or TrainingStrategy(),
-            accelerator=self.accelerator,
-            stage=Stage(None, "joint"),
-            eval_seed=self.plan.train.seed,
-        )
-        start = time.perf_counter()
-        state = trainer.train()
-        evals = [h for h in state.history if "loss" in h]
-        return {
-            "steps": state.step,
-            "tokens": state.tokens_seen,
-            "seconds": round(time.perf_counter() - start, 3),
-            "eval": evals[-1] if evals else {},
-        }
+        """mode fused: every parameter that can train trains together (see finish.py)."""
+        return joint_tuning(self)
 
     def final_eval(self) -> dict[str, float]:
         """The grown rack on the base objective (full noise range); see routed_scores."""
-        rack, acc = self.builder.rack, self.accelerator
-        ranges = self.growing.depth_ranges()
-
-        def score() -> dict[str, float]:
-            return score_model(rack, self.base_objective, self.data.val, acc, self.plan)
-
-        return routed_scores(rack, ranges, self.chain(), score)
+        return final_eval(self)
 
     def save(self, tokenizer: Any = None) -> Path:
         """config.yaml, tokenizer/, the full rack (save_rack) and stacks/ (save_stacks)."""

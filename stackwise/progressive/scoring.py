@@ -18,6 +18,8 @@ def routed_scores(
     rack.set_depth_routing(None)
     whole = score()
     rack.set_depth_routing(ranges, chain)
+    if not whole:  # no validation data (a dataloader of the caller's alone): nothing to score
+        return whole
     routed = score()
     routed["whole_rack_nelbo"] = whole["nelbo"]
     if "bpc" in whole:

@@ -124,36 +124,8 @@ class StageModel(nn.Module):
     def _cached_trunk(
         self, ids: torch.Tensor, t: torch.Tensor | None, keys: torch.Tensor
     ) -> torch.Tensor:
-        """The trunk's output for these keys: hits are read, misses computed and stored.
-
-        Misses are also rounded to the cache dtype, so a step trains on the same numbers
-        whether its rows were hits or misses (which keeps resumes and storages identical).
-        """
         assert self.cache is not None
-        cache, b = self.cache, self.boundary
-        key_list = [int(k) for k in keys.tolist()]
-        hits, misses = cache.lookup(b, key_list)
-        out = torch.empty((ids.shape[0], *cache.shape), dtype=cache.dtype, device=ids.device)
-        if hits:
-            read = cache.read(b, [key_list[i] for i in hits])
-            out[torch.tensor(hits, device=ids.device)] = read.to(ids.device)
-        groups: dict[int | None, list[int]] = {}
-        for i in misses:  # start each miss from the deepest boundary that has it (mode rack)
-            groups.setdefault(cache.deepest(key_list[i], b), []).append(i)
-        for start, rows_list in groups.items():
-            rows = torch.tensor(rows_list, device=ids.device)
-            keys = [key_list[i] for i in rows_list]
-            with torch.no_grad():
-                if start is None:
-                    sub_t = t[rows] if t is not None else None
-                    h = self._trunk_from_embeddings(ids[rows], None, sub_t)
-                    cache.trunk_calls += 1
-                else:
-                    h = cache.read(start, keys).to(ids.device).float()
-                    h = self.rack.run_stacks(h, None, self.before[start:])
-            cache.write(b, keys, h)
-            out[rows] = h.to(cache.dtype)
-        return out.float()
+        return cached_trunk(self.rack, self.before, self.cache, ids, t, keys)
 
     def forward(
         self,
@@ -180,6 +152,48 @@ class StageModel(nn.Module):
             h = self._trunk_from_embeddings(input_ids, attention_mask, t)
         h = self.rack.run_stacks(h, attention_mask, [self.new_stack, *self.after])
         return self.rack.logits(h)
+
+
+def cached_trunk(
+    rack: Rack,
+    before: list[Stack],
+    cache: ActivationCache,
+    ids: torch.Tensor,
+    t: torch.Tensor | None,
+    keys: torch.Tensor,
+    write: bool = True,
+) -> torch.Tensor:
+    """The output of the stacks `before` (the trunk) for these keys: hits are read, misses
+    computed and (with `write`) stored.
+
+    Misses are also rounded to the cache dtype, so a step trains on the same numbers whether
+    its rows were hits or misses (which keeps resumes and storages identical).
+    """
+    b = len(before)
+    key_list = [int(k) for k in keys.tolist()]
+    hits, misses = cache.lookup(b, key_list)
+    out = torch.empty((ids.shape[0], *cache.shape), dtype=cache.dtype, device=ids.device)
+    if hits:
+        read = cache.read(b, [key_list[i] for i in hits])
+        out[torch.tensor(hits, device=ids.device)] = read.to(ids.device)
+    groups: dict[int | None, list[int]] = {}
+    for i in misses:  # start each miss from the deepest boundary that has it (mode rack)
+        groups.setdefault(cache.deepest(key_list[i], b), []).append(i)
+    for start, rows_list in groups.items():
+        rows = torch.tensor(rows_list, device=ids.device)
+        part = [key_list[i] for i in rows_list]
+        with torch.no_grad():
+            if start is None:
+                h = rack.embed(ids[rows], t[rows] if t is not None else None)
+                h = rack.run_stacks(h, None, before) if before else h
+                cache.trunk_calls += 1
+            else:
+                h = cache.read(start, part).to(ids.device).float()
+                h = rack.run_stacks(h, None, before[start:])
+        if write:
+            cache.write(b, part, h)
+        out[rows] = h.to(cache.dtype)
+    return out.float()
 
 
 @torch.no_grad()

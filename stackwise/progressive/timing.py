@@ -5,17 +5,20 @@ Stacks are numbered by growth order g = 0, 1, ... and the built-in mappings make
 high from the embeddings towards the head; in prepend mode stack g sits before all earlier ones,
 so the finished rack runs from high noise at the embeddings to low noise next to the head.
 `depth_order: high_to_low` mirrors them (stack 0 takes the top of the range): the stacks are then
-grown as one denoising chain (stackwise.model.chain). A table or a callable is taken as given.
+grown as one denoising chain (stackwise.model.chain). A table or a callable is taken as given;
+a callable may return a discrete time step (an int) instead of t.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from stackwise.errors import StackWiseError
 from stackwise.spec import ProgressiveSpec
 
-# (growth index, number of stacks, num_time_steps or None) -> t, or (t_lo, t_hi)
-TimeMapping = Callable[[int, int, int | None], float | tuple[float, float]]
+# (growth index, number of stacks, num_time_steps or None) -> t, (t_lo, t_hi), or an int: a
+# discrete time step k of num_time_steps (the grid point t = (k + 1) / num_time_steps)
+TimeMapping = Callable[[int, int, int | None], float | int | tuple[float, float]]
 
 
 def _as_range(value: float | tuple[float, float] | list[float]) -> tuple[float, float]:
@@ -23,6 +26,19 @@ def _as_range(value: float | tuple[float, float] | list[float]) -> tuple[float, 
         return float(value), float(value)
     lo, hi = value
     return float(lo), float(hi)
+
+
+def _mapped(value: float | int | tuple[float, float], num_time_steps: int | None) -> tuple:
+    """A mapping function's answer as a t range; an int is a discrete time step."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if num_time_steps is None:
+            raise StackWiseError(
+                f"The time mapping gave time step {value}, a step of masking.num_time_steps, "
+                "which is not set. Set masking.num_time_steps, or return t in [0, 1]."
+            )
+        t = (value + 1) / num_time_steps
+        return t, t
+    return _as_range(value)
 
 
 def depth_range(
@@ -36,7 +52,7 @@ def depth_range(
     if not 0 <= index < n_stacks:
         raise ValueError(f"stack {index} is outside 0..{n_stacks - 1}")
     if mapping is not None:
-        lo, hi = _as_range(mapping(index, n_stacks, num_time_steps))
+        lo, hi = _mapped(mapping(index, n_stacks, num_time_steps), num_time_steps)
     elif spec.depth_mapping == "custom":
         assert spec.depth_time_table is not None
         lo, hi = _as_range(spec.depth_time_table[index])
