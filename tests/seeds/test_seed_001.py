@@ -343,7 +343,7 @@ def test_text_dataset_modes(tmp_path, hf_model):
     assert "'pretraining'" in one_paragraph(err)
 
 
-def test_create_dataloader(hf_model, hub_stand_ins):
+def test_create_dataloader(tmp_path, hf_model, hub_stand_ins):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(hf_model))
@@ -368,6 +368,18 @@ def test_create_dataloader(hf_model, hub_stand_ins):
     few = create_dataloader(str(hub_stand_ins["c4"]), tokenizer, batch_size=2, max_length=16,
                             subset="de", num_samples=5, shuffle=False)  # fmt: skip
     assert len(few.dataset) == 5 and next(iter(few))["input_ids"].shape == (2, 16)
+    import datasets
+
+    saved = tmp_path / "saved"  # a save_to_disk folder of splits, and a .jsonl file
+    datasets.DatasetDict({"train_sft": datasets.Dataset.from_list(chat_rows(6))}).save_to_disk(
+        str(saved)
+    )
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in chat_rows(5)))
+    for name, split in ((saved, "train_sft"), (rows, "train")):
+        loader = create_dataloader(str(name), tokenizer, split=split, text_field="messages",
+                                   training_mode="instruction_finetuning")  # fmt: skip
+        assert len(loader.dataset) == (6 if split == "train_sft" else 5)
     with pytest.raises(StackWiseError) as err:
         create_dataloader(dataset_name="HuggingFaceH4/ultrachat_200k", tokenizer=tokenizer)
     assert "save_to_disk" in one_paragraph(err)
