@@ -64,6 +64,8 @@ _EXPORTS = {
     "stackwise.fronts.trainer": ("EnhancedTrainer", "Trainer"),
     "stackwise.fronts.data": ("TextDataset", "create_dataloader"),
     "stackwise.config.seed_config": ("StackWiseConfig", "TrainingConfig"),
+    "stackwise.config.growth": ("ProgressiveConfig",),
+    "stackwise.fronts.unified": ("UnifiedResult", "UnifiedTrainer"),
     "stackwise.train.adapters": (
         "DialogueModelAdapter",
         "ModelAdapter",
@@ -94,6 +96,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # static tools see the real names
     from stackwise.config import Config, load_config, save_config  # noqa: F401
+    from stackwise.config.growth import ProgressiveConfig  # noqa: F401
     from stackwise.config.seed_config import StackWiseConfig, TrainingConfig  # noqa: F401
     from stackwise.data import PreparedData, build_data  # noqa: F401
     from stackwise.errors import StackWiseError  # noqa: F401
@@ -110,6 +113,7 @@ if TYPE_CHECKING:  # static tools see the real names
         create_stack_from_config,
     )
     from stackwise.fronts.trainer import EnhancedTrainer, Trainer  # noqa: F401
+    from stackwise.fronts.unified import UnifiedResult, UnifiedTrainer  # noqa: F401
     from stackwise.generate import sample_texts  # noqa: F401
     from stackwise.io.trained import build_rack  # noqa: F401
     from stackwise.model import Block, Rack, Stack  # noqa: F401

@@ -80,6 +80,8 @@ GENERIC: dict[str, tuple[Any, dict]] = {
     "masking.eps": (0.2, DIFF),
     "masking.antithetic": (False, DIFF),
     "masking.num_time_steps": (4, DIFF),
+    "masking.time_step_masking": (True, DIFF),  # a grid of 10 steps
+    "masking.time_step_bins": ([0, 3], GRID),
     "masking.time_step_mask_fractions": ({0: 0.5, 7: 0.6}, TABLE),
     "train.seed": (7, {}),
     "train.max_steps": (3, {}),
@@ -123,6 +125,7 @@ GENERIC: dict[str, tuple[Any, dict]] = {
     "progressive.strategy": ("progressive", DIFF),
     "progressive.end_to_end_scope": ("stackwise", {"model": {"n_stacks": 2}}),
     "progressive.building_mode": ("prepend", PG),
+    "progressive.target_stacks": (3, PG),
     "progressive.trunk_strategy": ("full", PG),
     "progressive.head_policy": ("always", PG),
     "progressive.new_stack_precision": ("bf16", PG),

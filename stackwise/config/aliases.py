@@ -114,6 +114,9 @@ def apply_aliases(data: dict[str, Any]) -> dict[str, Any]:
     if model_trainer.both_precisions_off(given) and "train.mixed_precision" not in moved:
         _refuse_twice(data, "fp16/bf16", "train.mixed_precision", moved)
         put(data, "train.mixed_precision", "no")
+    for layout in LAYOUTS:
+        if layout.implied is not None and any(p in layout.keys for p in given):
+            layout.implied({p: v for p, v in given.items() if p in layout.keys}, data)
     _refuse_leftovers(data)
     for path, values in VALUE_ALIASES.items():
         *sections, leaf = path.split(".")

@@ -102,6 +102,7 @@ def masking_table(s: MaskingConfig) -> Iterator[str]:
             "masking.eps bounds continuous t; with num_time_steps t lies on a grid, so eps "
             "has no effect (except in the loglinear schedule); remove it"
         )
+    yield from _time_grid(s)
     table = s.time_step_mask_fractions
     if s.schedule == "table":
         if not table or s.num_time_steps is None:
@@ -120,6 +121,28 @@ def masking_table(s: MaskingConfig) -> Iterator[str]:
             yield "time_step_mask_fractions must not decrease with the step"
     elif table is not None:
         yield "time_step_mask_fractions needs schedule: table"
+
+
+def _time_grid(s: MaskingConfig) -> Iterator[str]:
+    """masking.time_step_masking and the grid steps training draws from."""
+    if s.time_step_masking is False:
+        for name in ("num_time_steps", "time_step_bins", "time_step_mask_fractions"):
+            if s.changed(name):
+                yield (
+                    f"masking.{name} describes the discrete time grid, but "
+                    "time_step_masking is false (continuous t); remove it, or set "
+                    "time_step_masking: true"
+                )
+        return
+    bins = s.time_step_bins
+    if bins is None:
+        return
+    if s.num_time_steps is None:
+        yield "masking.time_step_bins picks grid steps: set num_time_steps (or time_step_masking)"
+    elif not bins or any(b >= s.num_time_steps for b in bins):
+        yield f"masking.time_step_bins must list grid steps in 0..{s.num_time_steps - 1}"
+    if len(set(bins)) != len(bins):
+        yield "masking.time_step_bins lists a step twice"
 
 
 @section_rule("TrainConfig")

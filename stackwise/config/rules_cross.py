@@ -75,6 +75,11 @@ def relevance_objective(cfg: Config) -> Iterator[str]:
                 f"masking.{f} only applies to objective {owners}, not '{name}'; "
                 "remove it or change objective.name"
             )
+    if m.time_step_masking and not has(name, "uses_time"):
+        yield (
+            f"masking.time_step_masking draws time steps, which objective '{name}' has none of; "
+            f"use objective {declaring('uses_time')}, or set it false"
+        )
     if not has(name, "nelbo") and cfg.objective.changed("weighting"):
         yield f"objective.weighting only applies to objective {declaring('nelbo')}"
     tc = cfg.model.time_conditioning

@@ -71,10 +71,22 @@ def growth_budget(cfg: Config) -> Iterator[str]:
             "train.compile does not apply to end_to_end_scope 'stackwise', which runs the "
             "stacks one by one; remove one of them"
         )
-    if p.strategy == "end_to_end" and (lo.enabled or q.enabled):
+    if p.strategy == "end_to_end":
+        yield from _end_to_end_adapters(lo, q)
+
+
+def _end_to_end_adapters(lo: LoraConfig, q: QuantConfig) -> Iterator[str]:
+    """An end-to-end rack with lora.enabled is QLoRA: every stack's base weights frozen (stored
+    as quant.type when quant is on) under one trainable adapter each, the anchor training."""
+    if q.enabled and not lo.enabled:
         yield (
-            "lora and quant apply to the stacks of a progressive run (progressive.strategy: "
-            "progressive); an end-to-end rack trains all its weights"
+            "quant on an end-to-end rack stores its frozen base weights quantized under LoRA "
+            "adapters (QLoRA); set lora.enabled: true, or remove quant to train every weight"
+        )
+    if lo.trunk_adapters:
+        yield (
+            "lora.trunk_adapters adapt the frozen trunk of a progressive run; an end-to-end "
+            "rack with lora.enabled gives every stack one adapter (lora.rank, lora.alpha)"
         )
 
 
@@ -95,6 +107,8 @@ def growth_precision(cfg: Config) -> Iterator[str]:
             "are trained, but trunk_strategy 'full' or mode 'fused' keeps training them, and "
             "fp16 weights diverge without loss scaling; use bf16 there"
         )
+    if p.strategy != "progressive":
+        return  # an end-to-end rack: one adapter per stack (see _end_to_end_adapters)
     # lora.enabled gives every stack its own adapter as it is created (a float stack trains it
     # beside its weights; a packed one trains only it); a qlora trunk trains every adapter
     if p.trunk_strategy == "qlora" and not lo.enabled:

@@ -165,6 +165,9 @@ class ObjectiveConfig(Section):
         return self.attention == "causal"
 
 
+DEFAULT_TIME_STEPS = 10  # the grid of masking.time_step_masking: true without num_time_steps
+
+
 class MaskingConfig(Section):
     mask_ratio: float | tuple[float, float] = Field(
         0.15, description="mlm: a ratio, or [low, high] drawn per example."
@@ -173,12 +176,35 @@ class MaskingConfig(Section):
     schedule: ScheduleName = "linear"
     eps: float = Field(1e-3, gt=0.0, lt=0.5, description="diffusion: t ~ U(eps, 1).")
     antithetic: bool = True
+    time_step_masking: bool | None = Field(
+        None,
+        description="diffusion: true draws t on the grid of num_time_steps (10 when unset); "
+        "false: continuous t; unset: a grid when num_time_steps is set.",
+    )
     num_time_steps: PositiveInt | None = Field(
         None, description="diffusion: draw t on a grid of this many steps."
     )
-    time_step_mask_fractions: dict[int, float] | None = Field(
-        None, description="schedule table: {step: mask fraction}, interpolated."
+    time_step_bins: list[NonNegativeInt] | None = Field(
+        None, description="diffusion: the grid steps training draws t from (default: all)."
     )
+    time_step_mask_fractions: dict[int, float] | None = Field(
+        None,
+        description="schedule table: {step: mask fraction}, interpolated (giving it without "
+        "masking.schedule means schedule: table).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _grid_defaults(cls, data: Any) -> Any:
+        """time_step_masking: true without num_time_steps means the default grid; fractions
+        per step without a schedule mean schedule: table."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("time_step_masking") is True and data.get("num_time_steps") is None:
+            data = {**data, "num_time_steps": DEFAULT_TIME_STEPS}
+        if data.get("time_step_mask_fractions") and "schedule" not in data:
+            data = {**data, "schedule": "table"}
+        return data
 
     @field_validator("mask_ratio")
     @classmethod

@@ -5,6 +5,7 @@ flat names (`config.use_lora`, `training_config.enabled_extensions = [...]`)."""
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from stackwise.config.keys import check_keys
 from stackwise.config.loading import invalid_config, load_config, validated
 from stackwise.config.root import Config
 from stackwise.config.seed_view import SeedView
+from stackwise.errors import StackWiseError
 
 
 class StackWiseConfig(Config):
@@ -49,6 +51,7 @@ class TrainingConfig(StackWiseConfig):
             for k, v in data.items()
         }
         plain = apply_aliases(plain)
+        _refuse_unknown_keywords(plain)
         check_keys(plain, Config)
         return plain
 
@@ -71,3 +74,23 @@ class TrainingConfig(StackWiseConfig):
             setattr(SeedView(self, ""), name, value)
             return
         super().__setattr__(name, value)
+
+
+def _refuse_unknown_keywords(plain: dict[str, Any]) -> None:
+    """A keyword that is neither a seed's flat name nor one of our sections, refused with the
+    nearest of both and the whole list of each."""
+    unknown = [k for k in plain if k not in Config.model_fields]
+    if not unknown:
+        return
+    flat = sorted(p for p in SEED_KEYS if "." not in p)
+    sections = list(Config.model_fields)
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), flat + sections, n=1, cutoff=0.6)
+        hints.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+    raise StackWiseError(
+        f"TrainingConfig(...) has no keyword {', '.join(hints)}. It takes the seeds' flat "
+        f"names ({', '.join(flat)}) and our sections as dicts or section objects "
+        f"({', '.join(sections)}); `stackwise config show --aliases` says where each seed "
+        "name lands."
+    )

@@ -57,7 +57,37 @@ def as_seed(config: Config, seed: str) -> dict[str, Any]:
         changed = _changed(section, defaults.get(name))
         if changed:
             out.setdefault(name, {}).update(changed)
+    if layout.implied is not None:
+        _pin_implied(out, config)
     return out
+
+
+def _pin_implied(out: dict[str, Any], config: Config) -> None:
+    """Keys the seed's keys imply when read back (a cache_mode turns the cache on) but that
+    `config` sets otherwise, written out as our keys so the layout loads as the same config."""
+    from stackwise.config.aliases import apply_aliases
+
+    try:
+        back = apply_aliases(out)
+    except StackWiseError:
+        return
+    ours = config.model_dump(mode="json")
+    for path in _leaf_paths(back):
+        *sections, leaf = path.split(".")
+        node = section_at(ours, sections, create=False)
+        theirs = section_at(back, sections, create=False)
+        if node is not None and theirs is not None and node.get(leaf) != theirs.get(leaf):
+            put(out, path, node.get(leaf))
+
+
+def _leaf_paths(data: dict[str, Any], prefix: str = "") -> list[str]:
+    paths = []
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            paths += _leaf_paths(value, f"{prefix}{key}.")
+        else:
+            paths.append(f"{prefix}{key}")
+    return paths
 
 
 def _changed(section: Any, default: Any) -> Any:

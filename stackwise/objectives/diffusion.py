@@ -24,7 +24,14 @@ from stackwise.registry import register_objective
     uses_time=True,
     default_sampler="ancestral",
     nelbo=True,
-    masking_fields=("schedule", "eps", "antithetic", "num_time_steps", "time_step_mask_fractions"),
+    masking_fields=(
+        "schedule",
+        "eps",
+        "antithetic",
+        "num_time_steps",
+        "time_step_bins",
+        "time_step_mask_fractions",
+    ),
     instruction_rows=True,
 )
 class Diffusion(Objective):
@@ -39,7 +46,9 @@ class Diffusion(Objective):
         num_time_steps: int | None = None,
         uniform_weight: bool = False,
         t_range: tuple[float, float] = (0.0, 1.0),
+        bins: tuple[int, ...] | None = None,
     ) -> None:
+        """`bins`: the grid steps t is drawn from (masking.time_step_bins; None: every one)."""
         super().__init__(specials)
         self.schedule = schedule
         self.eps = eps
@@ -47,6 +56,7 @@ class Diffusion(Objective):
         self.num_time_steps = num_time_steps
         self.uniform_weight = uniform_weight
         self.t_range = t_range
+        self.bins = tuple(bins) if bins is not None else None
 
     @classmethod
     def from_spec(cls, objective: Any, masking: Any, specials: Specials) -> Diffusion:
@@ -57,6 +67,7 @@ class Diffusion(Objective):
             antithetic=masking.antithetic,
             num_time_steps=masking.num_time_steps,
             uniform_weight=objective.weighting == "uniform",
+            bins=getattr(masking, "time_step_bins", None),
         )
 
     def with_range(self, lo: float, hi: float) -> Diffusion:
@@ -69,19 +80,23 @@ class Diffusion(Objective):
             self.num_time_steps,
             self.uniform_weight,
             (lo, hi),
+            self.bins,
         )
         out.causal = self.causal
         return out
 
     def grid_steps(self) -> list[int]:
-        """Grid steps k (t = (k+1)/T) inside t_range; the nearest one if the range is narrow."""
+        """Grid steps k (t = (k+1)/T) inside t_range, among the bins when given; the nearest
+        one if the range holds none."""
         assert self.num_time_steps is not None
         steps = self.num_time_steps
         lo, hi = self.t_range
-        inside = [k for k in range(steps) if lo < (k + 1) / steps <= hi + 1e-9]
+        allowed = sorted(self.bins) if self.bins is not None else range(steps)
+        inside = [k for k in allowed if lo < (k + 1) / steps <= hi + 1e-9]
         if inside:
             return inside
-        return [min(steps - 1, max(0, math.ceil(hi * steps) - 1))]
+        near = min(steps - 1, max(0, math.ceil(hi * steps) - 1))
+        return [min(allowed, key=lambda k: abs(k - near))]
 
     def t_from_uniform(self, u: torch.Tensor) -> torch.Tensor:
         lo, hi = self.t_range

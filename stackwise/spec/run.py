@@ -70,7 +70,9 @@ class MaskingSpec:
     schedule: str = "linear"
     eps: float = 1e-3
     antithetic: bool = True
+    time_step_masking: bool | None = None
     num_time_steps: int | None = None
+    time_step_bins: tuple[int, ...] | None = None
     time_step_mask_fractions: dict[int, float] | None = None
 
 

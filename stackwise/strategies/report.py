@@ -11,6 +11,7 @@ from torch import nn
 from stackwise.data.pack import PreparedData
 from stackwise.io.stack_files import save_anchor_and_manifest, save_stack
 from stackwise.model.rack import count_parameters
+from stackwise.quant.rack_qlora import stack_record
 from stackwise.train.hardware import describe_precision
 
 
@@ -88,6 +89,6 @@ def save_all_stacks(rack: nn.Module, output_dir: Path) -> None:
     stacks = getattr(rack, "stacks", None)
     if stacks is None:
         return  # another adapter's model has no stacks to save one by one
-    for i, stack in enumerate(stacks):
-        save_stack(output_dir, i, stack, {"position": i, "precision": "full", "t_range": None})
+    for i, stack in enumerate(stacks):  # QLoRA (lora on an end-to-end rack): as stored
+        save_stack(output_dir, i, stack, {"position": i, **stack_record(stack), "t_range": None})
     save_anchor_and_manifest(output_dir, rack, list(range(len(stacks))))  # type: ignore[arg-type]

@@ -30,12 +30,16 @@ class SeedKey:
 @dataclass(frozen=True)
 class Layout:
     """One seed's keys: `keys` maps the seed's dotted path (as written in its files or given
-    to its constructors) to a SeedKey; `values` renames values of our keys in place."""
+    to its constructors) to a SeedKey; `values` renames values of our keys in place;
+    `implied(given, data)`, when the seed's keys were given (`given`: seed path -> value as
+    written), sets in `data` (our keys, aliased) what the seed's meaning implies and the
+    config leaves unset (seed 000: a training mode means growth)."""
 
     seed: str
     title: str
     keys: dict[str, SeedKey]
     values: dict[str, dict[str, str]] = field(default_factory=dict)
+    implied: Callable[[dict[str, Any], dict[str, Any]], None] | None = None
 
 
 def keys(table: dict[str, str | SeedKey]) -> dict[str, SeedKey]:

@@ -1,9 +1,61 @@
 """Seed 000 (the unified training module): `TrainingConfig`'s flat keyword keys, its nested
-`progressive=` and `qlora.*` options, at the top level of a config."""
+`progressive=` and `qlora.*` options, at the top level of a config.
+
+What the seed's keys mean together (`implied`, applied only where the config leaves the key
+unset): a training `mode` or `block_size` grows the rack stage by stage (progressive.strategy:
+progressive); `time_step_masking: true` trains the masked objective that draws time steps
+(objective diffusion); QLoRA with quantization on a grown rack keeps adapting the frozen,
+quantized trunk through its adapters (trunk_strategy qlora); naming a `cache_mode` or
+`cache_dir` turns the activation cache on (a `cache_dir` stores it on disk).
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+from stackwise.config.paths import put, section_at
 from stackwise.config.seed_layouts import Layout, SeedKey, boolean_to, keys
+
+
+def _unset(data: dict[str, Any], path: str) -> bool:
+    *where, name = path.split(".")
+    node = section_at(data, where, create=False)
+    return node is None or name not in node
+
+
+def _get(data: dict[str, Any], path: str, default: Any = None) -> Any:
+    *where, name = path.split(".")
+    node = section_at(data, where, create=False)
+    return default if node is None else node.get(name, default)
+
+
+def _fill(data: dict[str, Any], path: str, value: Any) -> None:
+    if _unset(data, path):
+        put(data, path, value)
+
+
+def implied(given: dict[str, Any], data: dict[str, Any]) -> None:
+    """What seed 000's keys imply, set where `data` leaves it unset (see the module doc)."""
+    named = {k for k, v in given.items() if v is not None}
+    if named & {"mode", "block_size"}:
+        _fill(data, "progressive.strategy", "progressive")
+    if given.get("time_step_masking") is True:
+        _fill(data, "objective.name", "diffusion")
+    if named & {"cache_mode", "cache_dir"}:
+        _fill(data, "progressive.cache.enabled", True)
+    if "cache_dir" in named:
+        _fill(data, "progressive.cache.storage", "disk")
+    _trunk_qlora(given, data)
+
+
+def _trunk_qlora(given: dict[str, Any], data: dict[str, Any]) -> None:
+    """The seed's QLoRA with quantization on a grown rack: the frozen trunk is stored
+    quantized and keeps training its adapters (trunk_strategy qlora)."""
+    qlora = any(given.get(k) is True for k in ("qlora_enabled", "qlora.enabled"))
+    quantized = _get(data, "quant.enabled") is True
+    if qlora and quantized and _get(data, "progressive.strategy") == "progressive":
+        _fill(data, "progressive.trunk_strategy", "qlora")
+
 
 LAYOUT = Layout(
     seed="000",
@@ -40,11 +92,14 @@ LAYOUT = Layout(
             "qlora.lr": "train.group_lr.lora",
             "qlora.progressive_enabled": "lora.trunk_adapters",
             "qlora.strategy": "lora.strategy",
-            "cache_mode": "progressive.cache.mode",
-            "cache_dir": "progressive.cache.dir",
+            "cache_mode": SeedKey("progressive.cache.mode", None, "also turns the cache on"),
+            "cache_dir": SeedKey(
+                "progressive.cache.dir", None, "also turns the cache on, stored on disk"
+            ),
             "save_stacks": "progressive.save_stacks",
             "save_rack": "progressive.save_rack",
         }
     ),
     values={"quant.type": {"nf_fp8": "fp8"}},
+    implied=implied,
 )
