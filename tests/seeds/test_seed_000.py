@@ -508,3 +508,15 @@ def test_example_script(tmp_path):
     results = module.main(steps=4, d_model=32, output_dir=tmp_path, quiet=True)
     assert set(results) == {"layerwise", "blockwise", "fused", "rackwise"}
     assert [s.stage for s in results["fused"].stages][-1] == "joint"
+
+
+def test_a_tokenizer_gives_the_vocabulary_and_is_saved_with_the_run(tmp_path):
+    from stackwise.data.tokenizer import make_tokenizer
+
+    tok = make_tokenizer("byte", [], 2048, str(tmp_path / "tok"))
+    ids = [torch.tensor(tok("the king speaks to the queen " * 3)["input_ids"][:24])] * 32
+    config = shrink(TrainingConfig(mode="layerwise", time_step_masking=True), tmp_path)
+    trainer = UnifiedTrainer(config, tokenizer=tok)
+    result = trainer.train_all_layers(DataLoader(ids, batch_size=8), trainer.new_layers(2))
+    plan, rack, loaded = stackwise.load_trained(result.output_dir)
+    assert rack.vocab_size == len(tok) == len(loaded) and plan.objective.name == "diffusion"
