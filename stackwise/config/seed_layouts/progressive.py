@@ -1,11 +1,55 @@
 """Seed 003 (the progressive training system): `training.progressive:` and the model keys its
-builder reads."""
+builder reads.
+
+What the seed's section means as a whole (`implied`, applied only where the config leaves the
+key unset): a `training.progressive:` section grows the rack stack by stack unless it says
+`enabled: false`, and its default objective is the seed's masked one. The seed's `mlm` masks by
+time step (its masking strategy turns a time step into a mask), which is our `diffusion`
+objective; `clm` and `custom` (targets from the batch) are ours as named.
+"""
 
 from __future__ import annotations
 
-from stackwise.config.seed_layouts import Layout, SeedKey, boolean_to, keys
+from dataclasses import dataclass
+from typing import Any
+
+from stackwise.config.paths import put, section_at
+from stackwise.config.seed_layouts import NOT_SEED, Layout, SeedKey, boolean_to, keys
 
 _P = "training.progressive."
+
+
+@dataclass(frozen=True)
+class Objective:
+    """The seed's training_objective -> objective.name, and back (`config show --as-seed`)."""
+
+    names: tuple[tuple[str, str], ...] = (
+        ("mlm", "diffusion"),
+        ("clm", "clm"),
+        ("custom", "custom"),
+    )
+
+    def __call__(self, value: Any) -> Any:
+        return dict(self.names).get(value, value)  # anything else: our key's check names it
+
+    def reverse(self, value: Any) -> Any:
+        return {ours: seed for seed, ours in self.names}.get(value, NOT_SEED)
+
+
+def _fill(data: dict[str, Any], path: str, value: Any) -> None:
+    *where, name = path.split(".")
+    node = section_at(data, where, create=False)
+    if node is None or name not in node:
+        put(data, path, value)
+
+
+def implied(given: dict[str, Any], data: dict[str, Any]) -> None:
+    """A training.progressive section: growth stack by stack, the seed's masked objective."""
+    if any(path.startswith(_P) for path in given):
+        _fill(data, "progressive.strategy", "progressive")
+        _fill(data, "objective.name", "diffusion")
+
+
 LAYOUT = Layout(
     seed="003",
     title="progressive training system: the training.progressive: section",
@@ -34,13 +78,25 @@ LAYOUT = Layout(
             f"{_P}time_interpretation": "progressive.time_interpretation",
             f"{_P}time_embedding_dim": "model.time_embedding_dim",
             f"{_P}time_encoding_type": "model.time_conditioning",
-            f"{_P}stack_time_mapping": "progressive.depth_mapping",
-            f"{_P}time_per_stack": "progressive.time_per_stack",
-            f"{_P}training_objective": "objective.name",
+            f"{_P}stack_time_mapping": SeedKey(
+                "progressive.depth_mapping",
+                None,
+                "custom: a function given in Python (ProgressiveTrainer(config, "
+                "time_mapping=fn)) or progressive.depth_time_table",
+            ),
+            f"{_P}time_per_stack": SeedKey(
+                "progressive.time_per_stack",
+                None,
+                "without masking.num_time_steps the grid is time_per_stack x max_stacks",
+            ),
+            f"{_P}training_objective": SeedKey(
+                "objective.name", Objective(), "mlm: diffusion (masks by time step); clm; custom"
+            ),
             "model.d_ff": "model.ffn_hidden",
         }
     ),
     values={
         "progressive.new_stack_precision": {"half": "fp16", "float16": "fp16", "bfloat16": "bf16"}
     },
+    implied=implied,
 )
