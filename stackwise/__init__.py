@@ -62,6 +62,7 @@ _EXPORTS = {
     "stackwise.pipeline": ("progressive_recipe", "train_from_config", "trainer_for"),
     "stackwise.train": ("CheckpointManager", "ExtensionManager", "MetricsLogger", "build_trainer"),
     "stackwise.fronts.trainer": ("EnhancedTrainer", "Trainer"),
+    "stackwise.fronts.model_trainer": ("ModelTrainer", "ReasoningDataset"),
     "stackwise.fronts.data": ("TextDataset", "create_dataloader"),
     "stackwise.config.seed_config": ("StackWiseConfig", "TrainingConfig"),
     "stackwise.config.growth": ("ProgressiveConfig",),
@@ -104,6 +105,7 @@ if TYPE_CHECKING:  # static tools see the real names
     from stackwise.fronts.data import TextDataset, create_dataloader  # noqa: F401
     from stackwise.fronts.factory import TrainerFactory  # noqa: F401
     from stackwise.fronts.memory import MemoryAdapter  # noqa: F401
+    from stackwise.fronts.model_trainer import ModelTrainer, ReasoningDataset  # noqa: F401
     from stackwise.fronts.progressive import (  # noqa: F401
         ProgressiveDataLoader,
         ProgressiveRackBuilder,

@@ -91,6 +91,14 @@ def instruction_tokenizer(config: Any) -> Any:
 def prepared(config: Config, time_mapping: TimeMapping | None = None) -> tuple[Plan, PreparedData]:
     """The run's Plan and its data. The config is settled first (an HF source made absolute,
     an imported shape, the vocabulary); the run folder is checked before the data."""
+    if config.data.mode == "instruction" and not (
+        config.data.files or config.data.dataset_dir or config.data.dataset_name
+    ):
+        raise StackWiseError(
+            "This run trains on instruction rows but names none: set data.files (or "
+            "data.dataset_dir, data.dataset_name); `stackwise finetune` takes --train_file "
+            "FILE, and ModelTrainer takes train(train_file=FILE)."
+        )
     if config.model.source == "hf":
         config = with_hf_source(config)
     config = with_hf_shape(config)

@@ -84,7 +84,10 @@ def test_a_stack_overrides_masking_keys_are_checked_with_the_others():
         ({"model": {"n_heads": 4, "n_kv_heads": 3}}, "n_kv_heads"),
         ({"masking": {"mask_ratio": 1.5}, "objective": {"name": "mlm"}}, "mask_ratio"),
         ({"train": {"warmup_steps": 5, "warmup_ratio": 0.1}}, "not both"),
-        ({"data": {"mode": "instruction"}}, "reads rows from exactly one"),
+        (
+            {"data": {"mode": "instruction", "files": ["a.jsonl"], "dataset_dir": "rows"}},
+            "reads rows from exactly one",
+        ),
         ({"data": {"source": "files"}}, "needs data.files"),
         ({"data": {"seq_len": 512}}, "exceeds model.max_seq_len"),
     ],
@@ -414,9 +417,9 @@ def test_a_yaml_boolean_where_a_number_goes_is_refused(override):
 def test_one_dotted_path_setter_serves_overrides_aliases_derive_and_finetune_flags(tiny):
     """lora.rank reaches the config one way, whether typed as an override, a seed's flat
     name, a derived change or a finetune flag."""
-    from stackwise.cli.finetune import _put
     from stackwise.config import apply_aliases, apply_overrides, derive
     from stackwise.config.paths import put
+    from stackwise.fronts.finetune_flags import _put
 
     data: dict = {}
     put(data, "lora.rank", 4)

@@ -72,7 +72,9 @@ def _mix_rules(s: DataConfig) -> Iterator[str]:
 
 @section_rule("DataConfig")
 def data_sources(s: DataConfig) -> Iterator[str]:
-    yield from one_source(s, "data", required=s.mode == "instruction")
+    # instruction rows may arrive with the run (ModelTrainer.train(train_file=...)); a run
+    # without any is refused when it starts (stackwise.pipeline.prepared)
+    yield from one_source(s, "data", required=False)
     if s.mode == "instruction":
         return  # its other rules: rules_hf.data_mode
     yield from _mix_rules(s)

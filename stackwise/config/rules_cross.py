@@ -113,10 +113,11 @@ def relevance_objective(cfg: Config) -> Iterator[str]:
 @cross_rule
 def relevance_run(cfg: Config) -> Iterator[str]:
     """Output folder, resume, best-model metric and sequence length."""
-    if cfg.train.output_dir is not None and cfg.logging.run_name is not None:
+    lc = cfg.logging
+    if cfg.train.output_dir is not None and lc.run_name is not None and not lc.log_to_wandb:
         yield (
-            "logging.run_name names the default output dir outputs/<run_name>; with "
-            "train.output_dir set it would have no effect. Set one of them"
+            "logging.run_name names the default output dir outputs/<run_name> (and the W&B "
+            "run); with train.output_dir set and W&B off it would have no effect. Set one of them"
         )
     resume, p = cfg.train.resume_from_checkpoint, cfg.progressive
     if resume is not None and p.strategy == "progressive" and not p.save_stacks:

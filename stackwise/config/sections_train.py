@@ -72,7 +72,9 @@ class TrainConfig(Section):
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="LR floor for decaying schedules.")
     poly_power: PositiveFloat = 1.0
     mixed_precision: MixedPrecision = Field(
-        "auto", description="auto: bf16 where the hardware runs it natively, else fp32 (no)."
+        "auto",
+        description="auto: bf16 where the hardware runs it natively, else fp32 (no). fp16 is "
+        "for CUDA GPUs; on a CPU it runs as auto, with a note.",
     )
     save_precision: Literal["fp32", "fp16", "bf16"] | None = Field(
         None,
@@ -182,7 +184,11 @@ class TrainConfig(Section):
 
 
 class LoggingConfig(Section):
-    run_name: str | None = Field(None, description="Default: <objective>-<timestamp>.")
+    run_name: str | None = Field(
+        None,
+        description="Names the default output dir outputs/<run_name> and the W&B run. Default: "
+        "<objective>-<timestamp>.",
+    )
     log_every: PositiveInt = 10
     console: bool = True
     jsonl: bool = True

@@ -1,9 +1,12 @@
 """What a fine-tuned run leaves, in the formats the ecosystem reads: the PEFT adapter, the
 tokenizer with its chat template, generation_config.json whose EOS list holds the end-of-turn
-token, config.yaml, and with lora.save_merged the merged model in merged/."""
+token, config.yaml, final/ (the model alone, as `PeftModel.from_pretrained` or
+`from_pretrained` loads it), and with lora.save_merged the merged model in merged/."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,9 @@ from stackwise.errors import StackWiseError
 from stackwise.io.files import new_folder
 
 MERGED = "merged"
+FINAL = "final"  # the finished model alone: adapter (or whole model), tokenizer, generation
+# the weights and their configs as PEFT (adapter) or transformers (whole model) write them
+MODEL_FILES = ("adapter_config.json", "adapter_model.safetensors", "config.json")
 
 
 def generation_config(model: nn.Module, tokenizer: Any) -> Any:
@@ -30,14 +36,36 @@ def generation_config(model: nn.Module, tokenizer: Any) -> Any:
 
 
 def final_files(folder: Path, model: nn.Module, tokenizer: Any, config: Any) -> None:
-    tokenizer.save_pretrained(str(folder))  # beside the adapter, where PEFT users look
+    saved = tokenizer.save_pretrained(str(folder))  # beside the adapter, where PEFT users look
     generation_config(model, tokenizer).save_pretrained(str(folder))
     if config.memory_on:
         from stackwise.hf.memory import note_memory
 
         note_memory(folder)
+    else:  # the memory layers have no place in a PEFT or transformers folder
+        _final_folder(folder, [Path(f).name for f in saved])
     if config.lora.enabled and config.lora.save_merged:
         merge_run(folder, folder / MERGED, model, tokenizer, config, in_final_save=True)
+
+
+def _final_folder(folder: Path, tokenizer_files: list[str]) -> None:
+    """folder/final: the weights (adapter or whole model), tokenizer and generation config,
+    hard links to the run's own files, so nothing large is stored twice (copies where the
+    file system has no links)."""
+    model = [
+        p.name
+        for p in folder.iterdir()
+        if p.is_file()
+        and (p.name in MODEL_FILES or (p.name.startswith("model") and ".safetensors" in p.name))
+    ]
+    final = folder / FINAL
+    final.mkdir(exist_ok=True)
+    for name in [*model, "generation_config.json", *tokenizer_files]:
+        if (folder / name).is_file() and not (final / name).exists():
+            try:
+                os.link(folder / name, final / name)
+            except OSError:
+                shutil.copy2(folder / name, final / name)
 
 
 def _plain_base(config: Any) -> nn.Module:

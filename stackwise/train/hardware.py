@@ -66,8 +66,13 @@ def _default_device() -> torch.device:
 
 def resolve_precision(setting: str, device: torch.device | None = None) -> str:
     """`auto` -> bf16 where bf16 works and beats fp32 (the probe measures that on CPUs), else
-    `no`. An explicit `bf16` on a CPU whose bf16 matmuls crash under every cap is refused."""
+    `no`. An explicit `bf16` on a CPU whose bf16 matmuls crash under every cap is refused;
+    `fp16` on a CPU (emulated there) takes auto's choice, said once."""
     device = device or _default_device()
+    if setting == "fp16" and device.type == "cpu":  # emulated there, about 100x slower
+        resolved = resolve_precision("auto", device)
+        _note_fp16_on_cpu(resolved)
+        return resolved
     if device.type != "cpu":
         if setting == "auto":
             return "bf16" if bf16_is_native(device) else "no"
@@ -83,6 +88,22 @@ def resolve_precision(setting: str, device: torch.device | None = None) -> str:
     if setting != "auto":
         return setting
     return "bf16" if verdict.bf16_fast else "no"
+
+
+_fp16_noted: list[bool] = []  # said once per process
+
+
+def _note_fp16_on_cpu(resolved: str) -> None:
+    """fp16 asked for on a CPU: the run takes auto's choice instead, and says so once."""
+    if _fp16_noted or os.environ.get("RANK", "0") != "0":
+        return
+    _fp16_noted.append(True)
+    name = "fp32" if resolved == "no" else resolved
+    print(
+        "stackwise: note: fp16 (train.mixed_precision) needs a CUDA GPU; a CPU only emulates "
+        f"it, about 100x slower, so this run uses auto's choice for this CPU instead: {name}.",
+        file=sys.stderr,
+    )
 
 
 def describe_precision(setting: str, device: torch.device | None = None) -> str:
@@ -101,7 +122,8 @@ def describe_precision(setting: str, device: torch.device | None = None) -> str:
         if ratio is not None
         else verdict.summary()
     )
-    return f"{name} ({'auto: ' if setting == 'auto' else ''}{measured})"
+    how = {"auto": "auto: ", "fp16": "fp16 needs a CUDA GPU, so auto: "}.get(setting, "")
+    return f"{name} ({how}{measured})"
 
 
 def process_state() -> Any:
@@ -177,12 +199,7 @@ def make_accelerator(mixed_precision: str) -> Accelerator:
     Accelerate keeps its state in a process-wide singleton; progressive runs and notebooks build
     several trainers, so a precision change resets that state (the process group survives).
     """
-    mixed_precision = resolve_precision(mixed_precision)
-    if mixed_precision == "fp16" and not torch.cuda.is_available():
-        raise StackWiseError(
-            "train.mixed_precision=fp16 needs a GPU; on the CPU use bf16 (fp16 is emulated "
-            "there and about 100x slower) or no."
-        )
+    mixed_precision = resolve_precision(mixed_precision)  # fp16 on a CPU: auto's choice
     shared = AcceleratorState._shared_state
     if shared and shared.get("_mixed_precision", mixed_precision) != mixed_precision:
         AcceleratorState._reset_state(reset_partial_state=False)

@@ -134,7 +134,7 @@ class WandbSink(Sink):
         lc = run.config.logging
         self.run = wandb.init(
             project=lc.wandb_project,
-            name=run.output_dir.name,
+            name=lc.run_name or run.output_dir.name,
             dir=str(run.output_dir),
             config=run.plan.source,
             id=self.run_id,  # a resumed run continues the same W&B run
