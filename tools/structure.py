@@ -3,7 +3,7 @@
     .venv/bin/python tools/structure.py      # exit 1 while any limit is broken
 
 Checks: no import cycles between modules, no module importing from a layer above its own
-(cli > pipeline/plan/runs/evaluate > strategies > progressive > train/generate > io > quant >
+(cli > pipeline/plan/runs/evaluate/fronts > strategies > progressive > train/generate > io > quant >
 model/objectives/data > config/spec/errors), no module below the door (layer 8) importing the
 config (they take specs: stackwise.spec), no class inheriting from the Trainer (it is built from
 parts), no module over 300 lines, no function over 45 lines. Imports inside functions count

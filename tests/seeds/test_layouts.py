@@ -1,0 +1,107 @@
+"""The seeds' layouts as a whole: every key a seed writes lands on a real config key, a config
+written back in a seed's layout loads as the same config, the CLI lists every seed key, and each
+seed's test file names its examples, each with a test and a line in docs/seeds/."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, get_origin
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stackwise.config import Config, from_dict, load_config
+from stackwise.config.aliases import LAYOUTS, SEED_KEYS, apply_aliases
+from stackwise.config.keys import section_of
+from stackwise.config.seed_export import as_seed
+from stackwise.errors import StackWiseError
+
+ROOT = Path(__file__).parents[2]
+PRESETS = sorted((ROOT / "stackwise" / "presets").glob("*.yaml"))
+SEED_NUMBERS = [layout.seed for layout in LAYOUTS]
+
+
+def _field(path: str) -> Any:
+    model: Any = Config
+    annotation = None
+    for part in path.split("."):
+        if model is None and get_origin(annotation) is dict:
+            return annotation  # an entry of a free-form mapping (train.strategy_options)
+        assert model is not None and part in model.model_fields, path
+        annotation = model.model_fields[part].annotation
+        model = section_of(annotation)
+    return annotation
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout.seed)
+def test_every_seed_key_lands_on_a_real_key(layout):
+    for key in layout.keys.values():
+        _field(key.target)  # an assertion naming the target when it is no config key
+
+
+@pytest.mark.parametrize("seed", SEED_NUMBERS)
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+def test_a_config_written_in_a_seed_layout_loads_as_itself(seed, preset):
+    config = load_config(preset)
+    text = yaml.safe_dump(as_seed(config, seed))
+    assert from_dict(yaml.safe_load(text)) == config
+
+
+def test_config_show_lists_every_seed_key_and_writes_a_layout(tmp_path):
+    run = [sys.executable, "-m", "stackwise", "config", "show"]
+    listed = subprocess.run([*run, "--aliases"], capture_output=True, text=True, check=True)
+    for path in SEED_KEYS:
+        assert f"  {path} " in listed.stdout, path
+    shown = subprocess.run(
+        [*run, "tiny-clm", "--as-seed", "001"], capture_output=True, text=True, check=True
+    )
+    assert shown.stdout.startswith("# seed 001 layout")
+    (tmp_path / "seed.yaml").write_text(shown.stdout)
+    assert load_config(tmp_path / "seed.yaml") == load_config("stackwise/presets/tiny-clm.yaml")
+    bad = subprocess.run([*run, "--as-seed", "7"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "000, 001, 002, 003, 004" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+seed_values = st.one_of(
+    st.booleans(), st.integers(-3, 5000), st.floats(allow_nan=False), st.text(max_size=8),
+    st.none(), st.lists(st.integers(0, 3), max_size=3),
+)  # fmt: skip
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.dictionaries(st.sampled_from(sorted(SEED_KEYS)), seed_values, max_size=6))
+def test_any_seed_keys_give_a_config_or_a_stackwise_error(given_keys):
+    data: dict[str, Any] = {}
+    for path, value in given_keys.items():
+        *where, leaf = path.split(".")
+        node = data
+        for part in where:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                return
+        node[leaf] = value
+    try:
+        apply_aliases(data)
+        from_dict(data)
+    except StackWiseError:
+        pass
+
+
+@pytest.mark.parametrize("seed", SEED_NUMBERS)
+def test_each_seed_example_has_a_test_and_a_doc_line(seed):
+    module = importlib.import_module(f"test_seed_{seed}")
+    ids = [example_id for example_id, _ in module.EXAMPLES]
+    assert ids and len(ids) == len(set(ids)), seed
+    doc = (ROOT / "docs" / "seeds" / f"seed_{seed}.md").read_text()
+    for example_id in ids:
+        assert callable(getattr(module, f"test_{example_id}", None)), example_id
+        assert re.search(rf"\b{re.escape(example_id)}\b", doc), example_id
+    index = (ROOT / "docs" / "seeds.md").read_text()
+    assert f"seeds/seed_{seed}.md" in index
