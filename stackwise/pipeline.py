@@ -168,6 +168,7 @@ def train_from_config(
 ) -> RunResult:
     """Prepare the data and train with `strategy` (default: the one the config asks for,
     see stackwise.strategies.strategy_for) on the model `adapter` builds."""
+    config = derive(config, {}, "the config")  # every rule again: attribute edits check alone
     if OBJECTIVES.capabilities(config.objective.name).labels_from_batch:
         raise StackWiseError(
             f"objective '{config.objective.name}' reads labels from the batch, and the "

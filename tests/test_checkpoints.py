@@ -25,7 +25,6 @@ from stackwise.train.extensions import REGISTRY, Extension
 
 CKPT_FILES = {
     "model.safetensors",
-    "model.pt",
     "optimizer.bin",
     "scheduler.bin",
     "trainer_state.json",

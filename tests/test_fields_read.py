@@ -237,6 +237,7 @@ CUSTOM = {
     "train.save_precision",
     "train.early_stopping",
     "train.fsdp_sharding_strategy",
+    "train.consolidated_weights",
     # tested in test_families.py: a toy growth operator and a toy parallelizer named in a config
     "progressive.growth_operator",
     "train.parallelizer",

@@ -108,6 +108,8 @@ def load_rows(cfg: Any) -> tuple[list[dict], list[dict] | None]:
     """(training rows, evaluation rows or None to split them off the training rows)."""
     if cfg.dataset_dir:
         rows = _rows_of_dir(Path(cfg.dataset_dir).expanduser())
+    elif cfg.dataset_name and Path(cfg.dataset_name).expanduser().is_file():  # a local file
+        rows = _rows_of_file(Path(cfg.dataset_name).expanduser(), "data.dataset_name")
     elif cfg.dataset_name:
         rows = _rows_of_hub(cfg.dataset_name, cfg.dataset_subset, cfg.dataset_split)
     else:

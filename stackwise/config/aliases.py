@@ -50,18 +50,12 @@ def _seed_keys() -> dict[str, SeedKey]:
             if path in found and found[path].target != key.target:
                 raise AssertionError(f"seed key {path} means two things")
             found.setdefault(path, key)
-    flat = {p: k for p, k in found.items() if "." not in p}
-    old = {
-        p: progressive.LAYOUT.keys[f"training.progressive.{p}"]
-        for p in _NESTED_LEGACY
-        if f"training.progressive.{p}" in progressive.LAYOUT.keys and p not in flat
-    }
-    for name in _NESTED_LEGACY:
-        key = flat.get(name) or old.get(name)
-        if key is not None:
-            for where in ("progressive.", "train."):
-                found.setdefault(where + name, key)
-            found.setdefault(name, key)
+    for name in _NESTED_LEGACY:  # the same key as the seeds spell it, flat or in a section
+        spelled = (name, f"training.progressive.{name}", f"training.{name}")
+        key = next((found[p] for p in spelled if p in found), None)
+        assert key is not None, f"legacy name {name} has no seed key"
+        for where in ("", "progressive.", "train."):
+            found.setdefault(where + name, key)
     return {p: k for p, k in found.items() if p != k.target}  # a real key is no alias
 
 
@@ -114,9 +108,7 @@ def apply_aliases(data: dict[str, Any]) -> dict[str, Any]:
     if model_trainer.both_precisions_off(given) and "train.mixed_precision" not in moved:
         _refuse_twice(data, "fp16/bf16", "train.mixed_precision", moved)
         put(data, "train.mixed_precision", "no")
-    for layout in LAYOUTS:
-        if layout.implied is not None and any(p in layout.keys for p in given):
-            layout.implied({p: v for p, v in given.items() if p in layout.keys}, data)
+    apply_implied(given, data)
     _refuse_leftovers(data)
     for path, values in VALUE_ALIASES.items():
         *sections, leaf = path.split(".")
@@ -124,6 +116,14 @@ def apply_aliases(data: dict[str, Any]) -> dict[str, Any]:
         if node is not None and isinstance(node.get(leaf), str) and node[leaf] in values:
             node[leaf] = values[node[leaf]]
     return data
+
+
+def apply_implied(given: dict[str, Any], data: dict[str, Any]) -> None:
+    """What the seeds' keys `given` (seed path -> value as written) mean beyond their own key
+    (a `training.progressive:` section means progressive growth), set where `data` is silent."""
+    for layout in LAYOUTS:
+        if layout.implied is not None and any(p in layout.keys for p in given):
+            layout.implied({p: v for p, v in given.items() if p in layout.keys}, data)
 
 
 def _refuse_twice(data: dict[str, Any], path: str, target: str, moved: dict[str, str]) -> None:

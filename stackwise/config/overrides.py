@@ -8,10 +8,11 @@ from typing import Any, Union, get_args, get_origin
 
 import yaml
 
-from stackwise.config.aliases import KEY_ALIASES
+from stackwise.config.aliases import KEY_ALIASES, SEED_KEYS, apply_implied, convert_seed_value
 from stackwise.config.keys import section_of
 from stackwise.config.paths import put
 from stackwise.config.root import Config
+from stackwise.config.seed_layouts.model_trainer import OMIT
 from stackwise.errors import StackWiseError
 
 
@@ -75,7 +76,15 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     """`data` with each dotted override set (a later one wins). A legacy name is set at its
     real key, and a number names an existing integer key (`progressive.stacks.0.steps`)."""
     seen: dict[str, str] = {}
+    seeded: dict[str, Any] = {}  # the seeds' keys given, as written: their conversions apply
     for item in overrides:
         parts, value = parse_override(item)
-        put(data, ".".join(_canonical(parts, seen)), value, f"Override '{item}'")
+        given = ".".join(parts)
+        if given in SEED_KEYS:
+            seeded[given] = value
+            value = convert_seed_value(given, value)
+        target = ".".join(_canonical(parts, seen))
+        if value is not OMIT:
+            put(data, target, value, f"Override '{item}'")
+    apply_implied(seeded, data)
     return data

@@ -81,6 +81,11 @@ class TrainConfig(Section):
         description="The dtype of the weights a finished run writes (and each checkpoint's "
         "model.pt); None: as trained. Checkpoints keep full weights for resuming.",
     )
+    consolidated_weights: bool = Field(
+        False,
+        description="Also write model.pt into each checkpoint: the whole model's state dict, "
+        "for torch.load(weights_only=True) (seed 001's layout; it doubles a checkpoint's size).",
+    )
     compile: bool = False
     eval_every: PositiveInt = 100
     eval_batches: PositiveInt = 10

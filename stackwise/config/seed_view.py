@@ -4,7 +4,7 @@ the real keys, through the same table a config file's seed keys go through."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -38,7 +38,8 @@ def set_path(config: Any, path: str, value: Any) -> None:
     if field is None:
         raise StackWiseError(f"{path} is not a config key.")
     try:
-        checked = TypeAdapter(field.annotation).validate_python(value)
+        kind = Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
+        checked = TypeAdapter(kind).validate_python(value)
     except ValidationError as err:
         reason = err.errors()[0]["msg"]
         raise StackWiseError(f"{path} = {value!r} is refused: {reason}.") from None

@@ -101,7 +101,15 @@ def data_files(
     files. `where` names the files or dataset (an entry of data.mix; default: `cfg` itself)."""
     where = cfg if where is None else where
     if where.dataset_name:
-        return hub_files(where)
+        local = Path(str(where.dataset_name)).expanduser()
+        if not local.is_file():
+            return hub_files(where)
+        if where.dataset_split != "train":  # a file is one split
+            raise StackWiseError(
+                f"data.dataset_name '{local}' is a file, which holds one split (train), but "
+                f"data.dataset_split is '{where.dataset_split}'. Remove dataset_split."
+            )
+        where = MixSourceSpec(files=(str(local),))
     if where.dataset_dir:
         folder = Path(where.dataset_dir).expanduser()
         if not folder.is_dir():

@@ -88,8 +88,8 @@ def open_hub(name: str, subset: str | None, split: str, streaming: bool = False)
     except Exception as err:  # offline misses, unknown names and configs all land here
         raise StackWiseError(
             f"Could not load dataset '{name}' (subset {subset}, split {split}): "
-            f"{str(err)[:200]}. Offline, only datasets already in the local cache load; "
-            "otherwise give local files with data.files."
+            f"{str(err)[:200].rstrip('.')}. Offline, only datasets already in the local cache "
+            "load; otherwise give local files with data.files."
         ) from None
 
 

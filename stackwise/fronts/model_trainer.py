@@ -135,7 +135,7 @@ class ModelTrainer:
             changes["data.files"] = [str(train_file)]
         if eval_file is not None:
             changes["data.eval_files"] = [str(eval_file)]
-        config = derive(self.config, changes, "ModelTrainer.train") if changes else self.config
+        config = derive(self.config, changes, "ModelTrainer.train")  # re-checks attribute edits
         self.result = train_from_config(config)
         final = self.result.output_dir / FINAL
         return str(final if final.is_dir() else self.result.output_dir)

@@ -63,6 +63,11 @@ def config_of_sections(
     """One validated config from a whole one and/or sections: a `training_config` may be a
     whole config (seed 000/004's TrainingConfig) or the train section."""
     base = config if config is not None else Config()
+    if isinstance(training_config, Config) and config is not None:
+        raise StackWiseError(
+            "Give the Trainer one whole config: `config` or a whole `training_config` (a "
+            "TrainingConfig), not both; pass sections (model_config, data_config) beside it."
+        )
     if isinstance(training_config, Config):
         base = training_config
         training_config = None

@@ -132,7 +132,9 @@ class UnifiedTrainer:
         else:
             result = self._end_to_end(plan, data, groups)
         index = {id(b): i for i, b in enumerate(layers)}
-        for stage, group in zip(result.stages, groups, strict=False):
+        grown = iter(groups)
+        for stage in result.stages:  # a grown stage trains its group; rack and joint: all
+            group = next(grown) if isinstance(stage.stage, int) else layers
             stage.layers = [index[id(b)] for b in group]
         self.result = result
         return result

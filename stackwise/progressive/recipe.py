@@ -14,8 +14,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from accelerate import Accelerator
-
 from stackwise.data.pack import PreparedData
 from stackwise.errors import StackWiseError
 from stackwise.model.chain import DenoisingChain
@@ -36,7 +34,7 @@ from stackwise.progressive.stage_specs import (
 from stackwise.spec import Plan, StageSpec
 from stackwise.train.builders import build_trainer
 from stackwise.train.checkpoint_manager import on_main
-from stackwise.train.hardware import make_accelerator
+from stackwise.train.hardware import check_launch, make_accelerator
 from stackwise.train.interrupts import StopSignals, TrainingInterrupted, stop_signals
 from stackwise.train.run_dir import claim_output_dir
 from stackwise.train.state import Stage
@@ -80,7 +78,8 @@ class ProgressiveRecipe:
         self.plan, self.data, self.quiet = plan, data, quiet
         self.p = plan.progressive
         self.strategy = strategy  # each stage's step (None: the standard one)
-        self.accelerator: Accelerator = make_accelerator(plan.train.mixed_precision)
+        acc = self.accelerator = make_accelerator(plan.train.mixed_precision)
+        check_launch(plan.train, acc.num_processes, acc.is_main_process)
         self.output_dir = claim_output_dir(self.accelerator, plan, output_dir)
         self.growing = GrowingRack(plan, self.output_dir, self.accelerator, self.log, builder)
         self.base_objective = objective_from(plan.objective, plan.masking, data.specials)
@@ -245,8 +244,9 @@ class ProgressiveRecipe:
         n = target_stacks or n_all
         if n > n_all:
             raise StackWiseError(
-                f"target_stacks={n} exceeds model.n_stacks={n_all}, which sets the depth used "
-                "to scale initialisation and the noise mapping."
+                f"target_stacks={n} exceeds the planned depth, model.n_stacks={n_all} (which "
+                "scales the initialisation and noise mapping): ask for at most that, or set "
+                f"model.n_stacks={n} (training.progressive.max_stacks: {n})."
             )
         if not self.builder.grown:  # an imported trunk, then a resumed run's finished stacks
             self.growing.start(n, chained=self.chain() is not None)

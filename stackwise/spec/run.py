@@ -124,6 +124,7 @@ class TrainSpec:
     poly_power: float = 1.0
     mixed_precision: str = "auto"
     save_precision: str | None = None
+    consolidated_weights: bool = False
     compile: bool = False
     eval_every: int = 100
     eval_batches: int = 10

@@ -185,12 +185,14 @@ class CheckpointManager:
 
 def write_contents(folder: Path, contents: CheckpointContents) -> None:
     """One checkpoint's files, into its (temporary) folder: the adapter's weights (what a
-    resume reads), and model.pt, the whole model's state dict in train.save_precision (to load
-    with torch.load(weights_only=True) for inference)."""
+    resume reads), and with train.consolidated_weights model.pt, the whole model's state dict
+    in train.save_precision (to load with torch.load(weights_only=True) for inference)."""
     contents.adapter.save(contents.model, folder)
-    state = contents.model.state_dict()
-    precision = contents.plan.train.save_precision
-    files.save_torch_weights(files.in_precision(state, precision), folder / ckpt.CONSOLIDATED)
+    if contents.plan.train.consolidated_weights:
+        state = contents.model.state_dict()
+        precision = contents.plan.train.save_precision
+        target = folder / ckpt.CONSOLIDATED
+        files.save_torch_weights(files.in_precision(state, precision), target)
     torch.save(contents.optimizer.state_dict(), folder / "optimizer.bin")
     torch.save(contents.scheduler.state_dict(), folder / "scheduler.bin")
     if contents.scaler is not None:

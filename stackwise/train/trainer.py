@@ -95,6 +95,8 @@ class EnhancedTrainer(RunFiles):
         (see SEED_FRONT) was built whole by `__new__`: nothing is left to do here."""
         if placement is None:
             return
+        if settings:
+            raise TypeError(f"EnhancedTrainer got unexpected keywords {sorted(settings)}")
         assert data is not None and training_strategy is not None
         assert extension_manager and checkpoint_manager and metrics_logger
         self.plan, self.adapter, self.strategy = plan, model_adapter, training_strategy

@@ -105,3 +105,53 @@ def test_each_seed_example_has_a_test_and_a_doc_line(seed):
         assert re.search(rf"\b{re.escape(example_id)}\b", doc), example_id
     index = (ROOT / "docs" / "seeds.md").read_text()
     assert f"seeds/seed_{seed}.md" in index
+
+
+LEGACY = (
+    "quantization_enabled", "quantization_type", "backbone_quantized", "adapters_full_precision",
+    "mixed_precision", "new_stack_precision", "qlora_enabled", "use_lora", "qlora_rank",
+    "lora_r", "qlora_alpha", "lora_alpha", "lora_dropout", "qlora_strategy",
+    "qlora_rank_pattern", "qlora_alpha_pattern", "qlora_configs", "progressive_qlora",
+    "progressive_qlora_rank", "progressive_qlora_alpha", "lora_lr", "memory_lr",
+    "base_model_lr", "enabled_extensions", "eval_steps", "log_to_wandb",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("where", ["", "progressive.", "train."])
+def test_names_accepted_before_the_seed_layouts_still_are(where):
+    """Configs written for earlier releases keep loading: each legacy flat name, at the top
+    level or inside progressive: / train:, still lands on its key."""
+    for name in LEGACY:
+        path = f"{where}{name}"
+        assert path in SEED_KEYS or path == SEED_KEYS[name].target, path
+    config = from_dict({"train": {"log_to_wandb": True, "eval_steps": 7}})
+    assert config.logging.log_to_wandb and config.train.eval_every == 7
+
+
+@pytest.mark.parametrize("path", sorted(SEED_KEYS))
+def test_a_seed_key_means_the_same_as_an_override_and_in_a_file(path, tmp_path):
+    """`key=value` on the command line gives the config the same key in a file gives."""
+    from stackwise.config.loading import load_config as load
+
+    samples = {
+        "training.progressive.training_objective": "mlm",
+        "mixed_precision": True,
+        "fp16": True,
+        "training.progressive.enabled": True,
+        "training.max_length": 32,
+    }
+    if path not in samples:
+        return
+    value = samples[path]
+    *where, leaf = path.split(".")
+    data: dict[str, Any] = {}
+    node = data
+    for part in where:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    from_file = load(tmp_path / "c.yaml")
+    from_override = load(
+        None, [f"{path}={yaml.safe_dump(value).strip().removesuffix('...').strip()}"]
+    )
+    assert from_override == from_file

@@ -64,7 +64,11 @@ class Switch:
 
     def reverse(self, value: Any) -> Any:
         """Our value as the seed writes it (for `config show --as-seed`)."""
-        return {self.true: True, self.false: False}.get(value, NOT_SEED)
+        if value == self.true and not isinstance(value, bool):
+            return True
+        if value == self.false and not isinstance(value, bool):
+            return False
+        return NOT_SEED
 
 
 def boolean_to(true: Any, false: Any) -> Convert:

@@ -30,9 +30,13 @@ class Objective:
     )
 
     def __call__(self, value: Any) -> Any:
-        return dict(self.names).get(value, value)  # anything else: our key's check names it
+        if not isinstance(value, str):
+            return value  # anything else: our key's check names it
+        return dict(self.names).get(value, value)
 
     def reverse(self, value: Any) -> Any:
+        if not isinstance(value, str):
+            return NOT_SEED
         return {ours: seed for seed, ours in self.names}.get(value, NOT_SEED)
 
 
