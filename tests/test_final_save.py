@@ -96,7 +96,8 @@ def test_resume_refuses_another_shape_and_states_a_new_step_budget(tiny, tmp_pat
     with pytest.raises(StackWiseError, match=r"another model shape.*model.n_heads 2 -> 4"):
         train_from_config(with_train(heads, resume_from_checkpoint="latest"), quiet=True)
     with pytest.raises(StackWiseError, match=r"at step 2, past train\.max_steps=1"):
-        train_from_config(with_train(cfg, max_steps=1, resume_from_checkpoint="latest"), quiet=True)
+        shorter = with_train(cfg, max_steps=1, save_steps=1, resume_from_checkpoint="latest")
+        train_from_config(shorter, quiet=True)
     res = train_from_config(with_train(cfg, resume_from_checkpoint="latest"), quiet=False)
     assert res.state.step == 4
     said = " ".join(capsys.readouterr().out.split())
