@@ -30,6 +30,7 @@ from stackwise.data.rows import rows_to_text
 from stackwise.data.tables import open_hub, open_saved, quiet_datasets
 from stackwise.errors import StackWiseError
 from stackwise.spec import DataSpec
+from stackwise.train.sampler import ipc_tempdir_that_fits
 
 __all__ = ["TextDataset", "create_dataloader"]
 
@@ -189,6 +190,8 @@ def create_dataloader(
     if num_samples is not None:
         table = table.select(range(min(num_samples, len(table))))
     dataset = TextDataset(table, tokenizer, max_length, text_field, training_mode)
+    if num_workers:  # workers' sockets must fit their path, whatever TMPDIR is
+        ipc_tempdir_that_fits()
     return DataLoader(
         dataset,
         batch_size=batch_size,
