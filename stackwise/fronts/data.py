@@ -117,6 +117,15 @@ class TextDataset(Dataset):
 def load_table(dataset_name: str, subset: str | None, split: str) -> Any:
     """The split of `dataset_name` as a `datasets` table (see the module for what it may be)."""
     path = Path(dataset_name).expanduser()
+    local = (
+        path.is_file() or (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
+    )
+    if local and subset is not None:
+        raise StackWiseError(
+            f"subset='{subset}' picks a configuration of a hub dataset, but '{dataset_name}' is "
+            "a local file or saved dataset, which has none. Remove subset (or pass the file "
+            "or folder of that configuration)."
+        )
     if path.is_file():
         return _file_table(path, split)
     if path.is_dir() and any((path / f).is_file() for f in ("dataset_dict.json", "state.json")):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -380,6 +381,8 @@ def test_create_dataloader(tmp_path, hf_model, hub_stand_ins):
         loader = create_dataloader(str(name), tokenizer, split=split, text_field="messages",
                                    training_mode="instruction_finetuning")  # fmt: skip
         assert len(loader.dataset) == (6 if split == "train_sft" else 5)
+        with pytest.raises(StackWiseError, match="subset='en' picks a configuration"):
+            create_dataloader(str(name), tokenizer, split=split, subset="en")  # none to pick
     with pytest.raises(StackWiseError) as err:
         create_dataloader(dataset_name="HuggingFaceH4/ultrachat_200k", tokenizer=tokenizer)
     assert "save_to_disk" in one_paragraph(err)
@@ -540,7 +543,11 @@ def test_accelerate_ddp(tmp_path, corpus_file, cache_dir):
     path.rename(tmp_path / "configs" / "base_small.yaml")
     accelerate = Path(sys.executable).with_name("accelerate")
     # no GPU here: --multi_gpu makes accelerate start its processes on the CPU (gloo)
+    with socket.socket() as free:  # a port of its own: 29500 may be taken or closing
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
     cmd = [str(accelerate), "launch", "--num_processes", "2", "--multi_gpu",
+           "--main_process_port", port,
            str(ROOT / "scripts" / "train.py"), "--config", "configs/base_small.yaml"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
