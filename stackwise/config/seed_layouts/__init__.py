@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from stackwise.config.paths import put, section_at
+
 Convert = Callable[[Any], Any]
 
 
@@ -81,3 +83,19 @@ def seed_value(key: SeedKey, value: Any) -> Any:
         return value
     reverse = getattr(key.convert, "reverse", None)
     return NOT_SEED if reverse is None else reverse(value)
+
+
+def get_path(data: dict[str, Any], path: str, default: Any = None) -> Any:
+    """A dotted key of a config's plain data, or `default` where it is not set."""
+    *where, name = path.split(".")
+    node = section_at(data, where, create=False)
+    return default if node is None else node.get(name, default)
+
+
+def fill(data: dict[str, Any], path: str, value: Any) -> None:
+    """Set a dotted key that the config leaves unset (what a seed's keys imply never
+    overrides what the config says)."""
+    *where, name = path.split(".")
+    node = section_at(data, where, create=False)
+    if node is None or name not in node:
+        put(data, path, value, path)

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from stackwise.config.paths import section_at
-from stackwise.config.seed_layouts import Layout, SeedKey, keys
+from stackwise.config.seed_layouts import Layout, SeedKey, fill, keys
 
 
 def implied(given: dict[str, Any], data: dict[str, Any]) -> None:
     """A config in this seed's layout keeps its checkpoints as the seed lists them, with
     model.pt beside our files (unless the config says otherwise)."""
-    train = section_at(data, ["train"])
-    assert train is not None
-    train.setdefault("consolidated_weights", True)
+    fill(data, "train.consolidated_weights", True)
 
 
 LAYOUT = Layout(

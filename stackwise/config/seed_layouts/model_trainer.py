@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from stackwise.config.seed_layouts import NOT_SEED, Layout, SeedKey, keys
+from stackwise.config.seed_layouts import NOT_SEED, Layout, SeedKey, fill, keys
 from stackwise.errors import StackWiseError
 
 OMIT = object()  # a converted value that sets nothing (fp16: false leaves the choice to bf16)
@@ -148,13 +148,8 @@ def fine_tune_defaults(data: dict[str, Any]) -> dict[str, Any]:
     does not say: FINE_TUNE's keys, train.lr DEFAULT_LR, and one epoch unless train.max_steps
     or train.num_train_epochs is set. Applied by `stackwise finetune` to every config, and by
     the loaders to any config that names a flat `model_name_or_path`."""
-    from stackwise.config.paths import section_at
-
     for path, value in (*FINE_TUNE, ("train.lr", DEFAULT_LR)):
-        *where, leaf = path.split(".")
-        node = section_at(data, where, create=True, where=path)
-        assert node is not None
-        node.setdefault(leaf, value)
+        fill(data, path, value)
     train = data["train"]
     if "max_steps" not in train and "num_train_epochs" not in train:
         train["num_train_epochs"] = 1.0

@@ -13,8 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from stackwise.config.paths import put, section_at
-from stackwise.config.seed_layouts import NOT_SEED, Layout, SeedKey, boolean_to, keys
+from stackwise.config.seed_layouts import NOT_SEED, Layout, SeedKey, boolean_to, fill, keys
 
 _P = "training.progressive."
 
@@ -40,18 +39,11 @@ class Objective:
         return {ours: seed for seed, ours in self.names}.get(value, NOT_SEED)
 
 
-def _fill(data: dict[str, Any], path: str, value: Any) -> None:
-    *where, name = path.split(".")
-    node = section_at(data, where, create=False)
-    if node is None or name not in node:
-        put(data, path, value)
-
-
 def implied(given: dict[str, Any], data: dict[str, Any]) -> None:
     """A training.progressive section: growth stack by stack, the seed's masked objective."""
     if any(path.startswith(_P) for path in given):
-        _fill(data, "progressive.strategy", "progressive")
-        _fill(data, "objective.name", "diffusion")
+        fill(data, "progressive.strategy", "progressive")
+        fill(data, "objective.name", "diffusion")
 
 
 LAYOUT = Layout(

@@ -13,38 +13,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from stackwise.config.paths import put, section_at
-from stackwise.config.seed_layouts import Layout, SeedKey, boolean_to, keys
-
-
-def _unset(data: dict[str, Any], path: str) -> bool:
-    *where, name = path.split(".")
-    node = section_at(data, where, create=False)
-    return node is None or name not in node
-
-
-def _get(data: dict[str, Any], path: str, default: Any = None) -> Any:
-    *where, name = path.split(".")
-    node = section_at(data, where, create=False)
-    return default if node is None else node.get(name, default)
-
-
-def _fill(data: dict[str, Any], path: str, value: Any) -> None:
-    if _unset(data, path):
-        put(data, path, value)
+from stackwise.config.seed_layouts import Layout, SeedKey, boolean_to, fill, get_path, keys
 
 
 def implied(given: dict[str, Any], data: dict[str, Any]) -> None:
     """What seed 000's keys imply, set where `data` leaves it unset (see the module doc)."""
     named = {k for k, v in given.items() if v is not None}
     if named & {"mode", "block_size"}:
-        _fill(data, "progressive.strategy", "progressive")
+        fill(data, "progressive.strategy", "progressive")
     if given.get("time_step_masking") is True:
-        _fill(data, "objective.name", "diffusion")
+        fill(data, "objective.name", "diffusion")
     if named & {"cache_mode", "cache_dir"}:
-        _fill(data, "progressive.cache.enabled", True)
+        fill(data, "progressive.cache.enabled", True)
     if "cache_dir" in named:
-        _fill(data, "progressive.cache.storage", "disk")
+        fill(data, "progressive.cache.storage", "disk")
     _trunk_qlora(given, data)
 
 
@@ -52,9 +34,9 @@ def _trunk_qlora(given: dict[str, Any], data: dict[str, Any]) -> None:
     """The seed's QLoRA with quantization on a grown rack: the frozen trunk is stored
     quantized and keeps training its adapters (trunk_strategy qlora)."""
     qlora = any(given.get(k) is True for k in ("qlora_enabled", "qlora.enabled"))
-    quantized = _get(data, "quant.enabled") is True
-    if qlora and quantized and _get(data, "progressive.strategy") == "progressive":
-        _fill(data, "progressive.trunk_strategy", "qlora")
+    quantized = get_path(data, "quant.enabled") is True
+    if qlora and quantized and get_path(data, "progressive.strategy") == "progressive":
+        fill(data, "progressive.trunk_strategy", "qlora")
 
 
 LAYOUT = Layout(
