@@ -364,7 +364,7 @@ def test_a_toy_growth_operator_grows_a_run_from_a_config(
     res = stackwise.train_from_config(from_dict(d), quiet=True)
     assert calls == [0, 1]  # stack 0 on nothing, stack 1 on the trained stack 0
     assert res.progressive.stacks[1].steps == 2
-    with pytest.raises(InvalidConfig, match=r"growth_operator only applies to strategy"):
+    with pytest.raises(InvalidConfig, match=r"progressive.growth only applies to strategy"):
         tiny(progressive={"growth_operator": "toy_copy_trunk"})
 
 

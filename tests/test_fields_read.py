@@ -239,8 +239,16 @@ CUSTOM = {
     "train.fsdp_sharding_strategy",
     "train.consolidated_weights",
     # tested in test_families.py: a toy growth operator and a toy parallelizer named in a config
-    "progressive.growth_operator",
+    "progressive.growth.init",
     "train.parallelizer",
+    # tested in test_growth_operators.py: noise on copied weights (and its absence: exact copies)
+    "progressive.growth.noise",
+    # tested in test_growth_schedule.py: budget shares, growth on a plateau, the WSD schedule
+    "progressive.growth.schedule",
+    "progressive.growth.shares",
+    "progressive.growth.patience",
+    "progressive.growth.min_delta",
+    "train.decay_ratio",
     # tested in test_repeat_guard.py: a repeated word is redrawn; refused where it cannot work
     "sample.no_repeat_words",
     # tested in test_export_hf.py: an exported Llama imported back, and adapted to diffusion

@@ -27,6 +27,7 @@ from stackwise.config.derive import derive, stack_config
 from stackwise.config.growth import (
     QUANTIZED,
     CacheConfig,
+    GrowthConfig,
     LoraConfig,
     LoraStackSetting,
     PrecisionName,
@@ -65,6 +66,7 @@ __all__ = [
     "Config",
     "DataConfig",
     "GroupLR",
+    "GrowthConfig",
     "LoggingConfig",
     "LoraConfig",
     "LoraStackSetting",

@@ -39,6 +39,8 @@ _NESTED_LEGACY = (
     "progressive_qlora_rank", "progressive_qlora_alpha", "lora_lr", "memory_lr",
     "base_model_lr", "enabled_extensions", "eval_steps", "log_to_wandb",
 )  # fmt: skip
+# keys of ours that moved: the old name still loads, into the new key
+RENAMED = {"progressive.growth_operator": "progressive.growth.init"}
 # containers only the seeds write: emptied by the aliases, anything left in them is unknown
 SEED_SECTIONS = ("training.progressive", "training", "qlora")
 
@@ -56,6 +58,8 @@ def _seed_keys() -> dict[str, SeedKey]:
         assert key is not None, f"legacy name {name} has no seed key"
         for where in ("", "progressive.", "train."):
             found.setdefault(where + name, key)
+    for old, new in RENAMED.items():
+        found.setdefault(old, SeedKey(new, note="its earlier name"))
     return {p: k for p, k in found.items() if p != k.target}  # a real key is no alias
 
 

@@ -99,6 +99,39 @@ class CacheConfig(Section):
     )
 
 
+class GrowthConfig(Section):
+    """How each new stack starts and when the rack grows (docs/growth.md)."""
+
+    init: GrowthOperatorName = Field(
+        "random",
+        description="How a new stack's weights start: a registered growth operator (random, "
+        "copy_last, copy_middle, stack_all, zero_out).",
+    )
+    noise: float = Field(
+        0.0,
+        ge=0.0,
+        description="Gaussian noise added to the copied weights, in units of model.init_std "
+        "(breaks the symmetry of copies; 0: exact copies).",
+    )
+    schedule: Literal["fixed", "budget_share", "plateau"] = Field(
+        "fixed",
+        description="fixed: steps_per_stack (or max_steps split evenly); budget_share: "
+        "train.max_steps split by `shares`; plateau: a stage ends when the validation loss "
+        "stops improving, and its unused steps go to the next stage.",
+    )
+    shares: list[PositiveFloat] | None = Field(
+        None,
+        description="budget_share: one weight per stack (normalised); default: stack k gets "
+        "a weight of k + 1, so deeper stages train longer.",
+    )
+    patience: PositiveInt = Field(
+        2, description="plateau: evaluations without improvement before the rack grows."
+    )
+    min_delta: float = Field(
+        0.0, ge=0.0, description="plateau: the smallest fall in val loss that counts."
+    )
+
+
 class StackOverride(Section):
     """Per-stack budget, LR and objective; unset fields follow the progressive defaults."""
 
@@ -160,17 +193,14 @@ class ProgressiveConfig(Section):
     )
     lr_schedule: Literal["per_stage", "global"] = Field(
         "per_stage",
-        description="per_stage: each stage warms up and decays on its own; global: one warmup "
-        "and one decay over all stages' steps, so growth never re-warms the LR.",
+        description="per_stage: each stage re-warms and decays on its own; global: one warmup "
+        "and one decay (train.scheduler) over all stages' steps. With train.scheduler: wsd, "
+        "global is warmup-stable-decay: a constant LR through growth, one decay at the end.",
     )
     save_stacks: bool = True
     save_rack: bool = True
     cache: CacheConfig = Field(default_factory=CacheConfig)
-    growth_operator: GrowthOperatorName = Field(
-        "random",
-        description="How each new stack starts: a registered growth operator (random: the "
-        "rack's own initialisation).",
-    )
+    growth: GrowthConfig = Field(default_factory=GrowthConfig)
 
     @field_validator("depth_time_table")
     @classmethod

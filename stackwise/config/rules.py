@@ -176,6 +176,8 @@ def _lr_schedule(s: TrainConfig) -> Iterator[str]:
         yield f"min_lr_ratio has no effect with scheduler '{s.scheduler}'"
     if s.scheduler != "polynomial" and s.changed("poly_power"):
         yield "poly_power only applies to scheduler: polynomial"
+    if s.scheduler != "wsd" and s.changed("decay_ratio"):
+        yield "decay_ratio only applies to scheduler: wsd"
 
 
 def _tracks_best(s: TrainConfig) -> bool:

@@ -62,7 +62,7 @@ def progressive_strategy(s: ProgressiveConfig) -> Iterator[str]:
         "time_interpretation",
         "lr_schedule",
         "cache",
-        "growth_operator",
+        "growth",
     )
     if s.strategy == "end_to_end":
         for name in grown:

@@ -20,7 +20,7 @@ from stackwise.config.names import ParallelizerName
 from stackwise.precision import MixedPrecision
 from stackwise.spec.run import DEFAULT_PATIENCE, stopping_patience
 
-SchedulerName = Literal["linear", "cosine", "constant", "constant_with_warmup", "polynomial"]
+SchedulerName = Literal["linear", "cosine", "constant", "constant_with_warmup", "polynomial", "wsd"]
 FsdpSharding = Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"]
 
 
@@ -71,6 +71,13 @@ class TrainConfig(Section):
     warmup_ratio: float | None = Field(None, ge=0.0, lt=1.0)
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="LR floor for decaying schedules.")
     poly_power: PositiveFloat = 1.0
+    decay_ratio: float = Field(
+        0.2,
+        gt=0.0,
+        le=1.0,
+        description="wsd (warmup-stable-decay): the share of the steps, at the end, over which "
+        "the LR falls linearly to its floor; it is constant before.",
+    )
     mixed_precision: MixedPrecision = Field(
         "auto",
         description="auto: bf16 where the hardware runs it natively, else fp32 (no). fp16 is "

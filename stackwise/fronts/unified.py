@@ -155,7 +155,7 @@ class UnifiedTrainer:
         p = config.progressive
         for bad, what in (
             (config.model.init_from_hf, "model.init_from_hf imports a trunk"),
-            (p.growth_operator != "random", f"growth_operator '{p.growth_operator}' starts stacks"),
+            (p.growth.init != "random", f"progressive.growth.init '{p.growth.init}' starts stacks"),
         ):
             if bad:
                 raise StackWiseError(

@@ -60,6 +60,7 @@ class ProgressiveRackBuilder(StackRoles):
         num_time_steps: int | None = None,
         double_quant: bool = False,
         growth_operator: str = "random",
+        growth_noise: float = 0.0,
         config: Any = None,
         default_precision: str | None = None,
         max_stacks: int | None = None,
@@ -82,6 +83,7 @@ class ProgressiveRackBuilder(StackRoles):
         self.mode_given = building_mode is not None
         operator = given.get("growth_operator", growth_operator)
         self.grow = GROWTH_OPERATORS.get(operator, "growth_operator")  # unknown: fail now
+        self.growth_noise: float = given.get("growth_noise", growth_noise)
         self.double_quant = given.get("double_quant", double_quant)  # nf4: quantize the scales too
         steps = given.get("num_time_steps", num_time_steps)
         self.default_precision = precision_name(

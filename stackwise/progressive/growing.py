@@ -63,7 +63,8 @@ class GrowingRack:
                 building_mode=self.p.building_mode,
                 num_time_steps=plan.masking.num_time_steps,
                 double_quant=plan.quant.enabled and plan.quant.double_quant,
-                growth_operator=self.p.growth_operator,
+                growth_operator=self.p.growth.init,
+                growth_noise=self.p.growth.noise,
             )
         self.builder = builder
         self.builder.rack.to(accelerator.device)

@@ -155,7 +155,8 @@ def bind(builder: Any, plan: Plan) -> None:
         builder.rack = Rack(m, m.vocab_size or 0, plan.objective.causal, steps, n_stacks=0)
     builder.spec, builder.vocab_size, builder.causal = m, m.vocab_size, plan.objective.causal
     builder.building_mode = p.building_mode
-    builder.grow = GROWTH_OPERATORS.get(p.growth_operator, "progressive.growth_operator")
+    builder.grow = GROWTH_OPERATORS.get(p.growth.init, "progressive.growth.init")
+    builder.growth_noise = p.growth.noise
     builder.double_quant = plan.quant.enabled and plan.quant.double_quant
     builder.max_stacks = m.n_stacks
     # the run gives each stage its adapter and the trunk its adapters (GrowingRack.set_roles)

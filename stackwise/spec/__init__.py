@@ -10,6 +10,7 @@ ModelSpec, the data from a DataSpec, a stage from its StageSpec.
 from stackwise.spec.growth import (
     AdapterSpec,
     CacheSpec,
+    GrowthSpec,
     LoraSpec,
     LoraStackSpec,
     ProgressiveSpec,
@@ -35,6 +36,7 @@ __all__ = [
     "CacheSpec",
     "DataSpec",
     "GroupLRSpec",
+    "GrowthSpec",
     "LoggingSpec",
     "LoraSpec",
     "LoraStackSpec",

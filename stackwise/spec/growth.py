@@ -74,6 +74,16 @@ class CacheSpec:
 
 
 @dataclass(frozen=True)
+class GrowthSpec:
+    init: str = "random"
+    noise: float = 0.0
+    schedule: str = "fixed"
+    shares: tuple[float, ...] | None = None
+    patience: int = 2
+    min_delta: float = 0.0
+
+
+@dataclass(frozen=True)
 class StackOverrideSpec:
     steps: int | None = None
     epochs: float | None = None
@@ -106,7 +116,7 @@ class ProgressiveSpec:
     save_stacks: bool = True
     save_rack: bool = True
     cache: CacheSpec = CacheSpec()
-    growth_operator: str = "random"
+    growth: GrowthSpec = GrowthSpec()
 
 
 @dataclass(frozen=True)

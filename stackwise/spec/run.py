@@ -122,6 +122,7 @@ class TrainSpec:
     warmup_ratio: float | None = None
     min_lr_ratio: float = 0.0
     poly_power: float = 1.0
+    decay_ratio: float = 0.2
     mixed_precision: str = "auto"
     save_precision: str | None = None
     consolidated_weights: bool = False

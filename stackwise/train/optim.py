@@ -75,8 +75,12 @@ def lr_factor(step: int, cfg: TrainSpec) -> float:
         return step / warm
     if cfg.scheduler == "constant_with_warmup":
         return 1.0
-    progress = min(1.0, (step - warm) / max(1, cfg.max_steps - warm))
     floor = cfg.min_lr_ratio
+    if cfg.scheduler == "wsd":  # stable until the last decay_ratio of the steps, then linear
+        decay_start = max(warm, cfg.max_steps - round(cfg.decay_ratio * cfg.max_steps))
+        left = (cfg.max_steps - step) / max(1, cfg.max_steps - decay_start)
+        return floor + (1.0 - floor) * min(1.0, max(0.0, left))
+    progress = min(1.0, (step - warm) / max(1, cfg.max_steps - warm))
     if cfg.scheduler == "linear":
         decay = 1.0 - progress
     elif cfg.scheduler == "cosine":
