@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from stackwise import seeds
 from stackwise.config import Config
 from stackwise.errors import StackWiseError
+from stackwise.progressive.budget import default_shares, share_split
 from stackwise.progressive.timing import TimeMapping, depth_range
 from stackwise.quant.lora import rank_for
 from stackwise.registry import OBJECTIVES
@@ -144,10 +145,8 @@ def compile_plan(
         plan = plan.with_section("train", max_steps=train.max_steps, num_train_epochs=None)
     if train_rows is None:
         return plan
-    stages = tuple(
-        stage_spec(config, i, train_rows, world_size, time_mapping)
-        for i in range(config.model.n_stacks)
-    )
+    budgets = stage_budgets(config, train.max_steps, train_rows, world_size)
+    stages = tuple(stage_spec(config, i, steps, time_mapping) for i, steps in enumerate(budgets))
     if time_mapping is not None:  # a config's own mappings were checked by its rules
         check_mapping(stages, config.progressive.depth_order == "high_to_low")
     return replace(plan, stages=stages)
@@ -213,7 +212,30 @@ def stage_adapter(config: Config, index: int) -> AdapterSpec | None:
     return AdapterSpec(rank, alpha, lo.dropout, adapter_dtype(config))
 
 
-def stage_budget(config: Config, index: int, train_rows: int, world_size: int) -> int:
+def stage_budgets(config: Config, max_steps: int, train_rows: int, world_size: int) -> list[int]:
+    """Each stage's steps (growth.schedule): budget_share splits train.max_steps (resolved from
+    num_train_epochs when given) by growth.shares; fixed and plateau plan each stage on its own
+    (a plateau run's stages may then pass steps on, see progressive.budget)."""
+    n, growth = config.model.n_stacks, config.progressive.growth
+    if growth.schedule != "budget_share":
+        return [stage_budget(config, i, max_steps, train_rows, world_size) for i in range(n)]
+    weights = list(growth.shares) if growth.shares else default_shares(n)
+    budgets = share_split(max_steps, weights)
+    if min(budgets) < 1:
+        raise StackWiseError(
+            f"progressive.growth.schedule 'budget_share' splits train.max_steps={max_steps} "
+            f"over {n} stacks by the shares {weights}, which leaves stack "
+            f"{budgets.index(0)} no step. Raise train.max_steps, or give that stack a larger "
+            "share."
+        )
+    return budgets
+
+
+def stage_budget(
+    config: Config, index: int, max_steps: int, train_rows: int, world_size: int
+) -> int:
+    """A stage's own steps: its override, steps_per_stack or epochs_per_stack, else an even
+    part of train.max_steps (as resolved from num_train_epochs)."""
     p, tc = config.progressive, config.train
     over = p.stacks.get(index)
     if over and over.steps:
@@ -225,7 +247,7 @@ def stage_budget(config: Config, index: int, train_rows: int, world_size: int) -
         return max(1, math.ceil(epochs * train_rows / per_step))
     if p.steps_per_stack:
         return p.steps_per_stack
-    return max(1, tc.max_steps // config.model.n_stacks)
+    return max(1, max_steps // config.model.n_stacks)
 
 
 def stage_t_range(
@@ -248,9 +270,7 @@ def stage_t_range(
     return depth_range(index, n, p, steps, time_mapping)  # reads the section as its spec
 
 
-def stage_spec(
-    config: Config, index: int, train_rows: int, world_size: int, mapping: TimeMapping | None
-) -> StageSpec:
+def stage_spec(config: Config, index: int, steps: int, mapping: TimeMapping | None) -> StageSpec:
     over = config.progressive.stacks.get(index)
     objective, masking = config.objective, config.masking
     if over is not None and over.objective is not None:
@@ -260,7 +280,7 @@ def stage_spec(
         masking = type(masking).model_validate({**masking.model_dump(), **over.masking})
     return StageSpec(
         index=index,
-        steps=stage_budget(config, index, train_rows, world_size),
+        steps=steps,
         lr=over.lr if over is not None and over.lr is not None else config.train.lr,
         seed=seeds.stage(config.train.seed, index),
         objective=objective_spec(objective),

@@ -7,7 +7,7 @@ runs and all problems are reported together.
 - `sections` (with `sections_model`, `sections_train`), `growth`: the schema, one class per
   section; `root`: the whole config.
 - `rules`, `rules_progressive` (inside a section), `rules_cross` (across sections),
-  `rules_growth`, `rules_hf`, `rules_moe`, `rules_stream`: named rules.
+  `rules_growth`, `rules_schedule`, `rules_hf`, `rules_moe`, `rules_stream`: named rules.
 - `aliases`: the seeds' legacy names; `loading`: files, overrides, errors; `derive`: configs
   made from configs.
 """
@@ -19,6 +19,7 @@ from stackwise.config import (  # noqa: F401
     rules_hf,
     rules_moe,
     rules_progressive,
+    rules_schedule,
     rules_stream,
 )
 from stackwise.config.aliases import KEY_ALIASES, VALUE_ALIASES, alias_table, apply_aliases

@@ -182,8 +182,12 @@ def epochs(cfg: Config) -> Iterator[str]:
         return
     if cfg.train.changed("max_steps"):
         yield "train.num_train_epochs sets train.max_steps from the data; remove one of them"
-    if cfg.progressive.strategy == "progressive":
-        yield "a progressive run budgets each stack: use progressive.epochs_per_stack instead"
+    p = cfg.progressive
+    if p.strategy == "progressive" and p.growth.schedule != "budget_share":
+        yield (
+            "a progressive run budgets each stack: use progressive.epochs_per_stack instead, "
+            "or progressive.growth.schedule budget_share to split the epochs' steps by shares"
+        )
 
 
 @cross_rule

@@ -19,18 +19,14 @@ from stackwise.errors import StackWiseError
 from stackwise.model.chain import DenoisingChain
 from stackwise.model.rack import count_parameters
 from stackwise.objectives import Objective, objective_from
+from stackwise.progressive.budget import StageRun, check_plateau
 from stackwise.progressive.finish import final_eval, joint_tuning
 from stackwise.progressive.growing import GrowingRack
 from stackwise.progressive.records import ProgressiveResult, StackRecord
 from stackwise.progressive.seed_builder import SeedSettings, start_seed_run
 from stackwise.progressive.stage import KeyedSamples, StageModel
 from stackwise.progressive.stage_cache import StageCache
-from stackwise.progressive.stage_specs import (
-    global_schedule,
-    stage_line,
-    stage_objective,
-    stage_plan,
-)
+from stackwise.progressive.stage_specs import stage_line, stage_objective, stage_plan
 from stackwise.spec import Plan, StageSpec
 from stackwise.train.builders import build_trainer
 from stackwise.train.checkpoint_manager import on_main
@@ -85,6 +81,7 @@ class ProgressiveRecipe:
         self.base_objective = objective_from(plan.objective, plan.masking, data.specials)
         self._chain = self._build_chain()
         self.stage_cache = StageCache(plan, data.train_size, self.output_dir, self.accelerator)
+        check_plateau(plan, len(data.val) if data.val is not None else None)
         self.last_trainer: EnhancedTrainer | None = None
 
     # views, for callers that knew them as attributes
@@ -110,8 +107,8 @@ class ProgressiveRecipe:
     # -- one stage ---------------------------------------------------------------------------
 
     def train_stage(self, index: int, n_stacks: int) -> StackRecord:
-        stage = self.plan.stages[index]
-        b = self.builder
+        run = StageRun.of(self.plan, index, n_stacks, self.records)  # its budget
+        stage, b = run.stage, self.builder
         new = self.growing.grow(stage)
         plan = stage_plan(self.plan, stage, self.output_dir / f"stack_{index}")
         objective = stage_objective(stage, self.data.specials)
@@ -121,8 +118,8 @@ class ProgressiveRecipe:
         cache = self.cache if carried is not None else None
         model = StageModel(b.rack, new, cache, self.accelerator.mixed_precision)
         trainable = count_parameters(b.rack, trainable_only=True)
-        self.log(stage_line(stage, n_stacks, b.position(new), trainable, carried))
-        trainer = self._stage_trainer(stage, n_stacks, plan, model, objective, train_data)
+        self.log(stage_line(stage, n_stacks, b.position(new), trainable, carried, run.inherited))
+        trainer = self._stage_trainer(run, n_stacks, plan, model, objective, train_data)
         before = self.stage_cache.snapshot()
         start = time.perf_counter()
         state = trainer.train()
@@ -140,6 +137,7 @@ class ProgressiveRecipe:
             train_loss=trainer.last_train_loss,
             eval=losses[-1] if losses else {},
             cache=self.stage_cache.since(before, carried) if cache is not None else {},
+            **run.outcome(),
         )
         self._after_stage(new)
         return record
@@ -161,15 +159,14 @@ class ProgressiveRecipe:
 
     def _stage_trainer(
         self,
-        stage: StageSpec,
+        run: StageRun,
         n_stacks: int,
         plan: Plan,
         model: Any,
         objective: Objective,
         data: Any,
     ) -> EnhancedTrainer:
-        index = stage.index
-        global_lr = self.p.lr_schedule == "global"
+        index = run.stage.index
         trainer = build_trainer(
             plan,
             model,
@@ -181,7 +178,8 @@ class ProgressiveRecipe:
             stage=Stage(index, f"stack {index + 1}/{n_stacks}", defer_finish=True),
             eval_objective=self.base_objective,
             eval_seed=self.plan.train.seed,
-            scheduler=(lambda opt: global_schedule(self.plan, opt, index)) if global_lr else None,
+            scheduler=run.scheduler(self.plan),
+            extensions=run.extensions(),
         )
         self.last_trainer = trainer  # inspected by tests (optimizer membership)
         trainer.call_hook("on_stack_begin", index)

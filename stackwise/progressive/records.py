@@ -21,6 +21,8 @@ class StackRecord:
     train_loss: float | None
     eval: dict[str, float]
     cache: dict[str, Any] = field(default_factory=dict)
+    budget: int | None = None  # the steps the stage was given (None: an older history)
+    stopped_on_plateau: bool = False  # growth.schedule plateau: it passed steps on
 
     def as_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -33,6 +35,11 @@ class ProgressiveResult:
     stacks: list[StackRecord]
     final_eval: dict[str, float]
     joint: dict[str, Any] | None = None
+
+
+def steps_cell(record: StackRecord) -> str:
+    """The steps a stage ran, starred when it ended on a plateau."""
+    return f"{record.steps}*" if record.stopped_on_plateau else str(record.steps)
 
 
 def summary_table(result: ProgressiveResult) -> str:
@@ -49,10 +56,12 @@ def summary_table(result: ProgressiveResult) -> str:
         c = r.cache
         hit = f"{100 * c['hits'] / max(1, c['hits'] + c['misses']):.0f}%" if c else "-"
         rows.append(
-            f"{r.index:>5} {r.position:>3} {r.steps:>6} {r.tokens:>10,} {r.seconds:>7.1f} "
+            f"{r.index:>5} {r.position:>3} {steps_cell(r):>6} {r.tokens:>10,} {r.seconds:>7.1f} "
             f"{tr:>13} {ev.get('loss', float('nan')):>8.3f} {metric:>9.3f} "
             f"{ev.get('bpc', float('nan')):>7.3f} {hit:>10}"
         )
+    if any(r.stopped_on_plateau for r in result.stacks):
+        rows.append("* stopped on a plateau; its unused steps went to the next stage")
     f = result.final_eval
     if f:
         metric = f.get("nelbo", f.get("ppl", float("nan")))

@@ -52,20 +52,28 @@ def stage_objective(stage: StageSpec, specials: Specials) -> Objective:
     return objective
 
 
-def global_schedule(plan: Plan, optimizer: Any, index: int) -> LambdaLR:
-    """Stage `index`'s slice of one schedule over every stage's steps (lr_schedule global):
-    the warmup happens once, in stage 0, and the LR only decays after it."""
-    budgets = [s.steps for s in plan.stages]
-    offset = sum(budgets[:index])
-    whole = replace(plan.train, max_steps=sum(budgets))
+def global_schedule(plan: Plan, optimizer: Any, offset: int) -> LambdaLR:
+    """A stage's slice of one schedule over every stage's planned steps (lr_schedule global),
+    going on from `offset`, the steps the earlier stages ran: the warmup happens once, in
+    stage 0, and the LR only decays after it (wsd: only at the end of the run)."""
+    whole = replace(plan.train, max_steps=sum(s.steps for s in plan.stages))
     return LambdaLR(optimizer, lambda step: lr_factor(offset + step, whole))
 
 
-def stage_line(stage: StageSpec, n: int, position: int, trainable: int, carried: int | None) -> str:
+def stage_line(
+    stage: StageSpec,
+    n: int,
+    position: int,
+    trainable: int,
+    carried: int | None,
+    inherited: int = 0,
+) -> str:
+    """The line announcing a stage; `inherited`: the steps earlier stages left it (plateau)."""
     tr = stage.t_range
     return (
-        f"stack {stage.index + 1}/{n} at position {position}: {stage.steps} steps, "
-        f"{trainable:,} trainable parameters"
+        f"stack {stage.index + 1}/{n} at position {position}: {stage.steps} steps"
+        + (f" ({inherited} left by earlier stages)" if inherited else "")
+        + f", {trainable:,} trainable parameters"
         + (f", t in ({tr[0]:.3f}, {tr[1]:.3f}]" if tr else "")
         + (f", cache carried {carried:,} entries" if carried is not None else "")
     )

@@ -77,22 +77,32 @@ class EarlyStopping(Extension):
         self.bad_evals = 0
         self.stopped_at: int | None = None
 
-    def on_eval(self, run: RunInfo, metrics: dict[str, float]) -> None:
+    def watching(self, run: RunInfo) -> tuple[str, int | None, float, bool]:
+        """The metric watched, the patience, the threshold and whether greater is better
+        (a subclass watches its own: a progressive stage's plateau)."""
         tc = run.config.train
-        value, patience = metrics.get(tc.metric_for_best), tc.stopping_patience()
+        threshold = tc.early_stopping_threshold
+        return tc.metric_for_best, tc.stopping_patience(), threshold, run.greater_is_better
+
+    def stop_note(self, run: RunInfo, metric: str, threshold: float) -> str:
+        return (
+            f"early stopping at step {run.state.step}: val/{metric} has not improved by more "
+            f"than {threshold} for {self.bad_evals} evals"
+        )
+
+    def on_eval(self, run: RunInfo, metrics: dict[str, float]) -> None:
+        metric, patience, threshold, greater = self.watching(run)
+        value = metrics.get(metric)
         if value is None or patience is None:
             return
-        if better(value, self.best, run.greater_is_better, tc.early_stopping_threshold):
+        if better(value, self.best, greater, threshold):
             self.best, self.bad_evals = value, 0
             return
         self.bad_evals += 1
         if self.bad_evals >= patience:
             self.stopped_at = run.state.step
             run.control.should_stop = True
-            run.note(
-                f"early stopping at step {run.state.step}: val/{tc.metric_for_best} has not "
-                f"improved by more than {tc.early_stopping_threshold} for {self.bad_evals} evals"
-            )
+            run.note(self.stop_note(run, metric, threshold))
 
     def on_resume(self, run: RunInfo) -> None:
         if self.stopped_at is not None:  # a run that had decided to stop stays stopped
