@@ -266,7 +266,10 @@ GROWTH_OPERATORS: Family[Any] = Family(
     "growth operator",
     "registry.register_growth_operator",
     builtins="stackwise.growth",
-    defaults={"preserves_function": False},  # the grown rack computes what it did before
+    defaults={
+        "preserves_function": False,  # the grown rack computes what it did before (noise 0)
+        "copies_trunk": False,  # the new stack starts as a copy of a trained stack
+    },
 )
 register_growth_operator = GROWTH_OPERATORS.register
 

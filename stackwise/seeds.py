@@ -56,3 +56,8 @@ def mask_key(seed: int, sample: int) -> int:
     """The key of a cached stage sample's masks and time step: its cache key (`sample`) with the
     seed folded in above bit 40, so other seeds draw other masks; stays inside int64."""
     return sample + (seed % (1 << 22)) * (1 << 40)
+
+
+def growth_noise(seed: int, index: int) -> int:
+    """The noise progressive.growth.noise adds to stack `index` as it is grown."""
+    return ((seed % MOD) * PRIME + 65_537 + index) % MOD

@@ -156,13 +156,13 @@ def test_a_toy_growth_operator_initialises_new_stacks(tiny, toys):
     from stackwise.progressive import ProgressiveRackBuilder
 
     @toys(GROWTH_OPERATORS, "toy_copy_last", preserves_function=False)
-    def copy_last(new_stack, trunk_stacks, rack):
-        if not trunk_stacks:
-            GROWTH_OPERATORS.get("random")(new_stack, trunk_stacks, rack)
+    def copy_last(growth):
+        if not growth.trunk:
+            GROWTH_OPERATORS.get("random")(growth)
             return
         with torch.no_grad():
             for mine, theirs in zip(
-                new_stack.parameters(), trunk_stacks[-1].parameters(), strict=True
+                growth.stack.parameters(), growth.trunk[-1].parameters(), strict=True
             ):
                 mine.copy_(theirs)
 
@@ -175,7 +175,7 @@ def test_a_toy_growth_operator_initialises_new_stacks(tiny, toys):
     plain = ProgressiveRackBuilder(cfg.model, 50, causal=True)  # default: random
     one, two = plain.add_stack(), plain.add_stack()
     assert not torch.equal(one.blocks[0].attn.q_proj.weight, two.blocks[0].attn.q_proj.weight)
-    with pytest.raises(StackWiseError, match=r"growth_operator names 'nope'.*Known: random"):
+    with pytest.raises(StackWiseError, match=r"growth_operator names 'nope'.*Known: .*random"):
         ProgressiveRackBuilder(cfg.model, 50, causal=True, growth_operator="nope")
 
 
@@ -343,11 +343,11 @@ def test_a_toy_growth_operator_grows_a_run_from_a_config(
     calls: list[int] = []
 
     @toys(GROWTH_OPERATORS, "toy_copy_trunk")
-    def copy_trunk(new_stack, trunk_stacks, rack):
-        calls.append(len(trunk_stacks))
-        GROWTH_OPERATORS.get("random")(new_stack, trunk_stacks, rack)
-        if trunk_stacks:
-            new_stack.load_state_dict(trunk_stacks[-1].state_dict())
+    def copy_trunk(growth):
+        calls.append(len(growth.trunk))
+        GROWTH_OPERATORS.get("random")(growth)
+        if growth.trunk:
+            growth.stack.load_state_dict(growth.trunk[-1].state_dict())
 
     d = tiny_dict(
         corpus_file,

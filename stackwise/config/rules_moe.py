@@ -9,6 +9,7 @@ from difflib import get_close_matches
 from stackwise.config.base import cross_rule
 from stackwise.config.root import Config
 from stackwise.precision import QUANT_FORMATS
+from stackwise.registry import GROWTH_OPERATORS
 
 
 @cross_rule
@@ -45,6 +46,17 @@ def _moe_shape(cfg: Config) -> Iterator[str]:
     bad = [k for k in m.stacks or [] if k >= n_stacks]
     if bad:
         yield f"model.moe.stacks names stack {bad[0]}; stacks are 0..{n_stacks - 1}"
+    p = cfg.progressive
+    init = p.growth.init
+    copies = init in GROWTH_OPERATORS and GROWTH_OPERATORS.capabilities(init).copies_trunk
+    mixed = m.stacks is not None and set(m.stacks) != set(range(n_stacks))
+    if p.strategy == "progressive" and copies and mixed:
+        yield (
+            f"progressive.growth.init '{init}' starts each new stack as a copy of a trained "
+            "one, but model.moe.stacks gives experts to some stacks only, and a dense stack "
+            "cannot be copied into an MoE one (or back); remove model.moe.stacks (experts in "
+            "every stack), or use growth.init random or zero_out"
+        )
 
 
 def _moe_unsupported(cfg: Config) -> dict[str, bool]:

@@ -156,6 +156,7 @@ class UnifiedTrainer:
         for bad, what in (
             (config.model.init_from_hf, "model.init_from_hf imports a trunk"),
             (p.growth.init != "random", f"progressive.growth.init '{p.growth.init}' starts stacks"),
+            (p.growth.noise > 0, f"progressive.growth.noise {p.growth.noise} perturbs new stacks"),
         ):
             if bad:
                 raise StackWiseError(
@@ -179,8 +180,7 @@ class UnifiedTrainer:
                     f"remove model.{key} (the layers decide it) or give layers of that shape."
                 )
             changes[f"model.{key}"] = value
-        changes["data.seq_len"] = length
-        changes["model.max_seq_len"] = max(m.max_seq_len, length)
+        changes |= {"data.seq_len": length, "model.max_seq_len": max(m.max_seq_len, length)}
         if self.output_dir is not None:
             changes["train.output_dir"] = str(self.output_dir)
         return derive(config, changes, "the layers and data given to train_all_layers")
@@ -188,7 +188,7 @@ class UnifiedTrainer:
     def _grow(self, plan: Plan, data: LoaderData, groups: list[list[Block]]) -> UnifiedResult:
         log = LoggedStep()
         recipe = ProgressiveRecipe(plan, data, quiet=self.quiet, strategy=log)
-        recipe.growing.builder.grow = GivenLayers(groups, recipe.growing.builder)
+        recipe.growing.builder.grow = GivenLayers(groups)
         grown = recipe.train_progressively()
         recipe.save(self.tokenizer)
         stages = _stages(log, plan)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from stackwise.errors import StackWiseError
+from stackwise.growth import Growth
 from stackwise.model.layers import Block, Stack
 from stackwise.model.rack import Rack
 from stackwise.strategies import LocalLossStrategy
@@ -81,13 +82,12 @@ class GivenLayers:
     """A growth operator for one run: stack g (the g-th grown) takes group g of the layers
     given, the very modules, in place of the blocks it was built with."""
 
-    def __init__(self, groups: list[list[Block]], builder: Any) -> None:
-        self.groups, self.builder = groups, builder
+    def __init__(self, groups: list[list[Block]]) -> None:
+        self.groups = groups
 
-    def __call__(self, stack: Stack, trunk: list[Stack], rack: Rack) -> None:
-        index = len(self.builder.grown)
-        stack.blocks = nn.ModuleList(self.groups[index])
-        for p in stack.parameters():
+    def __call__(self, growth: Growth) -> None:
+        growth.stack.blocks = nn.ModuleList(self.groups[growth.index])
+        for p in growth.stack.parameters():
             p.requires_grad_(p.is_floating_point())
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from stackwise.errors import StackWiseError
+from stackwise.growth import Growth, grow_stack, growth_generator
 from stackwise.model.layers import Stack
 from stackwise.model.rack import Rack
 from stackwise.precision import FLOAT_STORAGE, PACKED, STACK_PRECISIONS, StackPrecision, torch_dtype
@@ -66,12 +67,11 @@ class ProgressiveRackBuilder(StackRoles):
         max_stacks: int | None = None,
         **shape: Any,
     ) -> None:
-        """`growth_operator` names how a new stack is initialised (stackwise.growth).
-
-        The seeds' ways are taken too: `config=` (every setting read from a config, through
-        stackwise.fronts.progressive), or the rack's shape as keywords (`vocab_size=...,
-        d_model=..., d_ff=..., n_heads=...`), whose remaining settings a ProgressiveTrainer
-        fills in from its config (see seed_builder.bind). `default_precision` is what
+        """`growth_operator` names how a new stack is initialised (stackwise.growth), and
+        `growth_noise` the noise added after it. The seeds' ways are taken too: `config=`
+        (every setting read from a config, through stackwise.fronts.progressive), or the rack's
+        shape as keywords (`vocab_size=..., d_model=..., d_ff=..., n_heads=...`), the rest
+        filled in by a ProgressiveTrainer (seed_builder.bind). `default_precision` is what
         append_stack/prepend_stack use when no precision is given."""
         given = seed_settings(config, spec, vocab_size, causal, shape)
         self.seed = given  # what the seed's call fixed (checked when a trainer adopts it)
@@ -81,9 +81,8 @@ class ProgressiveRackBuilder(StackRoles):
         self.causal: bool = given.get("causal", causal)
         self.building_mode: Literal["append", "prepend"] = mode
         self.mode_given = building_mode is not None
-        operator = given.get("growth_operator", growth_operator)
-        self.grow = GROWTH_OPERATORS.get(operator, "growth_operator")  # unknown: fail now
-        self.growth_noise: float = given.get("growth_noise", growth_noise)
+        noise = given.get("growth_noise", growth_noise)
+        self.set_growth(given.get("growth_operator", growth_operator), noise)
         self.double_quant = given.get("double_quant", double_quant)  # nf4: quantize the scales too
         steps = given.get("num_time_steps", num_time_steps)
         self.default_precision = precision_name(
@@ -100,11 +99,27 @@ class ProgressiveRackBuilder(StackRoles):
 
     # -- growing ------------------------------------------------------------------------------
 
+    def set_growth(self, operator: str, noise: float = 0.0) -> None:
+        """The growth operator, by name (an unknown one fails now), and the noise after it."""
+        if noise < 0:
+            raise StackWiseError(
+                f"growth_noise is {noise}; it is a standard deviation in units of "
+                "model.init_std, so it must be 0 (exact copies) or more."
+            )
+        self.grow = GROWTH_OPERATORS.get(operator, "growth_operator")
+        self.growth_noise = float(noise)
+
     def _build(
-        self, index: int, n_blocks: int | None, precision: str | None, adapter: AdapterSpec | None
+        self,
+        index: int,
+        n_blocks: int | None,
+        precision: str | None,
+        adapter: AdapterSpec | None,
+        position: int,
     ) -> Stack:
         """Stack `index` (growth order) as this builder grows it: initialised by the growth
-        operator, stored in `precision`, with its stack adapter; not yet in the rack."""
+        operator (for rack `position`), stored in `precision`, with its stack adapter; not yet
+        in the rack."""
         precision = precision_name(precision or self.default_precision)
         if precision not in STACK_PRECISIONS:
             known = sorted(STACK_PRECISIONS)
@@ -117,7 +132,7 @@ class ProgressiveRackBuilder(StackRoles):
                     f"a '{precision}' stack stores frozen weights; give it an adapter to train"
                 )
         stack = Stack(self.spec, self.causal, n_blocks, index=index)
-        self.grow(stack, list(self.rack.stacks), self.rack)
+        grow_stack(self.grow, self.growth(stack, index, position))
         for p in stack.parameters():
             if not p.requires_grad:
                 p._stackwise_fixed = True  # type: ignore[attr-defined]
@@ -128,12 +143,26 @@ class ProgressiveRackBuilder(StackRoles):
             self.add_adapter(stack, STACK, adapter)
         return stack
 
+    def growth(self, stack: Stack, index: int, position: int) -> Growth:
+        """What the growth operator is told about the stack it starts (stackwise.growth)."""
+        return Growth(
+            stack=stack,
+            trunk=tuple(self.rack.stacks),
+            grown=tuple(self.grown),
+            position=position,
+            index=index,
+            rack=self.rack,
+            noise=self.growth_noise,
+            generator=growth_generator(index),
+        )
+
     def create_stack(
         self, stack_id: int, n_blocks: int | None = None, precision: str | None = None
     ) -> Stack:
         """A stack made as stack `stack_id` would be grown (its initialisation, precision and
         LoRA adapter), outside the rack: the seeds' create_stack_from_config."""
-        return self._build(stack_id, n_blocks, precision, None)
+        at = 0 if self.building_mode == "prepend" else len(self.rack.stacks)
+        return self._build(stack_id, n_blocks, precision, None, at)
 
     def append_stack(
         self,
@@ -169,13 +198,15 @@ class ProgressiveRackBuilder(StackRoles):
                 f"This rack already has its {self.max_stacks} stacks (max_stacks, the config's "
                 "model.n_stacks); raise training.progressive.max_stacks to grow it further."
             )
-        stack = self._build(len(self.grown), n_blocks, precision, adapter)
+        append = (mode or self.building_mode) == "append"
+        at = len(self.rack.stacks) if append else 0
+        stack = self._build(len(self.grown), n_blocks, precision, adapter, at)
         if trunk_adapters and self.trunk_adapter is not None:
             for old in self.grown:
                 self.ensure_trunk_adapter(old, self.trunk_adapter)
         self.grown.append(stack)
         self.new_stack = stack
-        if (mode or self.building_mode) == "append":
+        if append:
             self.rack.stacks.append(stack)
         else:
             self.rack.stacks.insert(0, stack)

@@ -126,6 +126,26 @@ def set_adapter_trainable(module: nn.Module, name: str, trainable: bool) -> None
             p.requires_grad_(trainable)
 
 
+def lora_delta(layer: nn.Module, name: str) -> torch.Tensor:
+    """What adapter `name` adds to a LoRA-wrapped linear's weight (fp32): B @ A x scaling."""
+    a = layer.lora_A[name].weight.float()
+    b = layer.lora_B[name].weight.float()
+    return (b @ a) * layer.scaling[name]
+
+
+def effective_weight(module: nn.Module) -> torch.Tensor:
+    """The fp32 weight a linear computes with: its dequantized base plus every LoRA adapter's
+    delta when PEFT wraps it (adapters are all active), else its (dequantized) weight."""
+    from peft.tuners.lora import LoraLayer
+
+    if not isinstance(module, LoraLayer):
+        return dequantized_weight(module)
+    weight = dequantized_weight(module.get_base_layer()).clone()
+    for name in module.lora_A:
+        weight += lora_delta(module, name)
+    return weight
+
+
 def merge_adapters(module: nn.Module) -> float:
     """Replace every LoRA-wrapped linear by a plain fp32 nn.Linear holding dequantized base +
     every adapter's delta. Returns the largest |delta| merged (0 when adapters are untrained)."""
@@ -139,9 +159,7 @@ def merge_adapters(module: nn.Module) -> float:
             base = child.get_base_layer()
             weight = dequantized_weight(base).clone()
             for name in child.lora_A:
-                a = child.lora_A[name].weight.float()
-                b = child.lora_B[name].weight.float()
-                delta = (b @ a) * child.scaling[name]
+                delta = lora_delta(child, name)
                 largest = max(largest, float(delta.abs().max()))
                 weight += delta
             merged = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None)
