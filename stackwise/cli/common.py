@@ -51,6 +51,7 @@ def load_args(args: list[str]) -> Any:
 def run_summary(result: Any, seconds: float) -> str:
     """The last lines of a run: how long it took, where it ended, and what to run next."""
     from stackwise.strategies.report import final_eval_line
+    from stackwise.train.flops import format_flops
 
     final = result.progressive.final_eval if result.progressive is not None else None
     if final is None and result.state is not None and result.state.history:
@@ -61,6 +62,9 @@ def run_summary(result: Any, seconds: float) -> str:
     if final:
         at = f" (step {final['step']})" if "step" in final else ""
         lines.append(f"final{at}: " + final_eval_line(final).split(": ", 1)[1])
+    flops, tokens = result.compute()
+    if flops:
+        lines.append(f"compute: {format_flops(flops)} training FLOPs over {tokens:,} tokens")
     lines.append("next:")
     if result.config.data.mode == "instruction":
         lines += [

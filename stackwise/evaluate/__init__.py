@@ -38,6 +38,7 @@ from stackwise.evaluate.samples import (
     word_stats,
 )
 from stackwise.evaluate.settings import EvalSettings
+from stackwise.io.trained import run_folder_of, training_compute
 from stackwise.runs import config_of, load_trained
 from stackwise.spec import Plan
 
@@ -105,6 +106,7 @@ def run_eval(
     return {
         "run": str(folder),
         "objective": config.objective.name,
+        "training": training_compute(run_folder_of(Path(folder))[0]),
         "likelihood": likelihood(config, rack, data, settings),
         "conditional": conditional_likelihood(config, rack, data, settings),
         "samples": sample_quality(config, rack, data, vocabulary, settings, ref, **sampling),

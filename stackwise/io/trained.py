@@ -7,6 +7,7 @@ and compiled into its Plan; what is here builds the rack from that Plan.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ from stackwise.errors import StackWiseError
 from stackwise.io.checkpoints import LATEST, STATE
 from stackwise.io.files import read_tensors, save_tensors, staged, write_atomic, write_json
 from stackwise.io.final import move_into
-from stackwise.io.stack_files import needs_structure, rack_from_stacks, read_manifest
+from stackwise.io.stack_files import HISTORY, needs_structure, rack_from_stacks, read_manifest
 from stackwise.model.chain import CHAIN_INPUT_VERSION, DenoisingChain
 from stackwise.model.rack import Rack
 from stackwise.spec import Plan
@@ -49,6 +50,26 @@ def save_run(
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder / "tokenizer"))
     write_json(folder / "history.json", summary)
+
+
+def training_compute(folder: Path) -> dict[str, float | int] | None:
+    """What training the run in `folder` spent, from the summary it left: a grown rack's
+    stages and joint tuning together; None for a run saved before FLOPs were counted."""
+    grown, plain = folder / HISTORY, folder / "history.json"
+    if grown.is_file():
+        data = json.loads(grown.read_text(encoding="utf-8"))
+        parts = [*data.get("stacks", []), data.get("joint") or {}]
+        if not all("flops" in p for p in parts[:-1]):
+            return None
+        return {
+            "flops": sum(p.get("flops", 0.0) for p in parts),
+            "tokens": sum(p.get("tokens", 0) for p in parts),
+        }
+    if plain.is_file():
+        data = json.loads(plain.read_text(encoding="utf-8"))
+        if "training_flops" in data:
+            return {"flops": data["training_flops"], "tokens": data.get("tokens_seen", 0)}
+    return None
 
 
 def save_tokenizer(run_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:

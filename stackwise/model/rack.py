@@ -38,6 +38,30 @@ def sdpa_mask(
     return mask | eye
 
 
+class TiedHead(nn.Module):
+    """The output projection that reuses the token embeddings. It owns no weights (the state
+    dict is unchanged); being a module, it is seen as the linear it is (FLOP counting)."""
+
+    def __init__(self, embedding: nn.Embedding) -> None:
+        super().__init__()
+        self._embedding = [embedding]  # a list: not registered a second time
+
+    @property
+    def weight(self) -> nn.Parameter:
+        return self._embedding[0].weight
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.weight.to(h.dtype).t()
+
+
 class Rack(nn.Module):
     def __init__(
         self,
@@ -67,7 +91,10 @@ class Rack(nn.Module):
         self.depth_ranges: list[tuple[int, float, float]] | None = None
         self.chain: DenoisingChain | None = None
         self.lm_head: nn.Linear | None = None
-        if not spec.tie_embeddings:
+        self.tied_head: TiedHead | None = None
+        if spec.tie_embeddings:
+            self.tied_head = TiedHead(self.embed_tokens)
+        else:
             self.lm_head = nn.Linear(spec.d_model, vocab_size, bias=False)
         init_weights(self, spec.init_std, spec.n_layers, spec.d_model)
 
@@ -199,7 +226,8 @@ class Rack(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         h = self.norm(h)
         if self.lm_head is None:
-            return h @ self.embed_tokens.weight.to(h.dtype).t()
+            assert self.tied_head is not None
+            return self.tied_head(h)
         return self.lm_head(h)
 
     def forward(

@@ -20,7 +20,7 @@ from stackwise.progressive.stage_specs import global_schedule
 from stackwise.spec import Plan, StageSpec
 from stackwise.train.best import EarlyStopping
 from stackwise.train.extensions import Extension
-from stackwise.train.state import RunInfo
+from stackwise.train.state import RunInfo, Stage
 
 
 def default_shares(n_stacks: int) -> list[float]:
@@ -73,6 +73,7 @@ class StageRun:
     inherited: int = 0
     offset: int = 0
     plateau: PlateauStop | None = None
+    spent: tuple[float, int] = (0.0, 0)  # the finished stages' training FLOPs and tokens
 
     @classmethod
     def of(cls, plan: Plan, index: int, n_stacks: int, done: Sequence[StackRecord]) -> StageRun:
@@ -81,14 +82,28 @@ class StageRun:
         so the run never trains more steps than the fixed plan; the last stage has nothing
         to grow into and trains all it gets."""
         planned, ran = plan.stages[index], sum(r.steps for r in done)
+        spent = (sum(r.flops for r in done), sum(r.tokens for r in done))
         growth = plan.progressive.growth
         if growth.schedule != "plateau":
-            return cls(planned, offset=ran)
+            return cls(planned, offset=ran, spent=spent)
         left = sum(plan.stages[r.index].steps for r in done) - ran
         stage = replace(planned, steps=planned.steps + left)
         last = index >= n_stacks - 1
         stop = None if last else PlateauStop(growth.patience, growth.min_delta, stage.steps)
-        return cls(stage, left, ran, stop)
+        return cls(stage, left, ran, stop, spent)
+
+    def label(self, n_stacks: int, carry_flops: float) -> Stage:
+        """How the stage's Trainer runs: its progress label, loggers kept open for its stack's
+        report, and what the run spent before it (carrying the cache into it included)."""
+        index = self.stage.index
+        flops, tokens = self.spent
+        return Stage(
+            index,
+            f"stack {index + 1}/{n_stacks}",
+            defer_finish=True,
+            flops_before=flops + carry_flops,
+            tokens_before=tokens,
+        )
 
     def scheduler(self, plan: Plan) -> Callable[[Any], Any] | None:
         """lr_schedule global: this stage's slice of the run's one LR schedule, going on

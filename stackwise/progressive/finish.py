@@ -23,6 +23,8 @@ def joint_tuning(recipe: Any) -> dict[str, Any]:
     steps = recipe.p.joint_tuning_steps
     plan = joint_plan(recipe.plan, steps, recipe.output_dir / "joint")
     recipe.log(f"joint tuning of the whole rack: {steps} steps")
+    flops = sum(r.flops for r in recipe.records)
+    spent = (flops, sum(r.tokens for r in recipe.records))
     trainer = build_trainer(
         plan,
         rack,
@@ -31,7 +33,7 @@ def joint_tuning(recipe: Any) -> dict[str, Any]:
         recipe.data.val,
         strategy=recipe.strategy or TrainingStrategy(),
         accelerator=recipe.accelerator,
-        stage=Stage(None, "joint"),
+        stage=Stage(None, "joint", flops_before=spent[0], tokens_before=spent[1]),
         eval_seed=recipe.plan.train.seed,
     )
     start = time.perf_counter()
@@ -40,6 +42,7 @@ def joint_tuning(recipe: Any) -> dict[str, Any]:
     return {
         "steps": state.step,
         "tokens": state.tokens_seen,
+        "flops": state.flops,
         "seconds": round(time.perf_counter() - start, 3),
         "eval": evals[-1] if evals else {},
     }

@@ -119,7 +119,9 @@ class ProgressiveRecipe:
         model = StageModel(b.rack, new, cache, self.accelerator.mixed_precision)
         trainable = count_parameters(b.rack, trainable_only=True)
         self.log(stage_line(stage, n_stacks, b.position(new), trainable, carried, run.inherited))
-        trainer = self._stage_trainer(run, n_stacks, plan, model, objective, train_data)
+        carry = self.stage_cache.carry_flops if carried is not None else 0.0
+        stage_label = run.label(n_stacks, carry)
+        trainer = self._stage_trainer(run, stage_label, plan, model, objective, train_data)
         before = self.stage_cache.snapshot()
         start = time.perf_counter()
         state = trainer.train()
@@ -137,6 +139,7 @@ class ProgressiveRecipe:
             train_loss=trainer.last_train_loss,
             eval=losses[-1] if losses else {},
             cache=self.stage_cache.since(before, carried) if cache is not None else {},
+            flops=carry + state.flops,
             **run.outcome(),
         )
         self._after_stage(new)
@@ -160,7 +163,7 @@ class ProgressiveRecipe:
     def _stage_trainer(
         self,
         run: StageRun,
-        n_stacks: int,
+        stage: Stage,
         plan: Plan,
         model: Any,
         objective: Objective,
@@ -175,7 +178,7 @@ class ProgressiveRecipe:
             self.data.val,
             strategy=self.strategy or TrainingStrategy(),
             accelerator=self.accelerator,
-            stage=Stage(index, f"stack {index + 1}/{n_stacks}", defer_finish=True),
+            stage=stage,
             eval_objective=self.base_objective,
             eval_seed=self.plan.train.seed,
             scheduler=run.scheduler(self.plan),

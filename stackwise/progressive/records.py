@@ -23,6 +23,7 @@ class StackRecord:
     cache: dict[str, Any] = field(default_factory=dict)
     budget: int | None = None  # the steps the stage was given (None: an older history)
     stopped_on_plateau: bool = False  # growth.schedule plateau: it passed steps on
+    flops: float = 0.0  # this stage's training FLOPs (carrying the cache into it included)
 
     def as_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -35,6 +36,12 @@ class ProgressiveResult:
     stacks: list[StackRecord]
     final_eval: dict[str, float]
     joint: dict[str, Any] | None = None
+
+    def compute(self) -> tuple[float, int]:
+        """(training FLOPs, tokens) over every stage and the joint tuning."""
+        joint = self.joint or {}
+        flops = sum(r.flops for r in self.stacks) + joint.get("flops", 0.0)
+        return flops, sum(r.tokens for r in self.stacks) + joint.get("tokens", 0)
 
 
 def steps_cell(record: StackRecord) -> str:

@@ -9,6 +9,7 @@ from stackwise.objectives import Diffusion, Objective
 from stackwise.progressive.cache import ActivationCache
 from stackwise.progressive.stage import advance_cache
 from stackwise.spec import CacheSpec, Plan
+from stackwise.train.flops import FlopMeter
 
 
 class StageCache:
@@ -24,6 +25,7 @@ class StageCache:
         self.n_items, self.output_dir, self.acc = n_items, output_dir, acc
         self.cache: ActivationCache | None = None
         self.signature: Any = None
+        self.carry_flops = 0.0  # what the last carry-over cost (training compute, forward only)
 
     def variants(self, objective: Objective) -> tuple[int, list[float] | None]:
         c = self.spec
@@ -46,22 +48,26 @@ class StageCache:
         )
         if self.cache is None:
             self.cache = self._new_cache(self.n_items * variants)
-        carried = 0
+        carried, meter = 0, None
         b = model.boundary
         if signature == self.signature and b - 1 in self.cache.stores:
             # same corrupted inputs as the last stage: push its entries through the new trunk
             # stack instead of recomputing the whole trunk on the next misses
-            carried = advance_cache(
-                self.cache,
-                b - 1,
-                model.before[-1],
-                rack,
-                self.acc.device,
-                self.acc.autocast,
-            )
+            meter = FlopMeter(rack)
+            with meter.counting():
+                carried = advance_cache(
+                    self.cache,
+                    b - 1,
+                    model.before[-1],
+                    rack,
+                    self.acc.device,
+                    self.acc.autocast,
+                )
+            meter.detach()
         else:  # other inputs (objective, noise range, seed): every stored state is stale
             self.cache.drop_except(-1)
         self.signature = signature
+        self.carry_flops = meter.total * self.acc.num_processes if meter is not None else 0.0
         return carried
 
     def _new_cache(self, n_keys: int) -> ActivationCache:
@@ -97,4 +103,5 @@ class StageCache:
         info["trunk_forwards"] = self.cache.trunk_calls - calls
         info["bytes"] = self.cache.nbytes
         info["carried"] = carried or 0
+        info["carry_flops"] = self.carry_flops if carried else 0.0
         return info

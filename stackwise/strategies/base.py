@@ -32,6 +32,14 @@ class RunResult:
     trainer: Any  # the EnhancedTrainer, or the progressive recipe (both expose .accelerator)
     progressive: Any = None  # ProgressiveResult of a progressive run
 
+    def compute(self) -> tuple[float, int]:
+        """(training FLOPs, tokens) of the whole run: every stage's, for a grown rack."""
+        if self.progressive is not None:
+            return self.progressive.compute()
+        if self.state is None:
+            return 0.0, 0
+        return self.state.flops, self.state.tokens_seen
+
 
 REGISTERED = STRATEGY_FAMILY  # the family (stackwise.registry's protocol)
 STRATEGIES = REGISTERED.entries  # name -> class

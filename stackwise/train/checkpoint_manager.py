@@ -168,7 +168,12 @@ class CheckpointManager:
         from stackwise.io.trained import save_run
 
         st = contents.state
-        summary = {"steps": st["step"], "tokens_seen": st["tokens_seen"], "history": st["history"]}
+        summary = {
+            "steps": st["step"],
+            "tokens_seen": st["tokens_seen"],
+            "training_flops": st.get("flops", 0.0),
+            "history": st["history"],
+        }
 
         def write() -> None:
             with final_save(self.output_dir) as folder:

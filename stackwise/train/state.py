@@ -21,6 +21,7 @@ class TrainState:
     epoch: int = 0
     batch_in_epoch: int = 0
     tokens_seen: int = 0
+    flops: float = 0.0  # training FLOPs of this run (stackwise.train.flops), every rank's
     history: list[dict[str, Any]] = field(default_factory=list)
     skipped_steps: int = 0  # non-finite steps skipped (train.skip_nonfinite_steps)
     last_eval_step: int | None = None
@@ -55,6 +56,10 @@ class Stage:
     # a grown stack's loggers stay open after train() until finish(), so on_stack_end, which
     # comes once the stage is saved, is still logged
     defer_finish: bool = False
+    # what the run spent before this stage (earlier stages, carrying the cache), so logged
+    # FLOPs and tokens are the whole run's
+    flops_before: float = 0.0
+    tokens_before: int = 0
 
 
 class Live:

@@ -29,6 +29,7 @@ from stackwise.train import interrupts
 from stackwise.train.checkpoint_manager import CheckpointManager
 from stackwise.train.evaluation import Evaluator
 from stackwise.train.extensions import ExtensionManager
+from stackwise.train.flops import FlopMeter, run_compute
 from stackwise.train.interrupts import StopSignals, TrainingInterrupted, stop_signals
 from stackwise.train.metrics import LossWindow, MetricsLogger
 from stackwise.train.optim import logged_lrs
@@ -120,6 +121,7 @@ class EnhancedTrainer(RunFiles):
         )
         self.extensions.bind(self.run_info)
         self.gen = torch.Generator(device=acc.device)
+        self.flop_meter = FlopMeter(placement.raw_model)
 
     # read-only views, for callers that knew them as attributes
     accelerator = property(lambda self: self.placement.accelerator)
@@ -167,12 +169,15 @@ class EnhancedTrainer(RunFiles):
         scales = self.adapter.micro_scales(micros, acc)
         ctx.begin_step(self.state.step)
         total = torch.zeros((), device=acc.device)
-        for micro, (batch, scale) in enumerate(zip(micros, scales, strict=True)):
-            self.state.tokens_seen += batch["input_ids"].numel() * acc.num_processes
-            ctx.gen, ctx.scale = self.seeded(self.state.step, micro, acc.process_index), scale
-            last = micro == n - 1
-            s = self.strategy
-            total += s.train_step(p.model, batch, p.optimizer, acc.scaler, p.scheduler, last)
+        spent = self.flop_meter.total
+        with self.flop_meter.counting():
+            for micro, (batch, scale) in enumerate(zip(micros, scales, strict=True)):
+                self.state.tokens_seen += batch["input_ids"].numel() * acc.num_processes
+                ctx.gen, ctx.scale = self.seeded(self.state.step, micro, acc.process_index), scale
+                last = micro == n - 1
+                s = self.strategy
+                total += s.train_step(p.model, batch, p.optimizer, acc.scaler, p.scheduler, last)
+        self.state.flops += (self.flop_meter.total - spent) * acc.num_processes
         self.state.step += 1
         if ctx.updated is False:  # the strategy skipped a non-finite step
             self.state.skipped_steps += 1
@@ -204,7 +209,9 @@ class EnhancedTrainer(RunFiles):
         metrics = self.evaluate()
         self.state.last_eval_step = self.state.step
         if metrics:
-            self.log({f"val/{k}": v for k, v in metrics.items()})
+            self.log(
+                {f"val/{k}": v for k, v in metrics.items()} | run_compute(self.stage, self.state)
+            )
             self.state.history.append({"step": self.state.step, **metrics})
             self.call_hook("on_eval", metrics)
             if self.control.should_save:  # after every extension has seen this eval
@@ -263,7 +270,9 @@ class EnhancedTrainer(RunFiles):
         """The logging window's row: mean loss, tokens seen, LRs, tokens/s, adapter metrics."""
         mean, tps = window.close(self.state.tokens_seen)
         self.state.last_train_loss = mean
-        row = {"train/loss": mean, "train/tokens": self.state.tokens_seen}
+        row = {"train/loss": mean, "train/tokens": self.state.tokens_seen} | run_compute(
+            self.stage, self.state
+        )
         row |= logged_lrs(self.optimizer, self.scheduler) | {"train/tokens_per_s": tps}
         row |= self.adapter.step_metrics(self.raw_model)
         if self.state.skipped_steps:
@@ -278,6 +287,7 @@ class EnhancedTrainer(RunFiles):
                 compile_blocks(self.raw_model, on=False)
             self.call_hook("on_train_end")
             self.metrics.close()
+            self.flop_meter.detach()
 
 
 Trainer = EnhancedTrainer
