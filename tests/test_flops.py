@@ -19,7 +19,7 @@ import stackwise
 from stackwise.cli.common import run_summary
 from stackwise.io.trained import training_compute
 from stackwise.model.layers import compile_blocks
-from stackwise.progressive import ProgressiveRackBuilder
+from stackwise.progressive import ProgressiveRackBuilder, summary_table
 from stackwise.progressive.cache import ActivationCache
 from stackwise.progressive.stage import StageModel
 from stackwise.spec import AdapterSpec, ModelSpec
@@ -220,6 +220,9 @@ def test_a_grown_rack_counts_every_stage_and_the_cache_carry(tiny, tmp_path) -> 
     assert stacks[2].cache["carried"] == 16 and stacks[2].cache["trunk_forwards"] == 0
     assert stacks[2].cache["carry_flops"] == 16 * seq * per_token
     assert res.compute()[0] == sum(s.flops for s in stacks) > 0
+    table = summary_table(res.progressive).splitlines()
+    assert [line.split()[4] for line in table[2:5]] == [format_flops(s.flops) for s in stacks]
+    assert f"run total: {format_flops(res.compute()[0])} training FLOPs" in table[5]
     before = 0.0
     for index, stack in enumerate(stacks):
         rows = [
@@ -235,3 +238,62 @@ def test_a_grown_rack_counts_every_stage_and_the_cache_carry(tiny, tmp_path) -> 
     steps = [b - a for a, b in itertools.pairwise(last)]
     assert max(steps) == pytest.approx(min(steps))
     assert steps[0] < (stacks[1].flops / stacks[1].steps)
+
+
+def test_a_hugging_face_model_is_counted_attention_included() -> None:
+    """HF attention modules return (output, weights): their backward is counted all the same."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=V,
+        hidden_size=D,
+        intermediate_size=F,
+        num_hidden_layers=2,
+        num_attention_heads=H,
+        num_key_value_heads=H,
+        max_position_embeddings=T,
+    )
+    model = LlamaForCausalLM(config)
+    meter = FlopMeter(model)
+    ids = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(0))
+    with meter.counting():
+        model(ids).logits.float().pow(2).mean().backward()
+    forward = 2 * B * T * (2 * block_linears() + D * V) + attention(2)
+    assert meter.forward == forward
+    assert meter.total == 3 * forward
+
+
+def test_a_resumed_cached_run_counts_what_the_uninterrupted_one_does(tiny, tmp_path) -> None:
+    """The cache carried into a stage is that stage's own cost, kept by its checkpoints. A run
+    resumed inside the stage starts with an empty cache: it pays for each trunk forward its
+    misses recompute, and for nothing else."""
+    from test_checkpoints import crash_then_resume
+
+    def cfg(name, **train):
+        return tiny(
+            model={"n_stacks": 3, "blocks_per_stack": 1},
+            objective={"name": "clm"},
+            progressive={
+                "strategy": "progressive",
+                "steps_per_stack": 4,
+                "cache": {"enabled": True},
+            },
+            train={
+                "output_dir": str(tmp_path / name),
+                "batch_size": 8,
+                "max_steps": 600,
+                "save_steps": 2,
+                **train,
+            },
+            data={"num_samples": 16},
+        )
+
+    full = stackwise.train_from_config(cfg("full"), quiet=True)
+    resumed = crash_then_resume(cfg, 2, 2)
+    a, b = full.progressive.stacks, resumed.progressive.stacks
+    assert a[2].cache["carry_flops"] > 0 and [s.flops for s in a[:2]] == [s.flops for s in b[:2]]
+    m, seq = full.config.model, full.config.data.seq_len
+    per_token = 2 * (4 * m.d_model**2 + 3 * m.d_model * m.ffn_width) + 4 * seq * m.d_model
+    recomputed = b[2].cache["misses"] - a[2].cache["misses"]
+    assert recomputed > 0
+    assert b[2].flops - a[2].flops == recomputed * seq * 2 * per_token  # a two-stack trunk

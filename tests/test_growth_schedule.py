@@ -188,6 +188,12 @@ def test_plateau_on_a_rack_that_never_grows_is_refused(tiny):
         grown(tiny, n_stacks=1, growth=PLATEAU)
 
 
+@pytest.mark.parametrize("growth", [{"init": "copy_last"}, {"noise": 0.1}])
+def test_a_growth_operator_on_a_rack_that_never_grows_is_refused(tiny, growth):
+    with pytest.raises(StackWiseError, match=r"with model\.n_stacks=1 none is"):
+        grown(tiny, n_stacks=1, growth=growth)
+
+
 def test_plateau_needs_validation_data_and_room_in_stages_known_from_epochs(tiny):
     plan = compile_plan(grown(tiny, growth=PLATEAU, train=FLAT), train_rows=100)
     check_plateau(plan, 10)  # 8 steps a stage, an eval every 2: room to stop

@@ -110,8 +110,8 @@ class GrowthConfig(Section):
     noise: float = Field(
         0.0,
         ge=0.0,
-        description="Gaussian noise added to the copied weights, in units of model.init_std "
-        "(breaks the symmetry of copies; 0: exact copies).",
+        description="Gaussian noise added to the new stack's weight matrices after any "
+        "operator, in units of model.init_std (breaks the symmetry of copies; 0: exact copies).",
     )
     schedule: Literal["fixed", "budget_share", "plateau"] = Field(
         "fixed",

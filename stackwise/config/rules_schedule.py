@@ -108,3 +108,19 @@ def _planned(cfg: Config) -> list[int | None]:
             steps = cfg.train.max_steps if cfg.train.num_train_epochs is None else None
             out.append(None if steps is None else max(1, steps // n))
     return out
+
+
+@cross_rule
+def growth_init_needs_growth(cfg: Config) -> Iterator[str]:
+    """An operator starts stacks grown onto a trunk: a rack of one stack never has one."""
+    g = cfg.progressive.growth
+    if cfg.progressive.strategy != "progressive" or cfg.model.n_stacks > 1:
+        return
+    if cfg.model.init_from_hf:  # the imported trunk is there to copy
+        return
+    for name, default in (("init", "random"), ("noise", 0.0)):
+        if getattr(g, name) != default:
+            yield (
+                f"progressive.growth.{name} sets how stacks grown onto a trunk start, and "
+                "with model.n_stacks=1 none is; remove it, or grow more stacks"
+            )

@@ -92,18 +92,13 @@ class StageRun:
         stop = None if last else PlateauStop(growth.patience, growth.min_delta, stage.steps)
         return cls(stage, left, ran, stop, spent)
 
-    def label(self, n_stacks: int, carry_flops: float) -> Stage:
+    def label(self, n_stacks: int) -> Stage:
         """How the stage's Trainer runs: its progress label, loggers kept open for its stack's
-        report, and what the run spent before it (carrying the cache into it included)."""
+        report, and what the finished stages spent before it."""
         index = self.stage.index
         flops, tokens = self.spent
-        return Stage(
-            index,
-            f"stack {index + 1}/{n_stacks}",
-            defer_finish=True,
-            flops_before=flops + carry_flops,
-            tokens_before=tokens,
-        )
+        label = f"stack {index + 1}/{n_stacks}"
+        return Stage(index, label, defer_finish=True, flops_before=flops, tokens_before=tokens)
 
     def scheduler(self, plan: Plan) -> Callable[[Any], Any] | None:
         """lr_schedule global: this stage's slice of the run's one LR schedule, going on

@@ -107,7 +107,7 @@ class ProgressiveRackBuilder(StackRoles):
                 "model.init_std, so it must be 0 (exact copies) or more."
             )
         self.grow = GROWTH_OPERATORS.get(operator, "growth_operator")
-        self.growth_noise = float(noise)
+        self.growth_init, self.growth_noise = operator, float(noise)
 
     def _build(
         self,

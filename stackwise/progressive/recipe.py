@@ -120,8 +120,8 @@ class ProgressiveRecipe:
         trainable = count_parameters(b.rack, trainable_only=True)
         self.log(stage_line(stage, n_stacks, b.position(new), trainable, carried, run.inherited))
         carry = self.stage_cache.carry_flops if carried is not None else 0.0
-        stage_label = run.label(n_stacks, carry)
-        trainer = self._stage_trainer(run, stage_label, plan, model, objective, train_data)
+        trainer = self._stage_trainer(run, run.label(n_stacks), plan, model, objective, train_data)
+        trainer.state.flops += carry  # the stage's own work, kept by its checkpoints
         before = self.stage_cache.snapshot()
         start = time.perf_counter()
         state = trainer.train()
@@ -139,7 +139,7 @@ class ProgressiveRecipe:
             train_loss=trainer.last_train_loss,
             eval=losses[-1] if losses else {},
             cache=self.stage_cache.since(before, carried) if cache is not None else {},
-            flops=carry + state.flops,
+            flops=state.flops,
             **run.outcome(),
         )
         self._after_stage(new)

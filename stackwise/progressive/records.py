@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from stackwise.model.rack import Rack
+from stackwise.train.flops import format_flops
 
 
 @dataclass
@@ -50,9 +51,10 @@ def steps_cell(record: StackRecord) -> str:
 
 
 def summary_table(result: ProgressiveResult) -> str:
-    """One row per stack: steps, tokens, time, its eval, the cache's work."""
+    """One row per stack: steps, tokens, training FLOPs, time, its eval, the cache's work."""
     head = (
-        f"{'stack':>5} {'pos':>3} {'steps':>6} {'tokens':>10} {'time s':>7} {'t range':>13} "
+        f"{'stack':>5} {'pos':>3} {'steps':>6} {'tokens':>10} {'FLOPs':>7} {'time s':>7} "
+        f"{'t range':>13} "
         f"{'val loss':>8} {'nelbo/ppl':>9} {'val bpc':>7} {'cache hit%':>10}"
     )
     rows = [head, "-" * len(head)]
@@ -63,12 +65,21 @@ def summary_table(result: ProgressiveResult) -> str:
         c = r.cache
         hit = f"{100 * c['hits'] / max(1, c['hits'] + c['misses']):.0f}%" if c else "-"
         rows.append(
-            f"{r.index:>5} {r.position:>3} {steps_cell(r):>6} {r.tokens:>10,} {r.seconds:>7.1f} "
-            f"{tr:>13} {ev.get('loss', float('nan')):>8.3f} {metric:>9.3f} "
+            f"{r.index:>5} {r.position:>3} {steps_cell(r):>6} {r.tokens:>10,} "
+            f"{format_flops(r.flops):>7} {r.seconds:>7.1f} {tr:>13} "
+            f"{ev.get('loss', float('nan')):>8.3f} {metric:>9.3f} "
             f"{ev.get('bpc', float('nan')):>7.3f} {hit:>10}"
         )
     if any(r.stopped_on_plateau for r in result.stacks):
         rows.append("* stopped on a plateau; its unused steps went to the next stage")
+    spent, tokens = result.compute()
+    if result.joint:
+        joint = result.joint
+        rows.append(
+            f"joint tuning: {joint['steps']} steps, {joint['tokens']:,} tokens, "
+            f"{format_flops(joint.get('flops', 0.0))} FLOPs"
+        )
+    rows.append(f"run total: {format_flops(spent)} training FLOPs over {tokens:,} tokens")
     f = result.final_eval
     if f:
         metric = f.get("nelbo", f.get("ppl", float("nan")))

@@ -16,7 +16,6 @@ from typing import Any
 
 from stackwise.errors import StackWiseError
 from stackwise.model.rack import Rack
-from stackwise.registry import GROWTH_OPERATORS
 from stackwise.spec import AdapterSpec, ModelSpec, Plan
 
 # config -> the builder's settings (spec, vocab_size, causal, adapters, ...): fronts.progressive
@@ -125,6 +124,12 @@ def check_fit(builder: Any, plan: Plan) -> None:
         problems.append(
             f"building_mode={builder.building_mode!r} (the config has {p.building_mode!r})"
         )
+    given = (getattr(builder, "growth_init", "random"), getattr(builder, "growth_noise", 0.0))
+    if given != ("random", 0.0) and given != (p.growth.init, p.growth.noise):
+        problems.append(
+            f"growth_operator={given[0]!r}, growth_noise={given[1]} (the config has "
+            f"progressive.growth.init {p.growth.init!r}, noise {p.growth.noise})"
+        )
     rack = builder.rack
     if builder.grown and (rack.vocab_size, rack.causal) != (m.vocab_size, plan.objective.causal):
         problems.append("its vocabulary or attention direction (the config's differ)")
@@ -155,8 +160,7 @@ def bind(builder: Any, plan: Plan) -> None:
         builder.rack = Rack(m, m.vocab_size or 0, plan.objective.causal, steps, n_stacks=0)
     builder.spec, builder.vocab_size, builder.causal = m, m.vocab_size, plan.objective.causal
     builder.building_mode = p.building_mode
-    builder.grow = GROWTH_OPERATORS.get(p.growth.init, "progressive.growth.init")
-    builder.growth_noise = p.growth.noise
+    builder.set_growth(p.growth.init, p.growth.noise)
     builder.double_quant = plan.quant.enabled and plan.quant.double_quant
     builder.max_stacks = m.n_stacks
     # the run gives each stage its adapter and the trunk its adapters (GrowingRack.set_roles)

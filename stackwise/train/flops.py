@@ -134,7 +134,8 @@ class FlopMeter:
         batch, length = x.shape[0], x.shape[1]
         cost = 4.0 * batch * heads * length * length * head_dim
         self.forward += cost
-        if _backward_follows(output) and _needs_input_grads(module, x):
+        out = output[0] if isinstance(output, tuple | list) and output else output
+        if _backward_follows(out) and _needs_input_grads(module, x):
             self.backward += 2.0 * cost
 
 
