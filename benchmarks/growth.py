@@ -32,6 +32,7 @@ the table shows the corpus's unigram entropy, and each final bpc must sit far be
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -92,6 +93,10 @@ def grow(trunk: str, init: str, schedule: str = "fixed", wsd: bool = False) -> d
 OPERATORS = ("random", "copy_last", "copy_middle", "stack_all", "zero_out")
 RECIPES: dict[str, dict[str, Any]] = {
     "e2e": {"progressive": {"strategy": "end_to_end"}},
+    "e2e/wsd": {
+        "progressive": {"strategy": "end_to_end"},
+        "train": {"scheduler": "wsd", "decay_ratio": 0.2},
+    },
     **{f"full/{op}": grow("full", op) for op in OPERATORS},
     "frozen+cache/random": grow("frozen", "random"),
     "frozen+cache/copy_last": grow("frozen", "copy_last"),
@@ -99,6 +104,8 @@ RECIPES: dict[str, dict[str, Any]] = {
     "full/stack_all/share+wsd": grow("full", "stack_all", "budget_share", wsd=True),
     "full/stack_all/plateau": grow("full", "stack_all", "plateau"),
     "full/zero_out/share+wsd": grow("full", "zero_out", "budget_share", wsd=True),
+    "full/copy_last/share+wsd": grow("full", "copy_last", "budget_share", wsd=True),
+    "full/copy_middle/share+wsd": grow("full", "copy_middle", "budget_share", wsd=True),
 }
 
 
@@ -199,9 +206,10 @@ def budgets(cfg: dict[str, Any], costs: list[float], flops: float) -> dict[str, 
     return {"progressive": {"steps_per_stack": steps}}
 
 
-def run(job: tuple[str, str, int, Path, dict[str, Any]]) -> dict[str, Any]:
-    objective, recipe, seed, work, extra = job
-    out = work / f"{objective}-{recipe.replace('/', '_')}-{seed}"
+def run(job: tuple[str, str, int, Path, dict[str, Any], str]) -> dict[str, Any]:
+    """One recipe's run; `label` is the recipe, with `@share` when it gets another budget."""
+    objective, recipe, seed, work, extra, label = job
+    out = work / f"{objective}-{label.replace('/', '_')}-{seed}"
     cfg = merge(config_for(objective, recipe, seed, out), extra)
     if "steps_per_stack" in cfg.get("progressive", {}):
         cfg["train"].pop("max_steps")  # the stages' budgets are the run's
@@ -213,7 +221,7 @@ def run(job: tuple[str, str, int, Path, dict[str, Any]]) -> dict[str, Any]:
         "settings": FINGERPRINT[0],
         "stages": [(s["steps"], s["flops"], s["seconds"]) for s in stages],
         "objective": objective,
-        "recipe": recipe,
+        "recipe": label,
         "seed": seed,
         "wall": wall,
         "flops": points[-1][0],
@@ -248,6 +256,16 @@ def reach(points: list[list[float]], target: float, axis: int) -> float | None:
     return None
 
 
+def bpc_at(points: list[list[float]], flops: float) -> float | None:
+    """The curve's bpc at `flops` training FLOPs, interpolated between the evaluations around
+    it; None past its last evaluation."""
+    for before, at in itertools.pairwise(points):
+        if before[0] <= flops <= at[0]:
+            share = (flops - before[0]) / max(at[0] - before[0], 1e-9)
+            return before[1] + share * (at[1] - before[1])
+    return None
+
+
 def unigram_bpc() -> float:
     """Bits per character of the training text under its own character frequencies."""
     from collections import Counter
@@ -261,13 +279,14 @@ def unigram_bpc() -> float:
     return -sum(c / total * math.log2(c / total) for c in counts.values())
 
 
-def spread(values: list[float]) -> str:
+def spread(values: list[float], digits: int = 2) -> str:
+    """The mean over seeds, with the range (min..max) when there is more than one."""
     if not values:
         return "-"
     mean = statistics.fmean(values)
     if len(values) == 1:
-        return f"{mean:.2f}"
-    return f"{mean:.2f} ({min(values):.2f}..{max(values):.2f})"
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ({min(values):.{digits}f}..{max(values):.{digits}f})"
 
 
 def report(results: list[dict[str, Any]]) -> str:
@@ -303,17 +322,22 @@ def objective_table(
         "",
         f"{objective}: end-to-end final val bpc {spread(finals)} over seeds {sorted(ref)} "
         f"(goal <= {TARGETS[objective]}: {met})",
-        f"{'recipe':<26} {'seeds':>5} {'final bpc':>18} {'learned':>7} {'FLOPs x e2e':>11} "
-        f"{'FLOPs to e2e bpc':>18} {'wall to e2e bpc':>18} {'GFLOP/s':>7}",
+        f"{'recipe':<26} {'seeds':>5} {'final bpc':>21} {'learned':>7} {'FLOPs x e2e':>11} "
+        f"{'FLOPs to e2e bpc':>18} {'wall to e2e bpc':>18} {'bpc@0.5F x e2e':>21} "
+        f"{'GFLOP/s':>7}",
     ]
     best: tuple[float, str] | None = None
-    for recipe in RECIPES:
+    order = list(RECIPES)
+    labels = sorted({r["recipe"] for r in runs}, key=lambda x: (order.index(x.split("@")[0]), x))
+    for recipe in labels:
         mine = [r for r in runs if r["recipe"] == recipe and r["seed"] in ref]
         if not mine:
             continue
-        flops_to, wall_to = [], []
+        flops_to, wall_to, half = [], [], []
         for r in mine:
             e2e = ref[r["seed"]]
+            at_half = bpc_at(r["curve"], 0.5 * e2e["flops"])
+            half += [at_half / e2e["final_bpc"]] if at_half is not None else []
             # only the points within the end-to-end budget count (plateau may pass on more)
             points = [p for p in r["curve"] if p[0] <= 1.01 * e2e["flops"]]
             f, w = reach(points, e2e["final_bpc"], 0), reach(points, e2e["final_bpc"], 2)
@@ -325,9 +349,9 @@ def objective_table(
         spent = statistics.fmean(r["flops"] / ref[r["seed"]]["flops"] for r in mine)
         to = spread(flops_to) if reached else f"{len(flops_to)}/{len(mine)} reach"
         lines.append(
-            f"{recipe:<26} {len(mine):>5} {spread([r['final_bpc'] for r in mine]):>18} "
+            f"{recipe:<26} {len(mine):>5} {spread([r['final_bpc'] for r in mine], 3):>21} "
             f"{'yes' if learned else 'NO':>7} {spent:>11.2f} {to:>18} "
-            f"{(spread(wall_to) if reached else '-'):>18} {rate:>7.1f}"
+            f"{(spread(wall_to) if reached else '-'):>18} {spread(half, 3):>21} {rate:>7.1f}"
         )
         if recipe != "e2e" and reached and learned and len(mine) >= 3:
             mean = statistics.fmean(flops_to)
@@ -370,6 +394,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--results", type=Path, help="every run, one per line (default: temp)")
     parser.add_argument("--report", action="store_true", help="only print the tables")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=1.0,
+        help="each recipe's FLOPs as a share of end-to-end's (its label gets @share); with "
+        "e2e named, end-to-end reruns on that share of its steps",
+    )
     args = parser.parse_args(argv)
     THREADS[0] = args.threads
     if args.quick:
@@ -399,16 +430,28 @@ def sweep(args: Any, results: Path) -> None:
         if r["objective"] == args.objective and r["recipe"] == "e2e"
     }
     todo = [s for s in seeds if s not in ref or "e2e" in names]
-    for r in pool([(args.objective, "e2e", s, work, {}) for s in todo], args.jobs, results):
-        ref[r["seed"]] = r
+    share = args.budget
+    if share == 1.0:
+        e2e = [(args.objective, "e2e", s, work, {}, "e2e") for s in todo]
+        for r in pool(e2e, args.jobs, results):
+            ref[r["seed"]] = r
     jobs = []
+    label = "" if share == 1.0 else f"@{share:g}"
+    steps = round(SETTINGS[args.objective]["train"]["max_steps"] * share)
+    if share != 1.0 and "e2e" in names:  # the reference itself on the smaller budget
+        jobs += [
+            (args.objective, "e2e", s, work, {"train": {"max_steps": steps}}, f"e2e{label}")
+            for s in seeds
+        ]
     for recipe in (n for n in names if n != "e2e"):
         for seed in seeds:
-            costs = stage_costs(args.objective, recipe, seed, work)
-            cfg = config_for(args.objective, recipe, seed, work)
-            jobs.append(
-                (args.objective, recipe, seed, work, budgets(cfg, costs, ref[seed]["flops"]))
-            )
+            if RECIPES[recipe]["progressive"]["strategy"] == "end_to_end":
+                budget: dict[str, Any] = {"train": {"max_steps": steps}}
+            else:
+                costs = stage_costs(args.objective, recipe, seed, work)
+                cfg = config_for(args.objective, recipe, seed, work)
+                budget = budgets(cfg, costs, share * ref[seed]["flops"])
+            jobs.append((args.objective, recipe, seed, work, budget, recipe + label))
     pool(jobs, args.jobs, results)
 
 

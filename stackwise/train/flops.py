@@ -14,8 +14,7 @@ Elementwise work (norms, activations, RoPE, the loss) and the optimizer are not 
 the usual 6N estimates; evaluations are not training compute and are not counted either. A
 block recomputed in the backward pass (gradient checkpointing) costs its forward again. Blocks
 run compiled (train.compile) hide their layers from hooks: their stack counts them from the
-same rules without running them (`block_cost`), the experts of an MoE block at their routed
-share (top_k of num_experts).
+same rules without running them (`block_cost`; MoE racks are not compiled).
 """
 
 from __future__ import annotations
@@ -155,10 +154,10 @@ def block_cost(block: Block, x: torch.Tensor, backward: bool) -> tuple[float, fl
     tokens = x.numel() // x.shape[-1]
     grad_in = x.requires_grad or any(p.requires_grad for p in block.parameters())
     forward = backward_cost = 0.0
-    for name, module in block.named_modules():
+    for module in block.modules():
         shape = linear_shape(module)
         if shape is not None:
-            cost = 2.0 * tokens * shape[0] * shape[1] * _routed_share(block, name)
+            cost = 2.0 * tokens * shape[0] * shape[1]
             forward += cost
             backward_cost += cost * (module.weight.requires_grad + grad_in)
     heads, head_dim = attention_shape(block.attn) or (0, 0)
@@ -166,14 +165,6 @@ def block_cost(block: Block, x: torch.Tensor, backward: bool) -> tuple[float, fl
     forward += attention
     backward_cost += 2.0 * attention if grad_in else 0.0
     return forward, backward_cost if backward else 0.0
-
-
-def _routed_share(block: Block, name: str) -> float:
-    """The share of tokens a linear of `block` sees: top_k of num_experts for routed experts."""
-    experts = getattr(block.ffn, "experts", None)
-    if experts is None or ".experts." not in f".{name}":
-        return 1.0
-    return block.ffn.top_k / len(experts)
 
 
 def _needs_input_grads(module: nn.Module, x: torch.Tensor) -> bool:
