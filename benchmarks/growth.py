@@ -370,7 +370,11 @@ def objective_table(
 def stage_times(runs: list[dict[str, Any]]) -> list[str]:
     """Each grown run's stages: FLOPs per step against seconds per step, both as multiples of
     stage 0's, so the counted compute can be checked against the time it took."""
-    lines = ["", "per stage (first seed of each recipe): FLOPs/step and s/step, x stage 0"]
+    lines = [
+        "",
+        "per stage (first seed of each recipe): FLOPs/step | s/step, both x stage 0's; then the "
+        "largest jump of val bpc at a growth (the grown rack's first eval minus the trunk's last)",
+    ]
     seen = set()
     for r in sorted(runs, key=lambda r: r["seed"]):
         if not r.get("stages") or r["recipe"] in seen:
@@ -381,7 +385,9 @@ def stage_times(runs: list[dict[str, Any]]) -> list[str]:
             f"{(f / n) / (base[1] / base[0]):.2f}|{(t / n) / (base[2] / base[0]):.2f}"
             for n, f, t in r["stages"]
         ]
-        lines.append(f"  {r['recipe']:<26} " + "  ".join(cells))
+        c = r["curve"]
+        jump = max(b[1] - a[1] for a, b in itertools.pairwise(c) if b[0] == a[0])
+        lines.append(f"  {r['recipe']:<26} " + "  ".join(cells) + f"   jump {jump:+.5f}")
     return lines
 
 
