@@ -193,30 +193,35 @@ def test_format_flops() -> None:
     assert format_flops(12.0) == "12"
 
 
-def test_a_grown_rack_counts_every_stage_and_the_cache_carry(tiny, tmp_path) -> None:
-    """Stage FLOPs add up over the run; a stage reading carried cache entries pays their one
-    stack forward each, and no trunk."""
-    cfg = tiny(
+def cached_run(tiny, out, steps_per_stack: int, **train):
+    """A clm rack of 3 one-block stacks grown on a frozen, cached trunk, 16 samples."""
+    return tiny(
         model={"n_stacks": 3, "blocks_per_stack": 1},
         objective={"name": "clm"},
         progressive={
             "strategy": "progressive",
-            "steps_per_stack": 8,
+            "steps_per_stack": steps_per_stack,
             "cache": {"enabled": True},
         },
-        train={
-            "output_dir": str(tmp_path / "run"),
-            "batch_size": 8,
-            "eval_every": 4,
-            "max_steps": 600,
-        },
+        train={"output_dir": str(out), "batch_size": 8, "max_steps": 600, **train},
         data={"num_samples": 16},
         logging={"log_every": 1},
     )
+
+
+def one_stack_forward(res) -> tuple[int, int]:
+    """(sequence length, forward FLOPs per token of one block-stack) of a finished run."""
+    m, seq = res.config.model, res.config.data.seq_len
+    return seq, 2 * (4 * m.d_model**2 + 3 * m.d_model * m.ffn_width) + 4 * seq * m.d_model
+
+
+def test_a_grown_rack_counts_every_stage_and_the_cache_carry(tiny, tmp_path) -> None:
+    """Stage FLOPs add up over the run; a stage reading carried cache entries pays their one
+    stack forward each, and no trunk."""
+    cfg = cached_run(tiny, tmp_path / "run", steps_per_stack=8, eval_every=4)
     res = stackwise.train_from_config(cfg, quiet=True)
     stacks = res.progressive.stacks
-    m, seq = res.config.model, res.config.data.seq_len
-    per_token = 2 * (4 * m.d_model**2 + 3 * m.d_model * m.ffn_width) + 4 * seq * m.d_model
+    seq, per_token = one_stack_forward(res)
     assert stacks[2].cache["carried"] == 16 and stacks[2].cache["trunk_forwards"] == 0
     assert stacks[2].cache["carry_flops"] == 16 * seq * per_token
     assert res.compute()[0] == sum(s.flops for s in stacks) > 0
@@ -270,30 +275,13 @@ def test_a_resumed_cached_run_counts_what_the_uninterrupted_one_does(tiny, tmp_p
     from test_checkpoints import crash_then_resume
 
     def cfg(name, **train):
-        return tiny(
-            model={"n_stacks": 3, "blocks_per_stack": 1},
-            objective={"name": "clm"},
-            progressive={
-                "strategy": "progressive",
-                "steps_per_stack": 4,
-                "cache": {"enabled": True},
-            },
-            train={
-                "output_dir": str(tmp_path / name),
-                "batch_size": 8,
-                "max_steps": 600,
-                "save_steps": 2,
-                **train,
-            },
-            data={"num_samples": 16},
-        )
+        return cached_run(tiny, tmp_path / name, steps_per_stack=4, save_steps=2, **train)
 
     full = stackwise.train_from_config(cfg("full"), quiet=True)
     resumed = crash_then_resume(cfg, 2, 2)
     a, b = full.progressive.stacks, resumed.progressive.stacks
     assert a[2].cache["carry_flops"] > 0 and [s.flops for s in a[:2]] == [s.flops for s in b[:2]]
-    m, seq = full.config.model, full.config.data.seq_len
-    per_token = 2 * (4 * m.d_model**2 + 3 * m.d_model * m.ffn_width) + 4 * seq * m.d_model
+    seq, per_token = one_stack_forward(full)
     recomputed = b[2].cache["misses"] - a[2].cache["misses"]
     assert recomputed > 0
     assert b[2].flops - a[2].flops == recomputed * seq * 2 * per_token  # a two-stack trunk
