@@ -9,14 +9,13 @@ class StackWiseError(Exception):
     """A problem the user can fix: the message names it and says how."""
 
 
-def fsdp_unavailable(asked: str) -> str:
-    """Why a run that asks for FSDP (`asked` says how) is refused, and what to run instead."""
+def deepspeed_unavailable(asked: str) -> str:
+    """Why a run that asks for DeepSpeed (`asked` says where) is refused, and what to run."""
     return (
-        f"{asked} asks for FSDP (fully sharded data parallel), which StackWise does not run "
-        "yet: sharded training arrives with issue 32. Until then a multi-process run uses DDP, "
-        "which keeps a whole copy of the model on every process; Accelerate would quietly fall "
-        "back to DDP on a CPU, so the request is refused rather than ignored. Train with DDP: "
-        "set training.distributed_strategy: ddp (our train.parallelizer) or leave it out, and "
-        "launch without --use_fsdp, e.g. `accelerate launch --num_processes 4 -m stackwise "
-        "train --config FILE`."
+        f"{asked} asks for DeepSpeed ZeRO, which StackWise does not run yet (it is the part of "
+        "issue 32 still open), and a DeepSpeed setting would only be ignored. Shard with FSDP2 "
+        "instead: parallel.strategy: fsdp (the seeds' distributed_strategy: fsdp) with "
+        "parallel.sharding: full_shard (ZeRO-3) or shard_grad_op (ZeRO-2), and "
+        "parallel.cpu_offload: true for ZeRO's offload; launch with `torchrun "
+        "--nproc_per_node N -m stackwise train --config FILE`."
     )

@@ -104,7 +104,7 @@ def prepared(config: Config, time_mapping: TimeMapping | None = None) -> tuple[P
     config = with_hf_shape(config)
     precheck_run_dir(config)  # before the data: a refused run is refused at once
     state = process_state()
-    check_launch(config.train, state.num_processes, state.is_main_process)
+    check_launch(config.train, config.parallel, state.num_processes, state.is_main_process)
     set_seed(config.train.seed)
     if config.data.mode == "instruction":
         from stackwise.chat.build import build_chat_data
@@ -179,7 +179,7 @@ def train_from_config(
         )
     chosen = get_training_strategy(strategy or strategy_for(config), config.train)  # fail first
     check_options(chosen, config.train.strategy_options)  # read by a strategy of your own
-    check_placement(config.train.parallelizer, chosen)
+    check_placement(config.parallel.strategy, chosen)
     model_adapter = get_model_adapter(adapter_for(config) if adapter == "rack" else adapter)
     plan, data = prepared(config)
     result = run_strategy(chosen, plan, data, model_adapter, quiet)

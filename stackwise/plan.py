@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from stackwise import seeds
 from stackwise.config import Config
 from stackwise.errors import StackWiseError
+from stackwise.plan_parallel import model_spec, parallel_spec
 from stackwise.progressive.budget import default_shares, share_split
 from stackwise.progressive.timing import TimeMapping, depth_range
 from stackwise.quant.lora import rank_for
@@ -33,7 +34,6 @@ from stackwise.spec import (
     MemorySpec,
     ModelSpec,
     ObjectiveSpec,
-    ParallelSpec,
     Plan,
     ProgressiveSpec,
     QuantSpec,
@@ -124,7 +124,7 @@ def compile_plan(
     each stage's budget; without it the plan has no stages (a saved run being loaded)."""
     train = train_spec(config, train_rows, world_size)
     plan = Plan(
-        model=spec_of(config.model, ModelSpec),
+        model=model_spec(config, spec_of(config.model, ModelSpec)),
         data=spec_of(config.data, DataSpec),
         objective=objective_spec(config.objective),
         masking=spec_of(config.masking, MaskingSpec),
@@ -171,23 +171,6 @@ def check_mapping(stages: tuple[StageSpec, ...], chained: bool) -> None:
             f"highest noise down; the time mapping gives range tops {tops}, which do not "
             "decrease. Give stack 0 the noisiest range."
         )
-
-
-def parallel_spec(config: Config, given: str | None) -> ParallelSpec:
-    """train.parallelizer (or `given`), auto resolved."""
-    name = given or config.train.parallelizer
-    if name == "auto":
-        return ParallelSpec(default_parallelizer(config))
-    return ParallelSpec(name, chosen=True)
-
-
-def default_parallelizer(config: Config) -> str:
-    """What the config's strategy declares it needs (local losses: an unwrapped model, for
-    several backward passes a step), else DDP."""
-    from stackwise.strategies import strategy_for
-    from stackwise.train.strategy import STRATEGY_FAMILY
-
-    return STRATEGY_FAMILY.capabilities(strategy_for(config)).parallelizer or "ddp"
 
 
 def adapter_dtype(config: Config) -> str:

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-import yaml
-from conftest import make_corpus, tiny_dict
+from multiproc import launch, tiny_run
 
 from stackwise.runs import load_trained
 
@@ -19,40 +16,8 @@ STEPS, BATCH, SEQ_LEN, WORLD = 4, 4, 32, 2
 def torchrun(
     root: Path, name: str, overrides: list[str] | None = None, **env: str
 ) -> tuple[subprocess.CompletedProcess, Path]:
-    corpus = root / "corpus.txt"
-    if not corpus.exists():
-        corpus.write_text(make_corpus(), encoding="utf-8")
-    out = root / name
-    config = root / f"{name}.yaml"
-    config.write_text(yaml.safe_dump(tiny_dict(corpus, root / "cache", out)))
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        str(WORLD),
-        "-m",
-        "stackwise.cli",
-        "train",
-        str(config),
-        f"train.max_steps={STEPS}",
-        f"train.batch_size={BATCH}",
-        "sample.num_samples=1",
-        *(overrides or []),
-    ]
-    full_env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")},
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "OMP_NUM_THREADS": "1",
-        **env,
-    }
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=full_env, timeout=180, check=False, cwd=root
-    )
-    return proc, out
+    base = [f"train.max_steps={STEPS}", f"train.batch_size={BATCH}", "sample.num_samples=1"]
+    return tiny_run(root, name, WORLD, [*base, *(overrides or [])], **env)
 
 
 def check_one_run_in_two_processes(proc: subprocess.CompletedProcess, out: Path) -> None:
@@ -150,16 +115,7 @@ def test_finetune_under_torchrun_normalizes_over_both_ranks(tmp_path):
             "--max_steps", "1", "--train_batch_size", str(batch), "--output_dir", str(out),
             "--bf16", "False", "logging.log_every=1", "sample.num_samples=0",
         ]  # fmt: skip
-        launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world)]
-        cmd = [sys.executable, *launcher, "-m", "stackwise.cli", *flags]
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")},
-            "HF_HUB_OFFLINE": "1",
-            "OMP_NUM_THREADS": "1",
-        }
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, env=env, timeout=180, check=False
-        )
+        proc = launch(world, flags, tmp_path, timeout=180)
         assert proc.returncode == 0, proc.stderr[-3000:]
         rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         losses.append(next(r["train/loss"] for r in rows if "train/loss" in r))

@@ -369,7 +369,7 @@ def test_a_toy_growth_operator_grows_a_run_from_a_config(
 
 
 def test_a_toy_parallelizer_places_a_run_from_a_config(tiny, toys):
-    """train.parallelizer names how the model is placed; the step syncs through it."""
+    """parallel.strategy names how the model is placed; the step syncs through it."""
     seen = {"placed": 0, "synced": 0}
 
     @toys(PARALLELIZERS, "toy_place", wraps_model=False)
@@ -381,13 +381,13 @@ def test_a_toy_parallelizer_places_a_run_from_a_config(tiny, toys):
         def sync_gradients(self, raw_model, accelerator):
             seen["synced"] += 1
 
-    res = stackwise.train_from_config(tiny(train={"parallelizer": "toy_place"}), quiet=True)
+    res = stackwise.train_from_config(tiny(parallel={"strategy": "toy_place"}), quiet=True)
     assert seen == {"placed": 1, "synced": res.state.step} and res.state.step == 4
     history = res.state.history
     assert history[-1]["loss"] < history[0]["loss"]  # placed by hand, it still learns
     scoped = tiny(
         model={"n_stacks": 2},
-        train={"parallelizer": "ddp"},
+        parallel={"strategy": "ddp"},
         progressive={"end_to_end_scope": "stackwise"},
     )
     with pytest.raises(StackWiseError, match="places its model with 'manual'"):

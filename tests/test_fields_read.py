@@ -236,11 +236,16 @@ CUSTOM = {
     "train.optimizer",
     "train.save_precision",
     "train.early_stopping",
-    "train.fsdp_sharding_strategy",
+    "parallel.sharding",
+    # tested in test_fsdp.py: sharding layouts, bf16 gathers and reductions, the offload note
+    "parallel.shard_group_size",
+    "parallel.param_dtype",
+    "parallel.reduce_dtype",
+    "parallel.cpu_offload",
     "train.consolidated_weights",
     # tested in test_families.py: a toy growth operator and a toy parallelizer named in a config
     "progressive.growth.init",
-    "train.parallelizer",
+    "parallel.strategy",
     # tested in test_growth_operators.py: noise on copied weights (and its absence: exact copies)
     "progressive.growth.noise",
     # tested in test_growth_schedule.py: budget shares, growth on a plateau, the WSD schedule

@@ -7,7 +7,8 @@ runs and all problems are reported together.
 - `sections` (with `sections_model`, `sections_train`), `growth`: the schema, one class per
   section; `root`: the whole config.
 - `rules`, `rules_progressive` (inside a section), `rules_cross` (across sections),
-  `rules_growth`, `rules_schedule`, `rules_hf`, `rules_moe`, `rules_stream`: named rules.
+  `rules_growth`, `rules_schedule`, `rules_hf`, `rules_moe`, `rules_stream`,
+  `rules_parallel`: named rules.
 - `aliases`: the seeds' legacy names; `loading`: files, overrides, errors; `derive`: configs
   made from configs.
 """
@@ -18,6 +19,7 @@ from stackwise.config import (  # noqa: F401
     rules_growth,
     rules_hf,
     rules_moe,
+    rules_parallel,
     rules_progressive,
     rules_schedule,
     rules_stream,

@@ -40,7 +40,11 @@ _NESTED_LEGACY = (
     "base_model_lr", "enabled_extensions", "eval_steps", "log_to_wandb",
 )  # fmt: skip
 # keys of ours that moved: the old name still loads, into the new key
-RENAMED = {"progressive.growth_operator": "progressive.growth.init"}
+RENAMED = {
+    "progressive.growth_operator": "progressive.growth.init",
+    "train.parallelizer": "parallel.strategy",
+    "train.fsdp_sharding_strategy": "parallel.sharding",
+}
 # containers only the seeds write: emptied by the aliases, anything left in them is unknown
 SEED_SECTIONS = ("training.progressive", "training", "qlora")
 

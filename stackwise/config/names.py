@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
-from stackwise.errors import fsdp_unavailable
+from stackwise.errors import deepspeed_unavailable
 from stackwise.registry import (
     GROWTH_OPERATORS,
     OBJECTIVES,
@@ -41,5 +41,5 @@ ScheduleName = registered(SCHEDULES)
 SamplerName = registered(SAMPLERS, "auto")
 GrowthOperatorName = registered(GROWTH_OPERATORS)
 ParallelizerName = registered(
-    PARALLELIZERS, "auto", refused={"fsdp": fsdp_unavailable("The value 'fsdp'")}
+    PARALLELIZERS, "auto", refused={"deepspeed": deepspeed_unavailable("parallel.strategy")}
 )

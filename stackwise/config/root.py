@@ -28,6 +28,7 @@ from stackwise.config.sections import (
     SampleConfig,
     TrainConfig,
 )
+from stackwise.config.sections_parallel import ParallelConfig
 
 
 class Config(Section):
@@ -42,6 +43,7 @@ class Config(Section):
     quant: QuantConfig = Field(default_factory=QuantConfig)
     progressive: ProgressiveConfig = Field(default_factory=ProgressiveConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
 
     @property
     def memory_on(self) -> bool:

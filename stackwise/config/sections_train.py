@@ -16,12 +16,10 @@ from pydantic import (
 )
 
 from stackwise.config.base import Section
-from stackwise.config.names import ParallelizerName
 from stackwise.precision import MixedPrecision
 from stackwise.spec.run import DEFAULT_PATIENCE, stopping_patience
 
 SchedulerName = Literal["linear", "cosine", "constant", "constant_with_warmup", "polynomial", "wsd"]
-FsdpSharding = Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"]
 
 
 class GroupLR(Section):
@@ -131,19 +129,10 @@ class TrainConfig(Section):
     enabled_extensions: list[str] = Field(
         default_factory=list, description="Registered extensions to run (by name)."
     )
-    parallelizer: ParallelizerName = Field(
-        "auto",
-        description="How the model is placed on the run's processes: a registered parallelizer "
-        "(ddp; manual: unwrapped, gradients averaged by hand); auto: ddp, or manual for local "
-        "losses.",
-    )
     num_processes: PositiveInt | None = Field(
         None,
         description="The process count the run expects; a launch with another count is refused "
         "(None: any).",
-    )
-    fsdp_sharding_strategy: FsdpSharding | None = Field(
-        None, description="FSDP only: how parameters are sharded (DDP runs say it has no effect)."
     )
 
     strategy_options: dict[str, Any] = Field(

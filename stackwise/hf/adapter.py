@@ -14,6 +14,7 @@ from stackwise.hf import loss as hf_loss
 from stackwise.hf.load import ADAPTER_WEIGHTS, FULL_WEIGHTS, device_now
 from stackwise.hf.memory import describe_memory, load_memory, save_memory
 from stackwise.io.files import read_json, read_tensors, write_json
+from stackwise.io.sharded import is_sharded_model
 from stackwise.model.memory import memory_layers, memory_metrics
 from stackwise.model.routing import router_loss, routing_scope
 from stackwise.objectives.base import Batch, Objective
@@ -131,7 +132,12 @@ class HFAdapter(ModelAdapter):
         loader = DataLoader(
             val_data, batch_size=tc.batch_size, sampler=mine, collate_fn=val_data.collate
         )
-        return hf_loss.evaluate_targets(acc.unwrap_model(model), loader, acc, tc.eval_batches)
+        model = acc.unwrap_model(model)
+        lockstep = None
+        if is_sharded_model(model):  # each forward gathers shards: every rank runs as many
+            most = -(-len(range(0, len(val_data), acc.num_processes)) // tc.batch_size)
+            lockstep = (min(most, tc.eval_batches), val_data.collate([val_data[0]]))
+        return hf_loss.evaluate_targets(model, loader, acc, tc.eval_batches, lockstep)
 
     def named_groups(self, model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
         from stackwise.hf.lora import named_groups

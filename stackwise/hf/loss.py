@@ -35,21 +35,31 @@ def target_count(batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate_targets(model: nn.Module, loader: Any, acc: Any, max_batches: int) -> dict[str, float]:
-    """Mean NLL per target token, perplexity and next-token accuracy over evaluation rows."""
+def evaluate_targets(
+    model: nn.Module, loader: Any, acc: Any, max_batches: int, lockstep: Any = None
+) -> dict[str, float]:
+    """Mean NLL per target token, perplexity and next-token accuracy over evaluation rows.
+    `lockstep`: (forwards, filler batch) for a sharded model, whose every forward is a
+    collective: a rank with fewer rows runs unscored forwards of the filler to that count."""
     import math
 
     sums = torch.zeros(3, dtype=torch.float64, device=acc.device)
     model.eval()
+    done = 0
     for i, batch in enumerate(loader):
         if i >= max_batches:
             break
+        done += 1
         batch = {k: v.to(acc.device) for k, v in batch.items()}
         with acc.autocast():
             logits = forward_logits(model, batch)
         nll, hit = target_sums(logits, batch["labels"], hits=True)
         assert hit is not None
         sums += torch.stack([nll.double(), target_count(batch).double(), hit.sum().double()])
+    if lockstep is not None:
+        forwards, filler = lockstep
+        for _ in range(done, forwards):
+            forward_logits(model, {k: v.to(acc.device) for k, v in filler.items()})
     total, n, correct = acc.reduce(sums, reduction="sum").tolist()
     if n == 0:
         return {}  # no target scored: no number, rather than a perfect 0.0

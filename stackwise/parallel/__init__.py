@@ -2,15 +2,19 @@
 ranks' gradients meet.
 
 A parallelizer has `place(model, optimizer, accelerator) -> (model, optimizer)` and
-`sync_gradients(raw_model, accelerator)` (called after backward, before the optimizer step).
+`sync_gradients(raw_model, accelerator)` (called after backward, before the optimizer step);
+optionally `configure(parallel_spec)` (the plan's parallel section) and `shard(model,
+accelerator) -> model`, called before the optimizer is made (it must see sharded parameters).
 Each is registered with `@register_parallelizer("name", wraps_model=..., shards=...)`
 (stackwise.registry): `ddp` hands both to Accelerate (DDP), `manual` keeps the model unwrapped
-and averages gradients by hand (for several backward passes per step).
+and averages gradients by hand (for several backward passes per step), `fsdp` shards it with
+FSDP2.
 """
 
 from __future__ import annotations
 
 from stackwise.parallel.ddp import DDP
+from stackwise.parallel.fsdp import FSDP
 from stackwise.parallel.manual import Manual
 
-__all__ = ["DDP", "Manual"]
+__all__ = ["DDP", "FSDP", "Manual"]

@@ -75,7 +75,7 @@ class ProgressiveRecipe:
         self.p = plan.progressive
         self.strategy = strategy  # each stage's step (None: the standard one)
         acc = self.accelerator = make_accelerator(plan.train.mixed_precision)
-        check_launch(plan.train, acc.num_processes, acc.is_main_process)
+        check_launch(plan.train, plan.parallel, acc.num_processes, acc.is_main_process)
         self.output_dir = claim_output_dir(self.accelerator, plan, output_dir)
         self.growing = GrowingRack(plan, self.output_dir, self.accelerator, self.log, builder)
         self.base_objective = objective_from(plan.objective, plan.masking, data.specials)

@@ -27,6 +27,16 @@ class ParallelSpec:
 
     name: str = "ddp"
     chosen: bool = False
+    sharding: str | None = None  # fsdp: full_shard when None
+    shard_group_size: int | None = None
+    param_dtype: str = "auto"
+    reduce_dtype: str = "fp32"
+    cpu_offload: bool = False
+
+    @property
+    def shards(self) -> bool:
+        """Parameters live in shards (FSDP2): saves gather, checkpoints are DCP's."""
+        return self.name == "fsdp"
 
 
 @dataclass(frozen=True)

@@ -142,9 +142,7 @@ class TrainSpec:
     early_stopping_threshold: float = 0.0
     skip_nonfinite_steps: bool = False
     enabled_extensions: tuple[str, ...] = ()
-    parallelizer: str = "auto"  # resolved into Plan.parallel
     num_processes: int | None = None
-    fsdp_sharding_strategy: str | None = None
 
     def stopping_patience(self) -> int | None:
         return stopping_patience(self.early_stopping, self.early_stopping_patience)

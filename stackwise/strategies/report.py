@@ -52,9 +52,20 @@ def header(
     )
     rows = data_line(data, config)
     return (
-        f"StackWise: {what}; {rows}; device {trainer.accelerator.device}, precision "
+        f"StackWise: {what}; {rows}; device {trainer.accelerator.device}"
+        f"{placement(config, trainer.accelerator.num_processes)}, precision "
         f"{precision(config, trainer)}; output {trainer.output_dir}" + saving_note(config)
     )
+
+
+def placement(config: Any, world: int) -> str:
+    """How several processes share the model: whole copies (DDP) or FSDP2 shards."""
+    if world == 1:
+        return ""
+    p = config.parallel
+    if p.shards:
+        return f", sharded by FSDP2 ({p.sharding or 'full_shard'}) over {world} processes"
+    return f" x {world} processes ({p.name})"
 
 
 def final_eval_line(ev: dict[str, Any]) -> str:

@@ -5,7 +5,10 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from torch import nn
+
 from stackwise.data.pack import PreparedData
+from stackwise.io.sharded import whole_model
 from stackwise.io.trained import save_tokenizer
 from stackwise.objectives import objective_from
 from stackwise.strategies.base import RunResult, register_training_strategy
@@ -37,18 +40,23 @@ def run_end_to_end(
     state = trainer.train()
     if main and state.history:
         print(final_eval_line(state.history[-1]), flush=True)
-    save_trained(trainer, data, adapter)
-    return RunResult(plan, trainer.output_dir, trainer.unwrapped(), data, state, trainer)
+    trained = save_trained(trainer, data, adapter)
+    return RunResult(plan, trainer.output_dir, trained, data, state, trainer)
 
 
-def save_trained(trainer: Any, data: PreparedData, adapter: ModelAdapter) -> None:
+def save_trained(trainer: Any, data: PreparedData, adapter: ModelAdapter) -> nn.Module:
     """The finished run's folder: the weights (train.save_precision), the adapter's own files
-    or the stacks, config.yaml, tokenizer/ and history.json, marked complete."""
-    plan, trained = trainer.plan, trainer.unwrapped()
+    or the stacks, config.yaml, tokenizer/ and history.json, marked complete. Returns the
+    trained model, whole (a sharded run's gathered onto the main process)."""
+    plan = trainer.plan
+    vocab = plan.model.vocab_size or len(data.tokenizer)
+    main = trainer.accelerator.is_main_process
+    trained = whole_model(trainer.unwrapped(), lambda: adapter.build(plan, vocab), main)
     also = adapter.final_files(trained, data.tokenizer, plan)
     if also is None and plan.progressive.save_stacks:
         also = partial(save_all_stacks, trained)
-    trainer.save(data.tokenizer, weights=plan.progressive.save_rack, also=also)
+    trainer.save(data.tokenizer, weights=plan.progressive.save_rack, also=also, model=trained)
+    return trained
 
 
 @register_training_strategy("standard")

@@ -44,7 +44,7 @@ def extension_manager(plan: Any, extra: Sequence[Extension] = ()) -> ExtensionMa
 
 def accelerator_for(plan: Any) -> Accelerator:
     acc = make_accelerator(plan.train.mixed_precision)
-    check_launch(plan.train, acc.num_processes, acc.is_main_process)
+    check_launch(plan.train, plan.parallel, acc.num_processes, acc.is_main_process)
     if acc.device.type == "cpu":
         keep_freed_memory()
     return acc
@@ -57,11 +57,11 @@ def check_placement(chosen: str, strategy: TrainingStrategy) -> str:
     needed = STRATEGY_FAMILY.capabilities_of(strategy).parallelizer
     if chosen == "auto":
         return needed or "ddp"
-    if needed and PARALLELIZERS.capabilities(chosen, "train.parallelizer").wraps_model:
+    if needed and PARALLELIZERS.capabilities(chosen, "parallel.strategy").wraps_model:
         raise StackWiseError(
-            f"train.parallelizer is '{chosen}', but the '{strategy.name}' strategy places its "
+            f"parallel.strategy is '{chosen}', but the '{strategy.name}' strategy places its "
             f"model with '{needed}' (its step runs several backward passes, which a wrapped "
-            "model does not allow). Remove train.parallelizer (auto picks it), or name one "
+            "model does not allow). Remove parallel.strategy (auto picks it), or name one "
             "that leaves the model unwrapped."
         )
     return chosen
@@ -71,7 +71,10 @@ def parallelizer_for(plan: Any, strategy: TrainingStrategy) -> Any:
     """The parallelizer the plan names, or the strategy's own when the plan says auto."""
     chosen = plan.parallel
     name = check_placement(chosen.name if chosen.chosen else "auto", strategy)
-    return PARALLELIZERS.create(name, where="train.parallelizer")
+    parallelizer = PARALLELIZERS.create(name, where="parallel.strategy")
+    if hasattr(parallelizer, "configure"):
+        parallelizer.configure(plan.parallel)
+    return parallelizer
 
 
 def bind_step(

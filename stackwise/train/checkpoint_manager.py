@@ -13,6 +13,7 @@ import json
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from accelerate import Accelerator
 from stackwise.errors import StackWiseError
 from stackwise.io import checkpoints as ckpt
 from stackwise.io import files
+from stackwise.io.sharded import is_sharded, load_sharded, save_sharded
 
 
 def agree(acc: Accelerator, error: str | None) -> None:
@@ -70,14 +72,28 @@ class CheckpointManager:
     def save_run(
         self, step: int, contents: CheckpointContents, protected: set[str]
     ) -> tuple[Path, bool]:
-        """checkpoint-<step> of the run; see `save`."""
-        return self.save(step, lambda folder: write_contents(folder, contents), protected)
+        """checkpoint-<step> of the run; see `save`. A sharded run's model and optimizer are
+        written by every process (io.sharded), the rest by the main one."""
+        shards = None
+        if contents.plan.parallel.shards:
+            shards = partial(save_sharded, model=contents.model, optimizer=contents.optimizer)
+        return self.save(step, lambda folder: write_contents(folder, contents), protected, shards)
 
     def restore(self, path: Path, contents: CheckpointContents, saved: dict[str, Any]) -> None:
         """Weights, optimizer, scheduler, scaler and this rank's RNG from checkpoint `path`
         into `contents`' objects; `saved` is its run state (read_state)."""
-        contents.adapter.load_weights(contents.model, path)
-        contents.optimizer.load_state_dict(ckpt.load_bin(path / "optimizer.bin"))
+        if is_sharded(path):  # any run reads DCP shards, resharded to its processes
+            load_sharded(path, contents.model, contents.optimizer)
+        elif contents.plan.parallel.shards:
+            raise StackWiseError(
+                f"Checkpoint '{path}' holds whole weights (a run that did not shard), and this "
+                "run shards with FSDP, which resumes from sharded checkpoints only. Resume it "
+                "with the strategy that wrote it (parallel.strategy: ddp), or start this run "
+                "afresh."
+            )
+        else:
+            contents.adapter.load_weights(contents.model, path)
+            contents.optimizer.load_state_dict(ckpt.load_bin(path / "optimizer.bin"))
         contents.scheduler.load_state_dict(ckpt.load_bin(path / "scheduler.bin"))
         if contents.scaler is not None and (path / "scaler.bin").is_file():
             contents.scaler.load_state_dict(ckpt.load_bin(path / "scaler.bin"))
@@ -88,11 +104,16 @@ class CheckpointManager:
         agree(self.acc, error)
 
     def save(
-        self, step: int, write: Callable[[Path], None], protected: set[str]
+        self,
+        step: int,
+        write: Callable[[Path], None],
+        protected: set[str],
+        every_rank: Callable[[Path], None] | None = None,
     ) -> tuple[Path, bool]:
         """checkpoint-<step> with what `write(folder)` puts there (on the main process), plus
-        every rank's RNG state. Returns (path, whether it was written now). Each phase is
-        agreed on by every rank before the next one starts."""
+        every rank's RNG state and what `every_rank(folder)` writes on each. Returns (path,
+        whether it was written now). Each phase is agreed on by every rank before the next
+        one starts."""
         acc = self.acc
         final = self.output_dir / f"checkpoint-{step}"
         tmp = self.output_dir / f".checkpoint-{step}.tmp"
@@ -107,12 +128,16 @@ class CheckpointManager:
         def rng() -> None:
             (tmp / f"rng_state_{acc.process_index}.json").write_text(json.dumps(ckpt.rng_state()))
 
+        def shards() -> None:
+            if every_rank is not None:
+                every_rank(tmp)
+
         def publish() -> None:
             if acc.is_main_process:
                 write(tmp)
                 self._publish(tmp, final, protected)
 
-        for phase in (prepare, rng, publish):
+        for phase in (prepare, rng, shards, publish):
             self._attempt(phase, final, step, tmp)
         self.saved_steps.add(step)
         return final, True
@@ -148,7 +173,7 @@ class CheckpointManager:
     def read_state(self, path: Path) -> dict[str, Any]:
         """trainer_state.json, checked against this run's process count."""
         state = ckpt.load_json(path / ckpt.STATE)
-        if state.get("world_size", 1) != self.acc.num_processes:
+        if state.get("world_size", 1) != self.acc.num_processes and not is_sharded(path):
             raise StackWiseError(
                 f"Checkpoint '{path}' was written by {state.get('world_size')} processes and this "
                 f"run has {self.acc.num_processes}; the data order would differ. Resume with the "
@@ -157,7 +182,13 @@ class CheckpointManager:
         return state
 
     def read_rng(self, path: Path) -> None:
-        ckpt.set_rng_state(ckpt.load_json(path / f"rng_state_{self.acc.process_index}.json"))
+        """This rank's generators; a resharded resume with more ranks than wrote the
+        checkpoint gives the extra ranks a writer's state."""
+        rank = self.acc.process_index
+        if not (path / f"rng_state_{rank}.json").is_file():
+            written = len(list(path.glob("rng_state_*.json")))
+            rank %= max(written, 1)
+        ckpt.set_rng_state(ckpt.load_json(path / f"rng_state_{rank}.json"))
 
     def save_final(
         self, contents: CheckpointContents, tokenizer: Any, weights: bool, also: Any
@@ -191,7 +222,11 @@ class CheckpointManager:
 def write_contents(folder: Path, contents: CheckpointContents) -> None:
     """One checkpoint's files, into its (temporary) folder: the adapter's weights (what a
     resume reads), and with train.consolidated_weights model.pt, the whole model's state dict
-    in train.save_precision (to load with torch.load(weights_only=True) for inference)."""
+    in train.save_precision (to load with torch.load(weights_only=True) for inference). A
+    sharded run's weights and optimizer are in its sharded/ folder (io.sharded)."""
+    if contents.plan.parallel.shards:
+        write_run_state(folder, contents)
+        return
     contents.adapter.save(contents.model, folder)
     if contents.plan.train.consolidated_weights:
         state = contents.model.state_dict()
@@ -199,6 +234,11 @@ def write_contents(folder: Path, contents: CheckpointContents) -> None:
         target = folder / ckpt.CONSOLIDATED
         files.save_torch_weights(files.in_precision(state, precision), target)
     torch.save(contents.optimizer.state_dict(), folder / "optimizer.bin")
+    write_run_state(folder, contents)
+
+
+def write_run_state(folder: Path, contents: CheckpointContents) -> None:
+    """The LR schedule, loss scaler, config and run state: one file each."""
     torch.save(contents.scheduler.state_dict(), folder / "scheduler.bin")
     if contents.scaler is not None:
         torch.save(contents.scaler.state_dict(), folder / "scaler.bin")

@@ -24,8 +24,9 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from torch import nn
 
-from stackwise.errors import StackWiseError, fsdp_unavailable
+from stackwise.errors import StackWiseError
 from stackwise.hwprobe import FORCE_ENV, ensure_bf16_ready
+from stackwise.launcher import fsdp_launch, hide_fsdp_launch
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -132,6 +133,7 @@ def process_state() -> Any:
     or DDP under torchrun would never start."""
     from accelerate import PartialState
 
+    hide_fsdp_launch()
     return PartialState(cpu=not torch.cuda.is_available())
 
 
@@ -147,17 +149,13 @@ def release_processes() -> None:
         AcceleratorState._reset_state(reset_partial_state=True)  # it described that group
 
 
-FSDP_ENV = "ACCELERATE_USE_FSDP"  # set by `accelerate launch --use_fsdp` (or its config)
 _NOTED: set[str] = set()  # notes said once per process
 
 
-def check_launch(train: Any, world: int, main: bool = True) -> None:
-    """The launch must fit the run: no FSDP launch (not available yet), and as many processes
-    as train.num_processes expects. train.fsdp_sharding_strategy under DDP is noted once."""
-    if os.environ.get(FSDP_ENV, "false").strip().lower() in ("1", "true", "yes"):
-        raise StackWiseError(
-            fsdp_unavailable(f"This launch ({FSDP_ENV} is set: accelerate launch --use_fsdp)")
-        )
+def check_launch(train: Any, parallel: Any, world: int, main: bool = True) -> None:
+    """The launch must fit the run: as many processes as train.num_processes expects.
+    parallel.sharding where nothing shards (DDP) is noted once. `parallel`: the config's
+    section or the plan's spec."""
     expected, single = train.num_processes, one_of_several(world)
     if expected is not None and expected != world:
         raise StackWiseError(
@@ -169,9 +167,10 @@ def check_launch(train: Any, world: int, main: bool = True) -> None:
             f"train.num_processes: {world}, or remove it."
         )
     notes = {
-        "sharding": train.fsdp_sharding_strategy is not None
-        and f"train.fsdp_sharding_strategy {train.fsdp_sharding_strategy} has no effect: it "
-        "applies to FSDP, and this run uses DDP (a whole model on each process).",
+        "sharding": parallel.sharding is not None
+        and strategy_of(parallel) != "fsdp"
+        and f"parallel.sharding {parallel.sharding} has no effect: it applies to FSDP "
+        "(parallel.strategy: fsdp), and this run keeps a whole model on each process.",
         "single": single
         and f"this run has 1 process{single}; add --multi_gpu to start them "
         "on the CPU, or launch with torchrun --nproc_per_node N.",
@@ -180,6 +179,12 @@ def check_launch(train: Any, world: int, main: bool = True) -> None:
         if note and main and name not in _NOTED:
             _NOTED.add(name)
             print(f"stackwise: note: {note}", file=sys.stderr)
+
+
+def strategy_of(parallel: Any) -> str:
+    """The placement a parallel section or spec names (the launch's FSDP included)."""
+    name = getattr(parallel, "name", None) or parallel.strategy
+    return "fsdp" if fsdp_launch() is not None else name
 
 
 def one_of_several(world: int) -> str:
@@ -200,6 +205,7 @@ def make_accelerator(mixed_precision: str) -> Accelerator:
     several trainers, so a precision change resets that state (the process group survives).
     """
     mixed_precision = resolve_precision(mixed_precision)  # fp16 on a CPU: auto's choice
+    hide_fsdp_launch()  # FSDP2 is ours (stackwise.parallel.fsdp); Accelerate only launches
     shared = AcceleratorState._shared_state
     if shared and shared.get("_mixed_precision", mixed_precision) != mixed_precision:
         AcceleratorState._reset_state(reset_partial_state=False)

@@ -37,6 +37,22 @@ class Placement:
         return model.checkpoint_module() if hasattr(model, "checkpoint_module") else model
 
 
+def sharded(
+    parallelizer: Any, model: nn.Module, accelerator: Accelerator, groups: ParamGroups | None
+) -> tuple[nn.Module, ParamGroups | None]:
+    """`model` sharded by `parallelizer`, and `groups` (given before) naming its new, sharded
+    parameters (sharding keeps every parameter's name)."""
+    names = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
+    model = parallelizer.shard(model, accelerator)
+    if groups is None:
+        return model, None
+    now = dict(model.named_parameters(remove_duplicate=False))
+    return model, {
+        group: [(label, now[names[id(p)]]) for label, p in members]
+        for group, members in groups.items()
+    }
+
+
 def place_model(
     model: nn.Module,
     adapter: Any,
@@ -49,6 +65,8 @@ def place_model(
     """The optimizer over the parameter groups (the adapter's, or `param_groups`), the model
     and optimizer placed by `parallelizer`, and the LR schedule (`scheduler(optimizer)`
     replaces the train spec's)."""
+    if hasattr(parallelizer, "shard"):  # sharding replaces the parameters: before the optimizer
+        model, param_groups = sharded(parallelizer, model, accelerator, param_groups)
     groups = param_groups if param_groups is not None else adapter.named_groups(model)
     optimizer = build_optimizer(build_param_groups(groups, train, adapter.group_lr), train)
     placed = adapter.compile(model) if train.compile else model

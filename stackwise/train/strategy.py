@@ -116,6 +116,8 @@ class TrainingStrategy:
         norm = None
         if tc.max_grad_norm > 0:
             norm = acc.clip_grad_norm_(model.parameters(), tc.max_grad_norm)
+            if hasattr(norm, "full_tensor"):  # sharded gradients (FSDP2): the whole norm
+                norm = norm.full_tensor()
         loss = ctx.step_loss if ctx.step_loss is not None else torch.zeros((), device=acc.device)
         # NaN/inf in the loss or the gradient norm (inf * 0 is NaN) poisons this sum
         check = loss.detach().float() + (norm.detach().float() * 0 if norm is not None else 0)
@@ -149,7 +151,18 @@ def accumulating(ctx: StepContext, model: nn.Module, last: bool) -> Any:
     """Gradients of a micro-batch that is not the step's last stay local (no all-reduce)."""
     if last or ctx.accelerator.num_processes == 1:
         return contextlib.nullcontext()
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter at the last
+        return gradient_sync_off(model)
     return ctx.accelerator.no_sync(model)
+
+
+@contextlib.contextmanager
+def gradient_sync_off(model: Any) -> Any:
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def training_batch(ctx: StepContext, batch: Batch) -> Batch:

@@ -93,12 +93,23 @@ class RunFiles:
         self.metrics.load_state_dict(saved.get("metrics") or states)  # older runs: extensions
         self.extensions.load_state_dict(states)
         self.logger_note(f"resumed from {path} at step {self.state.step}")
+        written = int(saved.get("world_size", 1))
+        if written != self.accelerator.num_processes:  # only sharded checkpoints get here
+            self.logger_note(
+                f"resharded: the checkpoint was written by {written} processes and this run has "
+                f"{self.accelerator.num_processes}; weights and optimizer state are exact, the "
+                "order of the remaining batches differs from an uninterrupted run"
+            )
 
     # -- saving -----------------------------------------------------------------------------
 
-    def save(self, tokenizer: Any = None, weights: bool = True, also: Writer = None) -> Path:
-        """Weights, config.yaml, tokenizer/, history.json, `also`'s files: staged (io.final)."""
+    def save(
+        self, tokenizer: Any = None, weights: bool = True, also: Writer = None, model: Any = None
+    ) -> Path:
+        """Weights, config.yaml, tokenizer/, history.json, `also`'s files: staged (io.final).
+        `model`: the weights to save when not the trained model itself (a sharded model's
+        whole copy, io.sharded.whole_model)."""
         contents = self.contents()
-        contents.model = self.unwrapped()
+        contents.model = self.unwrapped() if model is None else model
         self.checkpoints.save_final(contents, tokenizer, weights, also)
         return self.output_dir

@@ -359,7 +359,7 @@ def test_cli_deepspeed(world, tmp_path, capsys):
     assert done.returncode == 2 and not out.exists()
     said = one_paragraph(done.stderr)
     assert said.startswith("stackwise: error: deepspeed_config") and "issue 32" in said
-    assert "torchrun" in said and "DDP" in said
+    assert "torchrun" in said and "parallel.strategy: fsdp" in said
     assert cli(["finetune", *command[2:]]) == 2  # the same flags to `stackwise finetune`
     assert "issue 32" in capsys.readouterr().err
     with pytest.raises(StackWiseError, match="issue 32"):
@@ -567,6 +567,8 @@ VALUES: dict[str, tuple[Any, Any, dict[str, Any]]] = {
     "run_name": ("name", "name", {}),
     "fp16": (True, "fp16", {}),
     "bf16": (True, "bf16", {}),
+    "distributed_strategy": ("fsdp", "fsdp", {}),
+    "fsdp_sharding_strategy": ("HYBRID_SHARD", "hybrid_shard", {}),
 }
 REFUSED = {"deepspeed_config": "issue 32"}
 

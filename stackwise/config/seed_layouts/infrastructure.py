@@ -5,12 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from stackwise.config.seed_layouts import Layout, SeedKey, fill, keys
+from stackwise.launcher import fsdp_launch
 
 
 def implied(given: dict[str, Any], data: dict[str, Any]) -> None:
     """A config in this seed's layout keeps its checkpoints as the seed lists them, with
-    model.pt beside our files (unless the config says otherwise)."""
-    fill(data, "train.consolidated_weights", True)
+    model.pt beside our files (unless the config says otherwise); a sharded run's are its
+    shards (the seed's "FSDP variants"), gathered whole only at the end."""
+    sharded = (data.get("parallel") or {}).get("strategy") == "fsdp"
+    if not sharded and fsdp_launch() is None:
+        fill(data, "train.consolidated_weights", True)
 
 
 LAYOUT = Layout(
@@ -27,9 +31,9 @@ LAYOUT = Layout(
             "training.dataset_split": "data.dataset_split",
             "training.text_field": "data.text_field",
             "training.max_length": "data.seq_len",
-            "training.distributed_strategy": "train.parallelizer",
+            "training.distributed_strategy": "parallel.strategy",
             "training.num_gpus": "train.num_processes",
-            "training.fsdp_sharding_strategy": "train.fsdp_sharding_strategy",
+            "training.fsdp_sharding_strategy": "parallel.sharding",
             "training.batch_size": "train.batch_size",
             "training.gradient_accumulation_steps": "train.grad_accum_steps",
             "training.max_steps": "train.max_steps",
@@ -56,6 +60,14 @@ LAYOUT = Layout(
             "training.resume_from_checkpoint": "train.resume_from_checkpoint",
         }
     ),
-    values={"data.mode": {"instruction_finetuning": "instruction"}},
+    values={
+        "data.mode": {"instruction_finetuning": "instruction"},
+        "parallel.sharding": {
+            "FULL_SHARD": "full_shard",
+            "SHARD_GRAD_OP": "shard_grad_op",
+            "HYBRID_SHARD": "hybrid_shard",
+            "NO_SHARD": "no_shard",
+        },
+    },
     implied=implied,
 )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stackwise.config.seed_layouts import NOT_SEED, Layout, SeedKey, fill, keys
-from stackwise.errors import StackWiseError
+from stackwise.errors import StackWiseError, deepspeed_unavailable
 
 OMIT = object()  # a converted value that sets nothing (fp16: false leaves the choice to bf16)
 PRECISION = ("fp16", "bf16")  # the two flat switches of train.mixed_precision
@@ -66,14 +66,7 @@ _as_list = _AsList()
 
 
 def _no_deepspeed(value: Any) -> Any:
-    raise StackWiseError(
-        f"deepspeed_config ({value!r}) asks for DeepSpeed, which StackWise does not run yet: "
-        "ZeRO sharding and CPU/NVMe offload arrive with issue 32, and until then a DeepSpeed "
-        "file would only be ignored. Remove deepspeed_config; to train on several GPUs now, "
-        "launch the same command under torchrun (`torchrun --nproc_per_node N -m "
-        "stackwise.fronts.model_trainer ...`), which runs data-parallel (DDP, "
-        "train.parallelizer: ddp), and fit a large base with load_in_4bit and LoRA."
-    )
+    raise StackWiseError(deepspeed_unavailable(f"deepspeed_config ({value!r})"))
 
 
 _FLAT: dict[str, str | SeedKey] = {
@@ -129,8 +122,10 @@ _FLAT: dict[str, str | SeedKey] = {
     "wandb_project": "logging.wandb_project",
     "wandb_name": SeedKey("logging.run_name", None, "the run's name, in W&B too"),
     "run_name": "logging.run_name",
+    "distributed_strategy": "parallel.strategy",
+    "fsdp_sharding_strategy": "parallel.sharding",
     "deepspeed_config": SeedKey(
-        "train.parallelizer", _no_deepspeed, "refused until DeepSpeed lands (issue 32)"
+        "parallel.strategy", _no_deepspeed, "refused until DeepSpeed lands (issue 32)"
     ),
     "fp16": SeedKey("train.mixed_precision", _Precision("fp16"), "true: fp16 autocast"),
     "bf16": SeedKey("train.mixed_precision", _Precision("bf16"), "true: bf16 autocast"),

@@ -1,0 +1,76 @@
+"""A sharded run's files: DCP (torch.distributed.checkpoint) checkpoints and the whole
+weights gathered for the final save.
+
+Under FSDP2 each process holds a shard of every parameter and of its optimizer state. A
+checkpoint keeps them sharded: every process writes its own part into `<checkpoint>/sharded/`
+(DCP's format), and DCP reads them back into any number of processes (resharding), or into one
+process that does not shard at all. The finished run's `model.safetensors` is whole: the
+shards are gathered onto rank 0, so every other command reads it as it reads any run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+SHARDED = "sharded"  # the DCP folder inside a checkpoint
+
+
+def _inner(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer inside Accelerate's wrapper."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def save_sharded(folder: Path, model: nn.Module, optimizer: Any) -> None:
+    """Model and optimizer state into `folder/sharded`; every process calls it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, _inner(optimizer))
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder / SHARDED))
+
+
+def load_sharded(folder: Path, model: nn.Module, optimizer: Any) -> None:
+    """What save_sharded wrote, into this run's model and optimizer, however many processes
+    wrote it and however many read it; every process calls it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    inner = _inner(optimizer)
+    model_state, optim_state = get_state_dict(model, inner)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=str(folder / SHARDED))
+    set_state_dict(model, inner, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def is_sharded(folder: Path) -> bool:
+    """The checkpoint `folder` holds DCP shards."""
+    return (folder / SHARDED).is_dir()
+
+
+def is_sharded_model(model: nn.Module) -> bool:
+    """The model is FSDP2-sharded: each forward gathers parameters from every rank."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(getattr(model, "_orig_mod", model), FSDPModule)
+
+
+def whole_model(model: nn.Module, build: Callable[[], nn.Module], main: bool) -> nn.Module:
+    """A sharded `model`'s whole copy on the main process (`build()` makes an unsharded one,
+    the gathered weights go into it); other processes keep `model`. Every process calls it
+    (gathering is collective); an unsharded model is returned as it is."""
+    if not is_sharded_model(model):
+        return model
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_model_state_dict(model, options=options)  # whole on rank 0, empty elsewhere
+    if not main:
+        return model
+    whole = build()
+    whole.load_state_dict(state)
+    return whole

@@ -1,0 +1,71 @@
+"""What `accelerate launch --use_fsdp` asks for, read from the environment it sets.
+
+Accelerate describes an FSDP launch in `ACCELERATE_USE_FSDP` and `FSDP_*` variables and, on a
+CPU, quietly runs DDP instead. StackWise shards with FSDP2 itself (stackwise.parallel.fsdp), so
+the launch is read once, turned into `parallel.*` settings, and the variables are removed
+before an Accelerator is built: Accelerate then only starts the processes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+FSDP_ENV = "ACCELERATE_USE_FSDP"
+_SHARDING_NAMES = {
+    "1": "full_shard",
+    "2": "shard_grad_op",
+    "3": "no_shard",
+    "4": "hybrid_shard",
+    "FULL_SHARD": "full_shard",
+    "SHARD_GRAD_OP": "shard_grad_op",
+    "NO_SHARD": "no_shard",
+    "HYBRID_SHARD": "hybrid_shard",
+}
+_read: list[dict[str, Any] | None] = []
+
+
+def _true(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes")
+
+
+def fsdp_launch() -> dict[str, Any] | None:
+    """The parallel settings an FSDP launch asks for (strategy, sharding, cpu_offload, and
+    activation checkpointing), or None for any other launch; read once per process."""
+    if _read:
+        return _read[0]
+    env = os.environ
+    found: dict[str, Any] | None = None
+    if _true(env.get(FSDP_ENV)):
+        found = {"strategy": "fsdp"}
+        raw = env.get("FSDP_SHARDING_STRATEGY", "").strip().upper()
+        if raw:
+            if raw not in _SHARDING_NAMES:
+                from stackwise.errors import StackWiseError
+
+                raise StackWiseError(
+                    f"accelerate launch asked for FSDP sharding '{raw}', which FSDP2 does not "
+                    "offer here. Pick FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD or NO_SHARD "
+                    "(--fsdp_sharding_strategy), or set parallel.sharding in the config."
+                )
+            found["sharding"] = _SHARDING_NAMES[raw]
+        if env.get("FSDP_RESHARD_AFTER_FORWARD", "").strip().lower() == "false":
+            found.setdefault("sharding", "shard_grad_op")
+        found["cpu_offload"] = _true(env.get("FSDP_OFFLOAD_PARAMS"))
+        found["activation_checkpointing"] = _true(env.get("FSDP_ACTIVATION_CHECKPOINTING"))
+    _read.append(found)
+    return found
+
+
+def hide_fsdp_launch() -> None:
+    """Remove the FSDP launch variables (after reading them), so Accelerate does not take
+    over the placement of a model StackWise shards itself."""
+    fsdp_launch()
+    for name in list(os.environ):
+        if name == FSDP_ENV or name.startswith("FSDP_"):
+            del os.environ[name]
+
+
+def forget_launch() -> None:
+    """Read the environment again at the next call (tests that set it)."""
+    _read.clear()

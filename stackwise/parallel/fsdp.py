@@ -1,0 +1,119 @@
+"""`fsdp`: FSDP2 (torch.distributed.fsdp.fully_shard) on the model directly.
+
+Every transformer block (a rack's `Block`, a Hugging Face model's `_no_split_modules` layers)
+becomes its own shard unit, then the whole model: each process holds 1/N of every parameter,
+gradient and optimizer state, and gathers one block's parameters just before it runs. The same
+code runs on CPUs (gloo) and GPUs (NCCL). Accelerate only launches the processes; it never sees
+the model, so it cannot quietly fall back to DDP.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+from stackwise.errors import StackWiseError
+from stackwise.model.layers import Block
+from stackwise.registry import register_parallelizer
+
+RESHARD_AFTER_FORWARD = {
+    "full_shard": True,
+    "shard_grad_op": False,
+    "hybrid_shard": True,
+    "no_shard": False,
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """The modules sharded one by one, innermost first: the rack's blocks, or the layers a
+    Hugging Face model names in `_no_split_modules` (its decoder layers)."""
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if isinstance(m, Block) or type(m).__name__ in names]
+
+
+def device_mesh(sharding: str, world: int, group_size: int | None, device: torch.device) -> Any:
+    """A 1-D mesh over every process, or for hybrid_shard/no_shard a 2-D (replicate, shard)
+    mesh: shard groups of `group_size` processes (hybrid; default one node's), size 1 (none)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    kind = device.type
+    if sharding == "full_shard" or sharding == "shard_grad_op":
+        return init_device_mesh(kind, (world,))
+    size = (
+        1
+        if sharding == "no_shard"
+        else group_size or int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    )
+    if world % size:
+        raise StackWiseError(
+            f"parallel.shard_group_size {size} does not divide the {world} processes of this "
+            "run: hybrid_shard shards within groups of that size and replicates across them. "
+            f"Pick a divisor of {world} (the processes of one node, usually)."
+        )
+    return init_device_mesh(kind, (world // size, size), mesh_dim_names=("replicate", "shard"))
+
+
+def mixed_precision(spec: Any, autocast: str) -> Any:
+    """FSDP2's precision policy: parameters gathered in param_dtype (auto: the run's autocast
+    dtype, else fp32), gradients reduced in reduce_dtype (auto: param_dtype)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    param = spec.param_dtype if spec.param_dtype != "auto" else autocast
+    param_dtype = DTYPES.get(param)
+    reduce = spec.reduce_dtype if spec.reduce_dtype != "auto" else param
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=DTYPES.get(reduce))
+
+
+@register_parallelizer("fsdp", wraps_model=True, shards=True)
+class FSDP:
+    """Shards the model with fully_shard before its optimizer is made (the optimizer must see
+    the sharded parameters); gradients are reduce-scattered during backward."""
+
+    def __init__(self) -> None:
+        self.spec: Any = None
+
+    def configure(self, spec: Any) -> None:
+        """The plan's ParallelSpec: sharding, shard group, dtypes, offload."""
+        self.spec = spec
+
+    def shard(self, model: nn.Module, accelerator: Any) -> nn.Module:
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+        spec = self.spec
+        sharding = spec.sharding or "full_shard"
+        device = accelerator.device
+        offload = spec.cpu_offload and device.type != "cpu"
+        if spec.cpu_offload and not offload and accelerator.is_main_process:
+            print(
+                "stackwise: note: parallel.cpu_offload keeps the shards on the CPU, where this "
+                "run already trains: it changes nothing here.",
+                file=sys.stderr,
+            )
+        model = model.to(device)
+        if accelerator.num_processes == 1:  # nothing to split; checkpoints stay DCP's
+            return model
+        mesh = device_mesh(sharding, accelerator.num_processes, spec.shard_group_size, device)
+        options = {
+            "mesh": mesh,
+            "reshard_after_forward": RESHARD_AFTER_FORWARD[sharding],
+            "mp_policy": mixed_precision(spec, accelerator.mixed_precision),
+            "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
+        }
+        for unit in shard_units(model):
+            fully_shard(unit, **options)
+        fully_shard(model, **{**options, "reshard_after_forward": False})
+        return model
+
+    def place(self, model: nn.Module, optimizer: Any, accelerator: Any) -> tuple[Any, Any]:
+        """The model is already sharded (`shard`); Accelerate only wraps the optimizer."""
+        return model, accelerator.prepare(optimizer)
+
+    def sync_gradients(self, raw_model: nn.Module, accelerator: Any) -> None:
+        """Nothing to do: backward reduce-scattered them into each process's shard."""

@@ -1,0 +1,57 @@
+"""How a run's processes place its model: the parallel section and the launch (an
+`accelerate launch --use_fsdp`) resolved into the plan's ParallelSpec."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from stackwise.config import Config
+from stackwise.errors import StackWiseError
+from stackwise.launcher import fsdp_launch
+from stackwise.spec import ModelSpec, ParallelSpec
+
+
+def model_spec(config: Config, spec: ModelSpec) -> ModelSpec:
+    """The model section's `spec`; an FSDP launch's activation checkpointing turns on
+    model.gradient_checkpointing (per block)."""
+    launch = fsdp_launch()
+    if launch is not None and launch["activation_checkpointing"]:
+        spec = replace(spec, gradient_checkpointing=True)
+    return spec
+
+
+def parallel_spec(config: Config, given: str | None) -> ParallelSpec:
+    """parallel.strategy (or `given`), auto resolved; an `accelerate launch --use_fsdp`
+    makes it fsdp (a config that names another strategy is refused)."""
+    p = config.parallel
+    settings = {
+        "sharding": p.sharding,
+        "shard_group_size": p.shard_group_size,
+        "param_dtype": p.param_dtype,
+        "reduce_dtype": p.reduce_dtype,
+        "cpu_offload": p.cpu_offload,
+    }
+    name = given or p.strategy
+    launch = fsdp_launch()
+    if launch is not None:
+        if name not in ("auto", "fsdp"):
+            raise StackWiseError(
+                f"This run was launched for FSDP (accelerate launch --use_fsdp), but "
+                f"parallel.strategy is '{name}'. Launch without --use_fsdp, or set "
+                "parallel.strategy: fsdp (or leave it out)."
+            )
+        name = "fsdp"
+        settings["sharding"] = settings["sharding"] or launch.get("sharding")
+        settings["cpu_offload"] = settings["cpu_offload"] or launch["cpu_offload"]
+    if name == "auto":
+        return ParallelSpec(default_parallelizer(config), **settings)
+    return ParallelSpec(name, chosen=True, **settings)
+
+
+def default_parallelizer(config: Config) -> str:
+    """What the config's strategy declares it needs (local losses: an unwrapped model, for
+    several backward passes a step), else DDP."""
+    from stackwise.strategies import strategy_for
+    from stackwise.train.strategy import STRATEGY_FAMILY
+
+    return STRATEGY_FAMILY.capabilities(strategy_for(config)).parallelizer or "ddp"

@@ -1,0 +1,60 @@
+"""Launching `stackwise` under torchrun from a test: N CPU processes over gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from conftest import make_corpus, tiny_dict
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test's environment without Accelerate's launch variables, offline, one thread."""
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_"))},
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+        **extra,
+    }
+
+
+def launch(
+    world: int, args: list[str], cwd: Path, timeout: int = 240, **env: str
+) -> subprocess.CompletedProcess:
+    """`python -m torch.distributed.run --nproc_per_node WORLD -m stackwise.cli ARGS`."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += ["--nproc_per_node", str(world), "-m", "stackwise.cli", *args]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, env=clean_env(**env), timeout=timeout, cwd=cwd
+    )
+
+
+def tiny_run(
+    root: Path, name: str, world: int, overrides: list[str] | None = None, **env: str
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """A seconds-long `stackwise train` of the tiny config in `root/name`, on `world`
+    processes."""
+    corpus = root / "corpus.txt"
+    if not corpus.exists():
+        corpus.write_text(make_corpus(), encoding="utf-8")
+    out = root / name
+    config = root / f"{name}.yaml"
+    config.write_text(yaml.safe_dump(tiny_dict(corpus, root / "cache", out)))
+    proc = launch(world, ["train", str(config), *(overrides or [])], root, **env)
+    return proc, out
+
+
+def report(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+
+
+def train_losses(out: Path) -> dict[int, float]:
+    """step -> logged training loss, from the run's metrics.jsonl."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
