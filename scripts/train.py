@@ -9,7 +9,7 @@ accelerate starts several CPU processes only when given --multi_gpu.
 
 import sys
 
-from stackwise.cli import main
+from stackwise.cli import run
 
 if __name__ == "__main__":
-    raise SystemExit(main(["train", *sys.argv[1:]]))
+    run(["train", *sys.argv[1:]])

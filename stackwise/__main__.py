@@ -1,5 +1,5 @@
 """`python -m stackwise`: the same CLI as the `stackwise` command."""
 
-from stackwise.cli import main
+from stackwise.cli import run
 
-raise SystemExit(main())
+run()

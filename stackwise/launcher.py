@@ -37,24 +37,33 @@ def fsdp_launch() -> dict[str, Any] | None:
     env = os.environ
     found: dict[str, Any] | None = None
     if _true(env.get(FSDP_ENV)):
-        found = {"strategy": "fsdp"}
-        raw = env.get("FSDP_SHARDING_STRATEGY", "").strip().upper()
-        if raw:
-            if raw not in _SHARDING_NAMES:
-                from stackwise.errors import StackWiseError
-
-                raise StackWiseError(
-                    f"accelerate launch asked for FSDP sharding '{raw}', which FSDP2 does not "
-                    "offer here. Pick FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD or NO_SHARD "
-                    "(--fsdp_sharding_strategy), or set parallel.sharding in the config."
-                )
-            found["sharding"] = _SHARDING_NAMES[raw]
-        if env.get("FSDP_RESHARD_AFTER_FORWARD", "").strip().lower() == "false":
-            found.setdefault("sharding", "shard_grad_op")
+        found = {"strategy": "fsdp", "sharding": _launch_sharding(env)}
         found["cpu_offload"] = _true(env.get("FSDP_OFFLOAD_PARAMS"))
         found["activation_checkpointing"] = _true(env.get("FSDP_ACTIVATION_CHECKPOINTING"))
     _read.append(found)
     return found
+
+
+def _launch_sharding(env: Any) -> str | None:
+    """The sharding a launch asks for. Accelerate always exports both variables (defaults
+    FULL_SHARD and true): keeping parameters after forward (`--fsdp_reshard_after_forward
+    false`, or FSDP1's SHARD_GRAD_OP / NO_RESHARD there) is shard_grad_op; otherwise
+    `--fsdp_sharding_strategy` decides."""
+    reshard = env.get("FSDP_RESHARD_AFTER_FORWARD", "").strip().upper()
+    if reshard in ("FALSE", "SHARD_GRAD_OP", "NO_RESHARD"):
+        return "shard_grad_op"
+    raw = env.get("FSDP_SHARDING_STRATEGY", "").strip().upper()
+    if not raw:
+        return None
+    if raw not in _SHARDING_NAMES:
+        from stackwise.errors import StackWiseError
+
+        raise StackWiseError(
+            f"accelerate launch asked for FSDP sharding '{raw}', which FSDP2 does not offer "
+            "here. Pick FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD or NO_SHARD "
+            "(--fsdp_sharding_strategy), or set parallel.sharding in the config."
+        )
+    return _SHARDING_NAMES[raw]
 
 
 def hide_fsdp_launch() -> None:

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from stackwise import seeds
 from stackwise.config import Config
 from stackwise.errors import StackWiseError
-from stackwise.plan_parallel import model_spec, parallel_spec
+from stackwise.plan_parallel import model_spec, parallel_spec, with_launch_recorded
 from stackwise.progressive.budget import default_shares, share_split
 from stackwise.progressive.timing import TimeMapping, depth_range
 from stackwise.quant.lora import rank_for
@@ -140,6 +140,7 @@ def compile_plan(
         trunk_adapter=trunk_adapter(config),
         source=config.model_dump(mode="json"),
     )
+    plan = with_launch_recorded(plan)
     if config.train.num_train_epochs is not None and train_rows is not None:
         # config.yaml records the budget the epochs came to, as a resume compares it
         plan = plan.with_section("train", max_steps=train.max_steps, num_train_epochs=None)

@@ -8,7 +8,8 @@ from dataclasses import replace
 from stackwise.config import Config
 from stackwise.errors import StackWiseError
 from stackwise.launcher import fsdp_launch
-from stackwise.spec import ModelSpec, ParallelSpec
+from stackwise.registry import PARALLELIZERS
+from stackwise.spec import ModelSpec, ParallelSpec, Plan
 
 
 def model_spec(config: Config, spec: ModelSpec) -> ModelSpec:
@@ -43,9 +44,10 @@ def parallel_spec(config: Config, given: str | None) -> ParallelSpec:
         name = "fsdp"
         settings["sharding"] = settings["sharding"] or launch.get("sharding")
         settings["cpu_offload"] = settings["cpu_offload"] or launch["cpu_offload"]
-    if name == "auto":
-        return ParallelSpec(default_parallelizer(config), **settings)
-    return ParallelSpec(name, chosen=True, **settings)
+    chosen = name != "auto"
+    name = name if chosen else default_parallelizer(config)
+    shards = PARALLELIZERS.capabilities(name, "parallel.strategy").shards
+    return ParallelSpec(name, chosen=chosen, shards=shards, **settings)
 
 
 def default_parallelizer(config: Config) -> str:
@@ -55,3 +57,17 @@ def default_parallelizer(config: Config) -> str:
     from stackwise.train.strategy import STRATEGY_FAMILY
 
     return STRATEGY_FAMILY.capabilities(strategy_for(config)).parallelizer or "ddp"
+
+
+def with_launch_recorded(plan: Plan) -> Plan:
+    """What an FSDP launch decided, written into the plan's config (config.yaml): a later
+    process (generate, eval, a resume under torchrun) has no launch to read it from."""
+    launch = fsdp_launch()
+    if launch is None:
+        return plan
+    p = plan.parallel
+    values = {"strategy": "fsdp", "sharding": p.sharding, "cpu_offload": p.cpu_offload}
+    plan = replace(plan, source=plan.with_source("parallel", values))
+    if launch["activation_checkpointing"]:
+        plan = replace(plan, source=plan.with_source("model", {"gradient_checkpointing": True}))
+    return plan

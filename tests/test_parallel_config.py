@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -102,9 +103,29 @@ def test_an_fsdp_launch_makes_the_run_shard(launched):
     assert plan.parallel.name == "fsdp" and plan.parallel.shards
     assert plan.parallel.sharding == "shard_grad_op" and plan.parallel.cpu_offload
     assert plan.model.gradient_checkpointing  # FSDP's activation checkpointing, per block
+    # config.yaml says so: a later process (generate, a resume) has no launch to read
+    saved = yaml.safe_load(plan.to_yaml())
+    assert saved["parallel"]["strategy"] == "fsdp" and saved["parallel"]["cpu_offload"]
+    assert saved["model"]["gradient_checkpointing"] is True
     hide_fsdp_launch()  # what building the Accelerator does: it never sees the request
     assert not any(k.startswith("FSDP_") or k == "ACCELERATE_USE_FSDP" for k in os.environ)
     assert stackwise.compile_plan(load_config(None, [])).parallel.name == "fsdp"  # remembered
+
+
+@pytest.mark.parametrize(
+    ("sharding", "reshard", "want"),
+    [
+        ("FULL_SHARD", "true", "full_shard"),  # accelerate's defaults
+        ("FULL_SHARD", "false", "shard_grad_op"),  # --fsdp_reshard_after_forward false
+        ("FULL_SHARD", "SHARD_GRAD_OP", "shard_grad_op"),  # FSDP1's spelling there
+        ("SHARD_GRAD_OP", "true", "shard_grad_op"),  # --fsdp_sharding_strategy
+        ("HYBRID_SHARD", "true", "hybrid_shard"),
+        ("3", "true", "no_shard"),  # the numeric form
+    ],
+)
+def test_a_launch_sharding_is_read_from_both_variables(launched, sharding, reshard, want):
+    launched(FSDP_SHARDING_STRATEGY=sharding, FSDP_RESHARD_AFTER_FORWARD=reshard)
+    assert stackwise.compile_plan(load_config(None, [])).parallel.sharding == want
 
 
 def test_an_fsdp_launch_of_a_ddp_config_is_refused(launched):

@@ -14,6 +14,7 @@ import sys
 import textwrap
 import threading
 from collections.abc import Iterator
+from typing import NoReturn
 
 from stackwise.cli.commands import generate_help_defaults
 from stackwise.cli.common import DEFAULT_PRESET, PRESETS, resolve_config_path
@@ -23,7 +24,21 @@ from stackwise.cli.unknown_flags import refuse_unknown
 from stackwise.errors import StackWiseError
 from stackwise.quiet import filter_library_noise
 
-__all__ = ["DEFAULT_PRESET", "PRESETS", "build_parser", "main", "resolve_config_path"]
+__all__ = [
+    "DEFAULT_PRESET",
+    "PRESETS",
+    "build_parser",
+    "main",
+    "resolve_config_path",
+    "run",
+]
+
+
+def run(argv: list[str] | None = None) -> NoReturn:
+    """The `stackwise` command as a process: main(), then exit with its code (see leave)."""
+    from stackwise.train.hardware import leave
+
+    leave(main(argv))
 
 
 def _release_processes() -> None:

@@ -1,7 +1,5 @@
 """`python -m stackwise.cli`: the same as the `stackwise` command."""
 
-import sys
+from stackwise.cli import run
 
-from stackwise.cli import main
-
-sys.exit(main())
+run()

@@ -200,4 +200,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from stackwise.train.hardware import leave
+
+    leave(main())  # a launched process exits without gloo's teardown abort

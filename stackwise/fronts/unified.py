@@ -196,6 +196,13 @@ class UnifiedTrainer:
 
     def _end_to_end(self, plan: Plan, data: LoaderData, groups: list[list[Block]]) -> UnifiedResult:
         assert plan.model.vocab_size is not None
+        if plan.parallel.shards:  # its blocks are the caller's: no whole copy to gather into
+            raise StackWiseError(
+                "UnifiedTrainer trains the blocks you hand it, and under FSDP "
+                "(parallel.strategy: fsdp) they would end as shards with no whole model to "
+                "save. Train with parallel.strategy: ddp here, or shard a config run "
+                "(`stackwise train CONFIG parallel.strategy=fsdp`, or Trainer(config))."
+            )
         rack = rack_of(plan, plan.model.vocab_size, groups)
         log = LoggedLocalLosses() if strategy_for(plan) == "local_losses" else LoggedStep()
         objective = objective_from(plan.objective, plan.masking, data.specials)

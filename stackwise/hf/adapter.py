@@ -163,6 +163,14 @@ class HFAdapter(ModelAdapter):
             f"{describe_memory(model)}, {trained:,} of {total:,} parameters trained"
         )
 
+    frozen_from_files = True  # the base reloads from model_name_or_path
+
+    def write_identity(self, folder: Path) -> None:
+        write_json(folder / BASE_IDENTITY, self.base)
+
+    def check_identity(self, folder: Path) -> None:
+        check_base(folder, self.base)
+
     def save(self, model: nn.Module, folder: Path) -> None:
         """PEFT's own format (adapter_config.json + adapter_model.safetensors), or the whole
         model's save_pretrained; both safetensors."""

@@ -25,26 +25,45 @@ def _inner(optimizer: Any) -> torch.optim.Optimizer:
     return getattr(optimizer, "optimizer", optimizer)
 
 
-def save_sharded(folder: Path, model: nn.Module, optimizer: Any) -> None:
+def _options(frozen_from_files: bool) -> Any:
+    """DCP's view of the model: without the frozen weights a fresh build reloads from files
+    (a LoRA base), so a checkpoint holds what training changes, as a whole one does."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=frozen_from_files, strict=not frozen_from_files)
+
+
+def save_sharded(
+    folder: Path, model: nn.Module, optimizer: Any, frozen_from_files: bool = False
+) -> None:
     """Model and optimizer state into `folder/sharded`; every process calls it."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_state, optim_state = get_state_dict(model, _inner(optimizer))
+    options = _options(frozen_from_files)
+    model_state, optim_state = get_state_dict(model, _inner(optimizer), options=options)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder / SHARDED))
 
 
-def load_sharded(folder: Path, model: nn.Module, optimizer: Any) -> None:
+def load_sharded(
+    folder: Path, model: nn.Module, optimizer: Any, frozen_from_files: bool = False
+) -> None:
     """What save_sharded wrote, into this run's model and optimizer, however many processes
     wrote it and however many read it; every process calls it."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    inner = _inner(optimizer)
-    model_state, optim_state = get_state_dict(model, inner)
+    inner, options = _inner(optimizer), _options(frozen_from_files)
+    model_state, optim_state = get_state_dict(model, inner, options=options)
     state = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(folder / SHARDED))
-    set_state_dict(model, inner, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(
+        model,
+        inner,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=options,
+    )
 
 
 def is_sharded(folder: Path) -> bool:

@@ -19,6 +19,7 @@ from torch import nn
 from stackwise.errors import StackWiseError
 from stackwise.model.layers import Block
 from stackwise.registry import register_parallelizer
+from stackwise.train.hardware import release_at_exit
 
 RESHARD_AFTER_FORWARD = {
     "full_shard": True,
@@ -71,6 +72,31 @@ def mixed_precision(spec: Any, autocast: str) -> Any:
     return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=DTYPES.get(reduce))
 
 
+def one_process_group(device: torch.device) -> None:
+    """A process group of this process alone (FSDP2 shards over a group), where no launcher
+    made one; released with the others at the run's end (train.hardware.release_processes)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        release_at_exit()
+
+
+def autocast_forward(model: nn.Module, accelerator: Any) -> None:
+    """What Accelerate does to a model it prepares: forward under its autocast, floating
+    outputs back in fp32 (the loss is computed in fp32)."""
+    from accelerate.utils import convert_outputs_to_fp32
+
+    forward = model.forward
+
+    def autocast(*args: Any, **kwargs: Any) -> Any:
+        with accelerator.autocast():
+            return forward(*args, **kwargs)
+
+    model.forward = convert_outputs_to_fp32(autocast)  # type: ignore[method-assign]
+
+
 @register_parallelizer("fsdp", wraps_model=True, shards=True)
 class FSDP:
     """Shards the model with fully_shard before its optimizer is made (the optimizer must see
@@ -96,9 +122,10 @@ class FSDP:
                 "run already trains: it changes nothing here.",
                 file=sys.stderr,
             )
-        model = model.to(device)
-        if accelerator.num_processes == 1:  # nothing to split; checkpoints stay DCP's
-            return model
+        if accelerator.num_processes == 1:
+            if not offload:  # nothing to split; checkpoints stay DCP's
+                return model.to(device)
+            one_process_group(device)  # offloading one GPU's model needs FSDP's machinery
         mesh = device_mesh(sharding, accelerator.num_processes, spec.shard_group_size, device)
         options = {
             "mesh": mesh,
@@ -106,13 +133,17 @@ class FSDP:
             "mp_policy": mixed_precision(spec, accelerator.mixed_precision),
             "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
         }
+        # each unit moves to the device as it is sharded: one unit whole there at a time
         for unit in shard_units(model):
             fully_shard(unit, **options)
         fully_shard(model, **{**options, "reshard_after_forward": False})
         return model
 
     def place(self, model: nn.Module, optimizer: Any, accelerator: Any) -> tuple[Any, Any]:
-        """The model is already sharded (`shard`); Accelerate only wraps the optimizer."""
+        """The model is already sharded (`shard`); Accelerate only wraps the optimizer. Its
+        forward autocasts in train.mixed_precision, outputs in fp32, as DDP's does."""
+        if accelerator.mixed_precision != "no":
+            autocast_forward(model, accelerator)
         return model, accelerator.prepare(optimizer)
 
     def sync_gradients(self, raw_model: nn.Module, accelerator: Any) -> None:

@@ -32,11 +32,9 @@ class ParallelSpec:
     param_dtype: str = "auto"
     reduce_dtype: str = "fp32"
     cpu_offload: bool = False
-
-    @property
-    def shards(self) -> bool:
-        """Parameters live in shards (FSDP2): saves gather, checkpoints are DCP's."""
-        return self.name == "fsdp"
+    # the parallelizer splits parameters over ranks (its `shards` capability): saves gather,
+    # checkpoints are DCP's
+    shards: bool = False
 
 
 @dataclass(frozen=True)

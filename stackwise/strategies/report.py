@@ -53,16 +53,18 @@ def header(
     rows = data_line(data, config)
     return (
         f"StackWise: {what}; {rows}; device {trainer.accelerator.device}"
-        f"{placement(config, trainer.accelerator.num_processes)}, precision "
+        f"{placement(config, trainer.accelerator)}, precision "
         f"{precision(config, trainer)}; output {trainer.output_dir}" + saving_note(config)
     )
 
 
-def placement(config: Any, world: int) -> str:
-    """How several processes share the model: whole copies (DDP) or FSDP2 shards."""
+def placement(config: Any, accelerator: Any) -> str:
+    """How several processes share the model: whole copies (DDP) or FSDP2 shards (one GPU's
+    model too, when it offloads to the CPU)."""
+    p, world = config.parallel, accelerator.num_processes
     if world == 1:
-        return ""
-    p = config.parallel
+        offloads = p.shards and p.cpu_offload and accelerator.device.type != "cpu"
+        return ", sharded by FSDP2 to offload to the CPU" if offloads else ""
     if p.shards:
         return f", sharded by FSDP2 ({p.sharding or 'full_shard'}) over {world} processes"
     return f" x {world} processes ({p.name})"

@@ -38,6 +38,16 @@ class ModelAdapter(ABC):
         """Refuse data (a data spec or section) this adapter cannot train on; by default any."""
         return None
 
+    # frozen weights a fresh build reproduces from files (a Hugging Face base): a sharded
+    # checkpoint leaves them out, as a whole one does
+    frozen_from_files = False
+
+    def write_identity(self, folder: Path) -> None:  # noqa: B027 (a hook; none by default)
+        """What a sharded checkpoint records of the model beside its shards (here: nothing)."""
+
+    def check_identity(self, folder: Path) -> None:  # noqa: B027
+        """Refuse a sharded checkpoint `write_identity` says belongs to another model."""
+
     def new_model(self, plan: Any, vocab_size: int) -> nn.Module:
         """`build`, moved to the device get_model_adapter was given (when given one)."""
         model = self.build(plan, vocab_size)

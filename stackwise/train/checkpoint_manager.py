@@ -76,14 +76,21 @@ class CheckpointManager:
         written by every process (io.sharded), the rest by the main one."""
         shards = None
         if contents.plan.parallel.shards:
-            shards = partial(save_sharded, model=contents.model, optimizer=contents.optimizer)
+            shards = partial(
+                save_sharded,
+                model=contents.model,
+                optimizer=contents.optimizer,
+                frozen_from_files=contents.adapter.frozen_from_files,
+            )
         return self.save(step, lambda folder: write_contents(folder, contents), protected, shards)
 
     def restore(self, path: Path, contents: CheckpointContents, saved: dict[str, Any]) -> None:
         """Weights, optimizer, scheduler, scaler and this rank's RNG from checkpoint `path`
         into `contents`' objects; `saved` is its run state (read_state)."""
         if is_sharded(path):  # any run reads DCP shards, resharded to its processes
-            load_sharded(path, contents.model, contents.optimizer)
+            contents.adapter.check_identity(path)
+            frozen = contents.adapter.frozen_from_files
+            load_sharded(path, contents.model, contents.optimizer, frozen)
         elif contents.plan.parallel.shards:
             raise StackWiseError(
                 f"Checkpoint '{path}' holds whole weights (a run that did not shard), and this "
@@ -225,6 +232,7 @@ def write_contents(folder: Path, contents: CheckpointContents) -> None:
     in train.save_precision (to load with torch.load(weights_only=True) for inference). A
     sharded run's weights and optimizer are in its sharded/ folder (io.sharded)."""
     if contents.plan.parallel.shards:
+        contents.adapter.write_identity(folder)
         write_run_state(folder, contents)
         return
     contents.adapter.save(contents.model, folder)

@@ -151,18 +151,8 @@ def accumulating(ctx: StepContext, model: nn.Module, last: bool) -> Any:
     """Gradients of a micro-batch that is not the step's last stay local (no all-reduce)."""
     if last or ctx.accelerator.num_processes == 1:
         return contextlib.nullcontext()
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter at the last
-        return gradient_sync_off(model)
+    # FSDP2 reduce-scatters every micro-batch (it has no no_sync): its gradients stay sharded
     return ctx.accelerator.no_sync(model)
-
-
-@contextlib.contextmanager
-def gradient_sync_off(model: Any) -> Any:
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)
 
 
 def training_batch(ctx: StepContext, batch: Batch) -> Batch:

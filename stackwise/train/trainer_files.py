@@ -10,6 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from stackwise.errors import StackWiseError
 from stackwise.io import checkpoints as ckpt
 from stackwise.train.checkpoint_manager import CheckpointContents
 from stackwise.train.state import TrainState
@@ -95,11 +98,30 @@ class RunFiles:
         self.logger_note(f"resumed from {path} at step {self.state.step}")
         written = int(saved.get("world_size", 1))
         if written != self.accelerator.num_processes:  # only sharded checkpoints get here
-            self.logger_note(
-                f"resharded: the checkpoint was written by {written} processes and this run has "
-                f"{self.accelerator.num_processes}; weights and optimizer state are exact, the "
-                "order of the remaining batches differs from an uninterrupted run"
+            self.resharded(path, written)
+
+    def resharded(self, path: Path, written: int) -> None:
+        """A resume on another process count: the epoch goes on from the same row of its
+        order (every rank reads its stride of one shuffled order), and the run says so."""
+        if self.state.stream_position is not None:
+            raise StackWiseError(
+                f"Checkpoint '{path}' was written by {written} processes reading a stream "
+                f"(data.streaming), and this run has {self.accelerator.num_processes}: each "
+                "process's place in its stream cannot be split anew. Resume with "
+                f"{written} processes."
             )
+        saved = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
+        before = int(saved["train"]["batch_size"])
+        rows = self.state.batch_in_epoch * before * written  # of this epoch, all ranks
+        world, batch = self.accelerator.num_processes, self.plan.train.batch_size
+        self.state.batch_in_epoch = rows // (batch * world)
+        skipped = rows - self.state.batch_in_epoch * batch * world
+        self.logger_note(
+            f"resharded: the checkpoint was written by {written} processes and this run has "
+            f"{world}; weights and optimizer state are exact, and the epoch goes on from row "
+            f"{rows - skipped:,} of its order"
+            + (f" ({skipped} rows are read again)" if skipped else "")
+        )
 
     # -- saving -----------------------------------------------------------------------------
 

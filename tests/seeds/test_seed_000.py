@@ -250,6 +250,16 @@ def test_end_to_end_rackwise(tmp_path):
     assert torch.allclose(result.rack(x, None, None), again.eval()(x, None, None), atol=1e-5)
 
 
+def test_end_to_end_refuses_to_shard_the_blocks_it_is_handed(tmp_path):
+    """Under FSDP the caller's blocks would end as shards with no whole model to save."""
+    config = TrainingConfig(strategy="end_to_end", end_to_end_scope="rackwise")
+    shrink(config, tmp_path, steps=2)
+    config.parallel.strategy = "fsdp"
+    trainer = UnifiedTrainer(config)
+    with pytest.raises(StackWiseError, match="UnifiedTrainer trains the blocks you hand it"):
+        trainer.train_all_layers(dataloader, trainer.new_layers())
+
+
 # -- time-step masking: the grid, the bins, the fraction per step -----------------------------
 
 
