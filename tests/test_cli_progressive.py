@@ -16,12 +16,19 @@ SHORT = [
     "data.num_samples=64",
     "train.batch_size=8",
     "train.eval_batches=1",
-    "progressive.steps_per_stack=4",
-    "progressive.stacks.0.steps=4",
     "logging.progress_bar=always",
     "sample.max_new_tokens=8",
     "sample.steps=4",
 ]
+# the default splits train.max_steps by budget shares (stack k weighs k + 1); the cached
+# preset gives each stack its own steps
+BUDGET = {
+    None: (["train.max_steps=20"], [2, 4, 6, 8]),
+    "tiny-diffusion-progressive-cached": (
+        ["progressive.steps_per_stack=4", "progressive.stacks.0.steps=4"],
+        [4, 4, 4, 4],
+    ),
+}
 
 
 @pytest.mark.parametrize("preset", [None, "tiny-diffusion-progressive-cached"])
@@ -31,8 +38,17 @@ def test_default_train_grows_four_stacks_with_curves_saved_stacks_and_samples(tm
     assert config.objective.name == "diffusion" and config.data.tokenizer == "char"
     cached = config.progressive.cache.enabled
     assert cached == (preset is not None)
+    budget, steps = BUDGET[preset]
     proc = subprocess.run(
-        [sys.executable, "-m", "stackwise.cli", "train", *([preset] if preset else []), *SHORT],
+        [
+            sys.executable,
+            "-m",
+            "stackwise.cli",
+            "train",
+            *([preset] if preset else []),
+            *SHORT,
+            *budget,
+        ],
         capture_output=True,
         text=True,
         env=ENV,
@@ -52,7 +68,7 @@ def test_default_train_grows_four_stacks_with_curves_saved_stacks_and_samples(tm
     assert "val bpc" in table
     assert proc.stdout.count("--- sample") == config.sample.num_samples
     hist = json.loads((run / "progressive_history.json").read_text())
-    assert [s["steps"] for s in hist["stacks"]] == [4, 4, 4, 4]
+    assert [s["steps"] for s in hist["stacks"]] == steps
     assert all("bpc" in s["eval"] for s in hist["stacks"])
     if cached:
         assert hist["stacks"][3]["cache"]["hits"] > 0  # later stacks read the cached trunk

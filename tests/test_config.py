@@ -396,15 +396,20 @@ def test_an_override_of_a_numbered_stack_edits_the_files_entry(tmp_path):
     assert cfg.progressive.stacks[0].steps == 9 and cfg.progressive.stacks[0].lr == 0.1
 
 
-def test_max_steps_on_a_progressive_preset_names_the_keys_that_budget_it():
-    """The default preset budgets each stack: train.max_steps is refused, not ignored."""
+def test_a_stage_budget_on_the_default_preset_names_the_key_that_budgets_it():
+    """The default preset splits train.max_steps over its stacks (budget shares): a stack's
+    own budget is refused, not ignored; a cached preset budgets each stack itself, and there
+    train.max_steps is refused."""
     from stackwise.cli.common import load_args
 
     with pytest.raises(StackWiseError) as err:
-        load_args(["train.max_steps=10"])
+        load_args(["progressive.steps_per_stack=3"])
+    said = " ".join(str(err.value).split())
+    assert "budget_share splits train.max_steps" in said and "steps_per_stack" in said
+    assert load_args(["train.max_steps=10"]).train.max_steps == 10
+    with pytest.raises(StackWiseError) as err:
+        load_args(["tiny-diffusion-progressive-cached", "train.max_steps=10"])
     assert "progressive.steps_per_stack" in " ".join(str(err.value).split())
-    short = load_args(["progressive.steps_per_stack=3", "progressive.stacks.0.steps=4"])
-    assert short.progressive.steps_per_stack == 3 and short.progressive.stacks[0].steps == 4
 
 
 @pytest.mark.parametrize("override", ["train.lr=yes", "train.max_steps=true", "model.d_model=on"])

@@ -95,6 +95,9 @@ def shrink_overrides(cfg: Config, root: Path, grow: int | None = 2) -> list[str]
         out.append("train.save_steps=1")
     if cfg.progressive.strategy == "progressive":
         out += [f"model.n_stacks={grow}"] if grow else []
+        if cfg.progressive.growth.schedule == "budget_share":  # stack k weighs k + 1
+            n = grow or cfg.model.n_stacks
+            return [*out, f"train.max_steps={n * (n + 1) // 2}"]  # 1, 2, ... steps
         return [*out, "progressive.steps_per_stack=1", "progressive.stacks.0.steps=1"]
     return [*out, "train.max_steps=2", "train.eval_every=2"]
 

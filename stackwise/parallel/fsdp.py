@@ -18,6 +18,7 @@ from torch import nn
 
 from stackwise.errors import StackWiseError
 from stackwise.model.layers import Block
+from stackwise.precision import torch_dtype
 from stackwise.registry import register_parallelizer
 from stackwise.train.hardware import release_at_exit
 
@@ -27,7 +28,6 @@ RESHARD_AFTER_FORWARD = {
     "hybrid_shard": True,
     "no_shard": False,
 }
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def shard_units(model: nn.Module) -> list[nn.Module]:
@@ -66,10 +66,14 @@ def mixed_precision(spec: Any, autocast: str) -> Any:
     dtype, else fp32), gradients reduced in reduce_dtype (auto: param_dtype)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    param = spec.param_dtype if spec.param_dtype != "auto" else autocast
-    param_dtype = DTYPES.get(param)
+    param = spec.param_dtype if spec.param_dtype != "auto" else autocast  # autocast "no": fp32
     reduce = spec.reduce_dtype if spec.reduce_dtype != "auto" else param
-    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=DTYPES.get(reduce))
+    return MixedPrecisionPolicy(param_dtype=_dtype(param), reduce_dtype=_dtype(reduce))
+
+
+def _dtype(name: str) -> torch.dtype | None:
+    """A precision's dtype; None (FSDP: keep the parameters' own) for no autocast."""
+    return None if name == "no" else torch_dtype(name)
 
 
 def one_process_group(device: torch.device) -> None:
