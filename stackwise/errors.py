@@ -9,11 +9,12 @@ class StackWiseError(Exception):
     """A problem the user can fix: the message names it and says how."""
 
 
-def deepspeed_unavailable(asked: str) -> str:
-    """Why a run that asks for DeepSpeed (`asked` says where) is refused, and what to run."""
+def deepspeed_unavailable(asked: str = "") -> str:
+    """Why a run that asks for DeepSpeed (`asked` says where, if not the key being read) is
+    refused, and what to run."""
     return (
-        f"{asked} asks for DeepSpeed ZeRO, which StackWise does not run yet (it is the part of "
-        "issue 32 still open), and a DeepSpeed setting would only be ignored. Shard with FSDP2 "
+        f"{asked + ' asks for ' if asked else ''}DeepSpeed ZeRO, which StackWise does not run "
+        "yet, so a DeepSpeed setting would only be ignored. Shard with FSDP2 "
         "instead: parallel.strategy: fsdp (the seeds' distributed_strategy: fsdp) with "
         "parallel.sharding: full_shard (ZeRO-3) or shard_grad_op (ZeRO-2), and "
         "parallel.cpu_offload: true for ZeRO's offload; launch with `torchrun "

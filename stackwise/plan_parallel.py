@@ -39,7 +39,8 @@ def parallel_spec(config: Config, given: str | None) -> ParallelSpec:
             raise StackWiseError(
                 f"This run was launched for FSDP (accelerate launch --use_fsdp), but "
                 f"parallel.strategy is '{name}'. Launch without --use_fsdp, or set "
-                "parallel.strategy: fsdp (or leave it out)."
+                "parallel.strategy: fsdp (or leave it out); on a CPU, DDP needs `accelerate "
+                "launch --multi_gpu`."
             )
         name = "fsdp"
         settings["sharding"] = settings["sharding"] or launch.get("sharding")
@@ -47,6 +48,8 @@ def parallel_spec(config: Config, given: str | None) -> ParallelSpec:
     chosen = name != "auto"
     name = name if chosen else default_parallelizer(config)
     shards = PARALLELIZERS.capabilities(name, "parallel.strategy").shards
+    if name == "fsdp":
+        settings["sharding"] = settings["sharding"] or "full_shard"
     return ParallelSpec(name, chosen=chosen, shards=shards, **settings)
 
 
@@ -61,11 +64,13 @@ def default_parallelizer(config: Config) -> str:
 
 def with_launch_recorded(plan: Plan) -> Plan:
     """What an FSDP launch decided, written into the plan's config (config.yaml): a later
-    process (generate, eval, a resume under torchrun) has no launch to read it from."""
-    launch = fsdp_launch()
+    process (generate, eval, a resume under torchrun) has no launch to read it from. A
+    sharded run records the sharding it uses (full_shard when unset)."""
+    launch, p = fsdp_launch(), plan.parallel
     if launch is None:
-        return plan
-    p = plan.parallel
+        if p.name != "fsdp":
+            return plan
+        return replace(plan, source=plan.with_source("parallel", {"sharding": p.sharding}))
     values = {"strategy": "fsdp", "sharding": p.sharding, "cpu_offload": p.cpu_offload}
     plan = replace(plan, source=plan.with_source("parallel", values))
     if launch["activation_checkpointing"]:

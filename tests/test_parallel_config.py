@@ -128,6 +128,13 @@ def test_a_launch_sharding_is_read_from_both_variables(launched, sharding, resha
     assert stackwise.compile_plan(load_config(None, [])).parallel.sharding == want
 
 
+def test_a_sharded_run_records_the_sharding_it_uses():
+    """parallel.sharding left unset means full_shard, and config.yaml says so."""
+    plan = stackwise.compile_plan(load_config(None, ["parallel.strategy=fsdp"]))
+    assert plan.parallel.sharding == "full_shard"
+    assert yaml.safe_load(plan.to_yaml())["parallel"]["sharding"] == "full_shard"
+
+
 def test_an_fsdp_launch_of_a_ddp_config_is_refused(launched):
     launched()
     with pytest.raises(StackWiseError, match="launched for FSDP"):

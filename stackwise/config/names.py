@@ -40,6 +40,4 @@ ObjectiveName = registered(OBJECTIVES)
 ScheduleName = registered(SCHEDULES)
 SamplerName = registered(SAMPLERS, "auto")
 GrowthOperatorName = registered(GROWTH_OPERATORS)
-ParallelizerName = registered(
-    PARALLELIZERS, "auto", refused={"deepspeed": deepspeed_unavailable("parallel.strategy")}
-)
+ParallelizerName = registered(PARALLELIZERS, "auto", refused={"deepspeed": deepspeed_unavailable()})

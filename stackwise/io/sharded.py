@@ -10,7 +10,9 @@ shards are gathered onto rank 0, so every other command reads it as it reads any
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,15 @@ def _options(frozen_from_files: bool) -> Any:
     return StateDictOptions(ignore_frozen_params=frozen_from_files, strict=not frozen_from_files)
 
 
+@contextlib.contextmanager
+def one_process_quiet() -> Iterator[None]:
+    """DCP warns that it assumes one process when no process group exists: that is what a
+    single-process run of a sharded checkpoint means (the run says so itself)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
+        yield
+
+
 def save_sharded(
     folder: Path, model: nn.Module, optimizer: Any, frozen_from_files: bool = False
 ) -> None:
@@ -42,7 +53,8 @@ def save_sharded(
 
     options = _options(frozen_from_files)
     model_state, optim_state = get_state_dict(model, _inner(optimizer), options=options)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder / SHARDED))
+    with one_process_quiet():
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder / SHARDED))
 
 
 def load_sharded(
@@ -56,7 +68,8 @@ def load_sharded(
     inner, options = _inner(optimizer), _options(frozen_from_files)
     model_state, optim_state = get_state_dict(model, inner, options=options)
     state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=str(folder / SHARDED))
+    with one_process_quiet():
+        dcp.load(state, checkpoint_id=str(folder / SHARDED))
     set_state_dict(
         model,
         inner,

@@ -121,6 +121,12 @@ class RunFiles:
             f"{world}; weights and optimizer state are exact, and the epoch goes on from row "
             f"{rows - skipped:,} of its order"
             + (f" ({skipped} rows are read again)" if skipped else "")
+            + (
+                f"; the global batch (train.batch_size x processes) is now {batch * world}, "
+                f"was {before * written}"
+                if batch * world != before * written
+                else ""
+            )
         )
 
     # -- saving -----------------------------------------------------------------------------

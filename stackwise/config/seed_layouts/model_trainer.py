@@ -125,7 +125,7 @@ _FLAT: dict[str, str | SeedKey] = {
     "distributed_strategy": "parallel.strategy",
     "fsdp_sharding_strategy": "parallel.sharding",
     "deepspeed_config": SeedKey(
-        "parallel.strategy", _no_deepspeed, "refused until DeepSpeed lands (issue 32)"
+        "parallel.strategy", _no_deepspeed, "refused: DeepSpeed is not run yet (FSDP2 instead)"
     ),
     "fp16": SeedKey("train.mixed_precision", _Precision("fp16"), "true: fp16 autocast"),
     "bf16": SeedKey("train.mixed_precision", _Precision("bf16"), "true: bf16 autocast"),
