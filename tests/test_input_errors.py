@@ -84,7 +84,7 @@ def test_a_misspelt_per_stack_key_gets_a_suggestion():
         load_config(None, ["progressive.stacks.0.stepz=5"])
 
 
-WORDS_YAML_MISREADS = ["no", "yes", "on", "off", "true", "123", "1.5", "{a: 1}"]
+WORDS_YAML_MISREADS = ["no", "yes", "on", "off", "true", "123", "1.5", "{a: 1}", "---", "..."]
 
 
 @pytest.mark.parametrize("word", WORDS_YAML_MISREADS)

@@ -350,3 +350,18 @@ def test_sigterm_before_training_cleans_up_and_exits_143(monkeypatch, capsys):
     assert cli.main(["env"]) == 143
     assert cleaned == [True] and "interrupted by SIGTERM" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_sigterm_from_a_launcher_points_at_the_failed_peer(monkeypatch, capsys):
+    """Under torchrun a process stopped by SIGTERM was stopped because a peer failed: the
+    line says to read that error, not that this process was interrupted for no reason."""
+    from stackwise import cli
+
+    def stopped(ns) -> int:
+        raise KeyboardInterrupt("SIGTERM")
+
+    monkeypatch.setattr("stackwise.cli.parsers.cmd_env", stopped)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert cli.main(["env"]) == 143
+    assert "one fails: see its error above" in capsys.readouterr().err

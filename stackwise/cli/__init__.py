@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         # Ctrl-C: what was saved before stays saved, nothing more is written
         why = str(err) or "SIGINT"
         said = why if why.startswith("second") else f"interrupted by {why}"
+        if why == "SIGTERM" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            # torchrun stops every process once one of them failed: that one said why
+            said += " (the launcher stops all processes when one fails: see its error above)"
         if os.environ.get("RANK", "0") == "0":
             print(f"stackwise: {said}; files saved before it are kept", file=sys.stderr)
         return 143 if why == "SIGTERM" else 130

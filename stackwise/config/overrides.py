@@ -38,6 +38,9 @@ def _takes_words(annotation: Any) -> bool:
     return any(_takes_words(a) for a in get_args(annotation))
 
 
+YAML_NULLS = ("", "null", "Null", "NULL", "~")  # what a value means to be None
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     """`train.lr=1e-3` -> (['train', 'lr'], 0.001); the value is read as YAML."""
     if "=" not in item:
@@ -56,6 +59,8 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     listed = isinstance(value, list) and list in map(get_origin, (field, *get_args(field)))
     if value is not None and not isinstance(value, str) and not listed and _takes_words(field):
         value = raw.strip()  # sample.prompt=no is the word "no", not False
+    elif value is None and raw.strip() not in YAML_NULLS and _takes_words(field):
+        value = raw.strip()  # "---" or "..." are YAML document marks, read as empty: a word
     return parts, value
 
 
