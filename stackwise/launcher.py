@@ -30,14 +30,14 @@ def _true(value: str | None) -> bool:
 
 
 def fsdp_launch() -> dict[str, Any] | None:
-    """The parallel settings an FSDP launch asks for (strategy, sharding, cpu_offload, and
-    activation checkpointing), or None for any other launch; read once per process."""
+    """The parallel settings an FSDP launch asks for (sharding, cpu_offload and activation
+    checkpointing), or None for any other launch; read once per process."""
     if _read:
         return _read[0]
     env = os.environ
     found: dict[str, Any] | None = None
     if _true(env.get(FSDP_ENV)):
-        found = {"strategy": "fsdp", "sharding": _launch_sharding(env)}
+        found = {"sharding": _launch_sharding(env)}
         found["cpu_offload"] = _true(env.get("FSDP_OFFLOAD_PARAMS"))
         found["activation_checkpointing"] = _true(env.get("FSDP_ACTIVATION_CHECKPOINTING"))
     _read.append(found)

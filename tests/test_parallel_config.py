@@ -145,3 +145,11 @@ def test_an_unknown_launch_sharding_is_refused(launched):
     launched(FSDP_SHARDING_STRATEGY="HYBRID_SHARD_ZERO2")
     with pytest.raises(StackWiseError, match="HYBRID_SHARD_ZERO2"):
         stackwise.compile_plan(load_config(None, []))
+
+
+def test_one_process_says_the_shard_dtypes_change_nothing(tiny, capsys):
+    """fsdp on one process (no offload) trains the model whole: a gather dtype is noted."""
+    config = tiny(parallel={"strategy": "fsdp", "param_dtype": "bf16"})
+    result = stackwise.train_from_config(config, quiet=True)
+    assert result.state.step == 4
+    assert "parallel.param_dtype: bf16 changes nothing here" in capsys.readouterr().err

@@ -117,7 +117,7 @@ class FSDP:
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
         spec = self.spec
-        sharding = spec.sharding or "full_shard"
+        sharding = spec.sharding or "full_shard"  # the plan resolves it; a spec made by hand
         device = accelerator.device
         offload = spec.cpu_offload and device.type != "cpu"
         if spec.cpu_offload and not offload and accelerator.is_main_process:
@@ -128,6 +128,19 @@ class FSDP:
             )
         if accelerator.num_processes == 1:
             if not offload:  # nothing to split; checkpoints stay DCP's
+                defaults = {"param_dtype": "auto", "reduce_dtype": "fp32"}
+                unused = [
+                    f"parallel.{k}: {getattr(spec, k)}"
+                    for k, default in defaults.items()
+                    if getattr(spec, k) != default
+                ]
+                if unused and accelerator.is_main_process:
+                    print(
+                        f"stackwise: note: {', '.join(unused)} changes nothing here: one "
+                        "process has nothing to shard, so its model trains whole (as set by "
+                        "train.mixed_precision).",
+                        file=sys.stderr,
+                    )
                 return model.to(device)
             one_process_group(device)  # offloading one GPU's model needs FSDP's machinery
         mesh = device_mesh(sharding, accelerator.num_processes, spec.shard_group_size, device)
