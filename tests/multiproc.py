@@ -58,3 +58,10 @@ def train_losses(out: Path) -> dict[int, float]:
     """step -> logged training loss, from the run's metrics.jsonl."""
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+
+def finished(proc: subprocess.CompletedProcess, out: Path) -> None:
+    """A run that ended well: exit 0, no abort at exit, its folder marked complete."""
+    assert proc.returncode == 0, report(proc)
+    assert "terminate called" not in proc.stderr, report(proc)
+    assert (out / "run_complete.json").is_file(), report(proc)

@@ -12,20 +12,13 @@ import pytest
 import torch
 import yaml
 from conftest import make_corpus, tiny_dict
-from multiproc import clean_env, launch, report, tiny_run, train_losses
+from multiproc import clean_env, finished, launch, report, tiny_run, train_losses
 from safetensors.torch import load_file
 
 from stackwise.runs import load_trained
 
 STEPS = ["train.max_steps=6", "train.save_steps=3", "logging.jsonl=true"]
 FSDP = ["parallel.strategy=fsdp"]
-
-
-def finished(proc, out):
-    """A run that ended well: exit 0, no abort at exit, one report from rank 0."""
-    assert proc.returncode == 0, report(proc)
-    assert "terminate called" not in proc.stderr, report(proc)
-    assert (out / "run_complete.json").is_file(), report(proc)
 
 
 @pytest.fixture(scope="module")

@@ -66,19 +66,25 @@ def test_a_sharding_name_is_one_of_four(name):
             "set parallel.sharding: hybrid_shard",
         ),
         (
-            {"parallel": {"strategy": "fsdp"}, "progressive": {"strategy": "progressive"}},
-            "progressive growth does not run under FSDP yet",
+            {
+                "parallel": {"strategy": "fsdp"},
+                "model": {"model_name_or_path": "base", "load_in_8bit": True},
+            },
+            "model.load_in_8bit does not run under FSDP",
         ),
         (
-            {"parallel": {"strategy": "fsdp"}, "quant": {"enabled": True}},
-            "do not run under FSDP yet",
+            {
+                "parallel": {"strategy": "fsdp", "param_dtype": "bf16"},
+                "model": {"model_name_or_path": "b", "load_in_4bit": True, "quant_storage": "fp32"},
+            },
+            "corrupt them. Set model.quant_storage: uint8",
         ),
         (
             {"parallel": {"strategy": "fsdp"}, "train": {"consolidated_weights": True}},
             "Remove train.consolidated_weights",
         ),
     ],
-    ids=["deepspeed", "offload", "dtype", "group", "progressive", "quant", "consolidated"],
+    ids=["deepspeed", "offload", "dtype", "group", "8bit", "storage", "consolidated"],
 )
 def test_what_fsdp_cannot_do_is_refused_in_one_paragraph(section, said):
     with pytest.raises(InvalidConfig) as err:

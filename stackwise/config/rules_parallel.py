@@ -43,17 +43,11 @@ def fsdp_not_yet(cfg: Config) -> Iterator[str]:
     if not shards(cfg):
         return
     instead = "train it with parallel.strategy: ddp (a whole copy on each process)"
-    if cfg.progressive.strategy == "progressive":
+    if cfg.model.load_in_8bit:
         yield (
-            "progressive growth does not run under FSDP yet (each stage would have to shard "
-            f"the rack it grows); {instead}, or train the rack end to end "
-            "(progressive.strategy: end_to_end) under FSDP"
-        )
-    if cfg.quant.enabled or cfg.model.load_in_4bit or cfg.model.load_in_8bit:
-        yield (
-            "quantized weights (quant.enabled, model.load_in_4bit/8bit: QLoRA) do not run "
-            f"under FSDP yet: the 4-bit statistics are not sharded; {instead}, or fine-tune "
-            "the unquantized model (LoRA) under FSDP"
+            "model.load_in_8bit does not run under FSDP: bitsandbytes' 8-bit weights keep "
+            "their row statistics outside the parameter, where a shard cannot carry them; "
+            f"load the base in 4 bits (model.load_in_4bit: QLoRA shards), or {instead}"
         )
     if cfg.train.consolidated_weights:
         yield (
@@ -64,3 +58,20 @@ def fsdp_not_yet(cfg: Config) -> Iterator[str]:
         )
     if cfg.memory_on:
         yield f"the memory extension does not run under FSDP yet; {instead}"
+
+
+@cross_rule
+def fsdp_4bit_storage(cfg: Config) -> Iterator[str]:
+    """FSDP2 casts floating parameters to its gather dtype: 4-bit codes packed into a float
+    storage (model.quant_storage) would be cast as numbers and corrupted. uint8 it leaves be."""
+    m, p = cfg.model, cfg.parallel
+    if not shards(cfg) or not m.load_in_4bit or m.quant_storage == "uint8":
+        return
+    gather = p.param_dtype if p.param_dtype != "auto" else cfg.train.mixed_precision
+    if gather != "no" and gather != m.quant_storage:
+        yield (
+            f"model.quant_storage is {m.quant_storage} and FSDP gathers the weights in "
+            f"{gather} (parallel.param_dtype, auto: train.mixed_precision): it would cast the "
+            "packed 4-bit codes as numbers and corrupt them. Set model.quant_storage: uint8 "
+            f"(FSDP2 gathers it untouched), or model.quant_storage: {gather}"
+        )

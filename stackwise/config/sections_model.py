@@ -63,7 +63,7 @@ class ModelConfig(Section):
         "auto", description="4-bit: the matmul dtype; auto follows model.dtype."
     )
     quant_storage: Storage4bit = Field(
-        "uint8", description="4-bit: the packed weights' storage dtype (bf16 for FSDP)."
+        "uint8", description="4-bit: the packed weights' storage dtype (FSDP2 shards uint8)."
     )
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     trust_remote_code: bool = Field(

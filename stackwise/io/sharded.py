@@ -106,3 +106,20 @@ def whole_model(model: nn.Module, build: Callable[[], nn.Module], main: bool) ->
     whole = build()
     whole.load_state_dict(state)
     return whole
+
+
+def gather_into(trained: nn.Module, whole: nn.Module) -> None:
+    """The weights `trained` trains (its parameters that take gradients), sharded or not,
+    copied whole into `whole`: a module of the same layout, such as the plain rack a stage's
+    sharded copy was made from. Frozen weights are equal in both already, and a 4-bit one
+    would lose its statistics on the way. Every process calls it: each sharded tensor is
+    gathered from all of them, in the same order."""
+    from torch.distributed.tensor import DTensor
+
+    state = {
+        name: p.full_tensor() if isinstance(p, DTensor) else p
+        for name, p in trained.named_parameters()
+        if p.requires_grad
+    }
+    unexpected = whole.load_state_dict(state, strict=False).unexpected_keys
+    assert not unexpected, f"{type(whole).__name__} has no {unexpected[:3]}"

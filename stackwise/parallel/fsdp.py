@@ -32,11 +32,20 @@ RESHARD_AFTER_FORWARD = {
 
 def shard_units(model: nn.Module) -> list[nn.Module]:
     """The modules sharded one by one, innermost first: the rack's blocks, or the layers a
-    Hugging Face model names in `_no_split_modules` (its decoder layers)."""
+    Hugging Face model names in `_no_split_modules` (its decoder layers). Blocks the model
+    may run on one process alone (`rank_local_modules`: a progressive stage's cached trunk)
+    stay with the root's parameters: a block's own gather would wait for peers that never
+    run it."""
     names: set[str] = set()
     for module in model.modules():
         names.update(getattr(module, "_no_split_modules", None) or ())
-    return [m for m in model.modules() if isinstance(m, Block) or type(m).__name__ in names]
+    local = getattr(model, "rank_local_modules", list)()
+    alone = {id(m) for part in local for m in part.modules()}
+    return [
+        m
+        for m in model.modules()
+        if (isinstance(m, Block) or type(m).__name__ in names) and id(m) not in alone
+    ]
 
 
 def device_mesh(sharding: str, world: int, group_size: int | None, device: torch.device) -> Any:

@@ -27,7 +27,7 @@ def joint_tuning(recipe: Any) -> dict[str, Any]:
     spent = (flops, sum(r.tokens for r in recipe.records))
     trainer = build_trainer(
         plan,
-        rack,
+        recipe.copies.working(rack),
         recipe.base_objective,
         recipe.data.train,
         recipe.data.val,
@@ -38,6 +38,7 @@ def joint_tuning(recipe: Any) -> dict[str, Any]:
     )
     start = time.perf_counter()
     state = trainer.train()
+    recipe.copies.bring_back()
     evals = [h for h in state.history if "loss" in h]
     return {
         "steps": state.step,

@@ -24,6 +24,7 @@ from stackwise.progressive.finish import final_eval, joint_tuning
 from stackwise.progressive.growing import GrowingRack
 from stackwise.progressive.records import ProgressiveResult, StackRecord
 from stackwise.progressive.seed_builder import SeedSettings, start_seed_run
+from stackwise.progressive.sharded_stage import StageCopies
 from stackwise.progressive.stage import KeyedSamples, StageModel
 from stackwise.progressive.stage_cache import StageCache
 from stackwise.progressive.stage_specs import stage_line, stage_objective, stage_plan
@@ -81,6 +82,7 @@ class ProgressiveRecipe:
         self.base_objective = objective_from(plan.objective, plan.masking, data.specials)
         self._chain = self._build_chain()
         self.stage_cache = StageCache(plan, data.train_size, self.output_dir, self.accelerator)
+        self.copies = StageCopies(plan.parallel.shards, acc.device)  # what a sharded stage trains
         check_plateau(plan, len(data.val) if data.val is not None else None)
         self.last_trainer: EnhancedTrainer | None = None
 
@@ -157,8 +159,7 @@ class ProgressiveRecipe:
         probe = StageModel(self.builder.rack, new)
         carried = self.stage_cache.prepare(keyed, objective, probe, self.builder.rack)
         variants, times = self.stage_cache.variants(objective)
-        seed = self.plan.train.seed
-        return KeyedSamples(self.data.train, variants, seed, times), carried
+        return KeyedSamples(self.data.train, variants, self.plan.train.seed, times), carried
 
     def _stage_trainer(
         self,
@@ -169,10 +170,9 @@ class ProgressiveRecipe:
         objective: Objective,
         data: Any,
     ) -> EnhancedTrainer:
-        index = run.stage.index
         trainer = build_trainer(
             plan,
-            model,
+            self.copies.working(model, shared=[model.cache]),
             objective,
             data,
             self.data.val,
@@ -185,11 +185,12 @@ class ProgressiveRecipe:
             extensions=run.extensions(),
         )
         self.last_trainer = trainer  # inspected by tests (optimizer membership)
-        trainer.call_hook("on_stack_begin", index)
+        trainer.call_hook("on_stack_begin", run.stage.index)
         return trainer
 
     def _after_stage(self, new: Any) -> None:
         acc = self.accelerator
+        self.copies.bring_back()  # the stage's weights, gathered into the rack
         self.growing.finish_stack(new)
         if self.p.save_stacks and acc.is_main_process:
             # a trunk that trains, gains adapters or is quantized on freezing is saved again

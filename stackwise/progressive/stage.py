@@ -84,6 +84,15 @@ class StageModel(nn.Module):
         """What a stage checkpoint saves and restores: the whole rack (new stack included)."""
         return self.rack
 
+    def rank_local_modules(self) -> list[nn.Module]:
+        """What one process may run without its peers: the trunk behind the activation cache
+        (each process's own keys miss at their own times) and a denoising chain's stacks
+        (routed by each batch's noise levels). A sharder must not make their forward
+        collective; FSDP gathers them with the whole model instead, once per step."""
+        if self.rack.chain is not None:
+            return list(self.rack.stacks)
+        return list(self.before) if self.cache is not None else []
+
     @property
     def boundary(self) -> int:
         """The cache boundary this stage reads: the number of stacks before the new one."""

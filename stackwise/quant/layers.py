@@ -130,6 +130,7 @@ def nf4_linear(linear: nn.Linear, double_quant: bool = False) -> nn.Module:
         requires_grad=False,
         quant_type="nf4",
         compress_statistics=double_quant,
+        module=q,  # the statistics live on the layer too: a sharder's gathered copy lacks them
     )
     if linear.bias is not None:
         q.bias = nn.Parameter(linear.bias.detach().float().cpu(), requires_grad=False)

@@ -9,7 +9,7 @@ from stackwise.errors import StackWiseError
 from stackwise.io.trained import save_tokenizer
 from stackwise.progressive import ProgressiveRecipe, summary_table
 from stackwise.strategies.base import RunResult, register_training_strategy
-from stackwise.strategies.report import data_line, precision, saving_note
+from stackwise.strategies.report import data_line, placement, precision, saving_note
 from stackwise.train.adapters import ADAPTERS, ModelAdapter
 from stackwise.train.checkpoint_manager import on_main
 from stackwise.train.strategy import TrainingStrategy
@@ -44,8 +44,9 @@ def growth_header(plan: Any, data: PreparedData, recipe: ProgressiveRecipe) -> s
         f"{p.trunk_strategy}, head {p.head_policy}, time as {p.time_interpretation}"
         + (", activation cache" if p.cache.enabled else "")
         + (f", then {p.joint_tuning_steps} joint steps" if p.mode == "fused" else "")
-        + f"); {data_line(data, plan)}; device {recipe.accelerator.device}, "
-        f"precision {precision(plan, recipe)}; output {recipe.output_dir}" + saving_note(plan)
+        + f"); {data_line(data, plan)}; device {recipe.accelerator.device}"
+        f"{placement(plan, recipe.accelerator)}, precision {precision(plan, recipe)}; "
+        f"output {recipe.output_dir}" + saving_note(plan)
     )
 
 
