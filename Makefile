@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[dev]"
+	# the DeepSpeed extra (tests/test_deepspeed.py): its build must see the torch above
+	$(BIN)/python -m pip install -q --no-build-isolation "deepspeed>=0.19,<0.20"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -9,14 +9,12 @@ class StackWiseError(Exception):
     """A problem the user can fix: the message names it and says how."""
 
 
-def deepspeed_unavailable(asked: str = "") -> str:
-    """Why a run that asks for DeepSpeed (`asked` says where, if not the key being read) is
-    refused, and what to run."""
+def deepspeed_missing(asked: str) -> str:
+    """Why a run that asks for DeepSpeed (`asked`: the key that does) cannot start here."""
     return (
-        f"{asked + ' asks for ' if asked else ''}DeepSpeed ZeRO, which StackWise does not run "
-        "yet, so a DeepSpeed setting would only be ignored. Shard with FSDP2 "
-        "instead: parallel.strategy: fsdp (the seeds' distributed_strategy: fsdp) with "
-        "parallel.sharding: full_shard (ZeRO-3) or shard_grad_op (ZeRO-2), and "
-        "parallel.cpu_offload: true for ZeRO's offload; launch with `torchrun "
-        "--nproc_per_node N -m stackwise train --config FILE`."
+        f"{asked} asks for DeepSpeed ZeRO, an optional extra that is not installed. Install it "
+        "next to the torch you have (its build must not fetch another): pip install "
+        "--no-build-isolation 'stackwise[deepspeed]'. Or shard with FSDP2, which needs "
+        "nothing more: parallel.strategy: fsdp with parallel.sharding: full_shard (ZeRO-3) or "
+        "shard_grad_op (ZeRO-2), parallel.cpu_offload: true for ZeRO's offload."
     )

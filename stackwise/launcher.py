@@ -78,3 +78,18 @@ def hide_fsdp_launch() -> None:
 def forget_launch() -> None:
     """Read the environment again at the next call (tests that set it)."""
     _read.clear()
+
+
+def without_launcher_rank(argv: list[str]) -> list[str]:
+    """`argv` without the `--local_rank=N` (or `--local_rank N`) the deepspeed launcher adds
+    to each process's arguments; the rank it names goes to LOCAL_RANK when that is unset."""
+    kept: list[str] = []
+    rest = iter(argv)
+    for arg in rest:
+        if arg == "--local_rank":
+            arg = f"--local_rank={next(rest, '0')}"
+        if arg.startswith("--local_rank="):
+            os.environ.setdefault("LOCAL_RANK", arg.split("=", 1)[1])
+            continue
+        kept.append(arg)
+    return kept

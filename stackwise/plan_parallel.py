@@ -45,12 +45,25 @@ def parallel_spec(config: Config, given: str | None) -> ParallelSpec:
         name = "fsdp"
         settings["sharding"] = settings["sharding"] or launch.get("sharding")
         settings["cpu_offload"] = settings["cpu_offload"] or launch["cpu_offload"]
+    if name == "auto" and p.deepspeed_config is not None:
+        name = "deepspeed"  # the seeds' --deepspeed_config alone asks for it
     chosen = name != "auto"
     name = name if chosen else default_parallelizer(config)
     shards = PARALLELIZERS.capabilities(name, "parallel.strategy").shards
     if name == "fsdp":
         settings["sharding"] = settings["sharding"] or "full_shard"
-    return ParallelSpec(name, chosen=chosen, shards=shards, **settings)
+    zero = deepspeed_config(config) if name == "deepspeed" else None
+    return ParallelSpec(name, chosen=chosen, shards=shards, deepspeed=zero, **settings)
+
+
+def deepspeed_config(config: Config) -> dict:
+    """What deepspeed.initialize gets: the parallel and train sections over the user's file
+    (the config rules refused files that disagree with them)."""
+    from stackwise.config import deepspeed_file as ds
+
+    p = config.parallel
+    given = ds.read_file(p.deepspeed_config) if p.deepspeed_config else {}
+    return ds.build(given, config.train, p.sharding, p.cpu_offload)
 
 
 def default_parallelizer(config: Config) -> str:

@@ -58,7 +58,6 @@ def test_a_sharding_name_is_one_of_four(name):
 @pytest.mark.parametrize(
     ("section", "said"),
     [
-        ({"parallel": {"strategy": "deepspeed"}}, "parallel.strategy: fsdp"),
         ({"parallel": {"cpu_offload": True}}, "applies to sharded training only"),
         ({"parallel": {"param_dtype": "bf16"}}, "applies to sharded training only"),
         (
@@ -84,7 +83,7 @@ def test_a_sharding_name_is_one_of_four(name):
             "Remove train.consolidated_weights",
         ),
     ],
-    ids=["deepspeed", "offload", "dtype", "group", "8bit", "storage", "consolidated"],
+    ids=["offload", "dtype", "group", "8bit", "storage", "consolidated"],
 )
 def test_what_fsdp_cannot_do_is_refused_in_one_paragraph(section, said):
     with pytest.raises(InvalidConfig) as err:

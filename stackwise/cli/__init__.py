@@ -22,6 +22,7 @@ from stackwise.cli.hf_commands import cmd_finetune
 from stackwise.cli.parsers import build_parser
 from stackwise.cli.unknown_flags import refuse_unknown
 from stackwise.errors import StackWiseError
+from stackwise.launcher import without_launcher_rank
 from stackwise.quiet import filter_library_noise
 
 __all__ = [
@@ -112,7 +113,8 @@ def _report_stop(err: StackWiseError, ns: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     filter_library_noise()
-    ns = _parse_command(sys.argv[1:] if argv is None else [str(a) for a in argv])
+    args = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    ns = _parse_command(without_launcher_rank(args))
     try:
         with sigterm_as_interrupt():
             code = ns.func(ns)

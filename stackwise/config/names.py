@@ -9,7 +9,6 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
-from stackwise.errors import deepspeed_unavailable
 from stackwise.registry import (
     GROWTH_OPERATORS,
     OBJECTIVES,
@@ -40,4 +39,4 @@ ObjectiveName = registered(OBJECTIVES)
 ScheduleName = registered(SCHEDULES)
 SamplerName = registered(SAMPLERS, "auto")
 GrowthOperatorName = registered(GROWTH_OPERATORS)
-ParallelizerName = registered(PARALLELIZERS, "auto", refused={"deepspeed": deepspeed_unavailable()})
+ParallelizerName = registered(PARALLELIZERS, "auto")

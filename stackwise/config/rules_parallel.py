@@ -22,6 +22,8 @@ def fsdp_settings(cfg: Config) -> Iterator[str]:
     """The keys only FSDP reads, refused under another placement (parallel.sharding is
     noted instead: the seeds write it beside distributed_strategy: ddp)."""
     p = cfg.parallel
+    if p.strategy == "deepspeed" or p.deepspeed_config is not None:
+        return  # rules_deepspeed: ZeRO reads cpu_offload and sharding too
     if not shards(cfg):
         for name in FSDP_ONLY:
             if p.changed(name):

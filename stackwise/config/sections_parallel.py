@@ -1,5 +1,6 @@
 """The parallel section: how a multi-process run places its model (DDP replicas, FSDP2
-shards) and, for sharded runs, the shards' layout, precision and offload."""
+shards, DeepSpeed ZeRO partitions) and, for sharded runs, the shards' layout, precision and
+offload."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ class ParallelConfig(Section):
     strategy: ParallelizerName = Field(
         "auto",
         description="How the model is placed on the run's processes: ddp (a whole copy on "
-        "each), fsdp (FSDP2: parameters, gradients and optimizer state sharded), manual "
+        "each), fsdp (FSDP2: parameters, gradients and optimizer state sharded), deepspeed "
+        "(DeepSpeed ZeRO-2/3, an optional extra: pip install stackwise[deepspeed]), manual "
         "(unwrapped, gradients averaged by hand), or a registered parallelizer of your own; "
         "auto: ddp, or manual for local losses.",
     )
@@ -27,7 +29,8 @@ class ParallelConfig(Section):
         description="fsdp: full_shard (parameters resharded after forward), shard_grad_op "
         "(kept whole from forward to backward), hybrid_shard (sharded within a node, "
         "replicated across nodes), no_shard (replicated: DDP through FSDP). None: full_shard. "
-        "The seeds' FULL_SHARD spelling is read too.",
+        "The seeds' FULL_SHARD spelling is read too. deepspeed: full_shard is ZeRO-3, "
+        "shard_grad_op ZeRO-2, no_shard ZeRO-0 (None: the config file's stage, else 3).",
     )
     shard_group_size: PositiveInt | None = Field(
         None,
@@ -45,5 +48,13 @@ class ParallelConfig(Section):
     cpu_offload: bool = Field(
         False,
         description="fsdp: keep the parameter shards, their gradients and the optimizer step "
-        "on the CPU (FSDP2's CPUOffloadPolicy); saves accelerator memory for speed.",
+        "on the CPU (FSDP2's CPUOffloadPolicy); deepspeed: ZeRO's optimizer offload (and "
+        "parameter offload at stage 3). Saves accelerator memory for speed.",
+    )
+    deepspeed_config: str | None = Field(
+        None,
+        description="deepspeed: a DeepSpeed JSON config (the seeds' --deepspeed_config) for "
+        "what StackWise does not set itself (zero_optimization, offload, communication); "
+        "batch sizes, accumulation, clipping and precision must be absent, 'auto' or equal to "
+        "train.*. Setting it makes parallel.strategy auto mean deepspeed.",
     )

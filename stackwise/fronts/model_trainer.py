@@ -169,9 +169,10 @@ USAGE = (
 def main(argv: list[str] | None = None) -> int:
     """The module's command line; errors print one paragraph and exit 2."""
     from stackwise.fronts.finetune_flags import FLAGS, PRECISION_FLAGS, finetune_config
+    from stackwise.launcher import without_launcher_rank
     from stackwise.quiet import filter_library_noise
 
-    args = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    args = without_launcher_rank(sys.argv[1:] if argv is None else [str(a) for a in argv])
     if {"-h", "--help"} & set(args):
         print(USAGE.format(flags=", ".join(f"--{n}" for n in [*FLAGS, *PRECISION_FLAGS])))
         return 0

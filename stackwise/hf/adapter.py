@@ -151,8 +151,11 @@ class HFAdapter(ModelAdapter):
         return group_lr(name, tc, self.plan)
 
     def describe(self, model: nn.Module, plan: Plan) -> str:
-        total = sum(p.numel() for p in model.parameters())
-        trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        def size(p: nn.Parameter) -> int:  # ZeRO-3 keeps a part here, its whole size aside
+            return getattr(p, "ds_numel", None) or p.numel()
+
+        total = sum(size(p) for p in model.parameters())
+        trained = sum(size(p) for p in model.parameters() if p.requires_grad)
         m = plan.model
         quant = "4-bit " if m.load_in_4bit else "8-bit " if m.load_in_8bit else ""
         how = "LoRA" if plan.lora.enabled else "full fine-tuning"

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from stackwise.errors import StackWiseError
+
 SHARDED = "sharded"  # the DCP folder inside a checkpoint
 
 
@@ -51,6 +53,10 @@ def save_sharded(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    if hasattr(optimizer, "engine"):  # DeepSpeed: the engine's own partitioned checkpoint
+        from stackwise.io.deepspeed_files import save_engine
+
+        return save_engine(folder, optimizer, frozen_from_files)
     options = _options(frozen_from_files)
     model_state, optim_state = get_state_dict(model, _inner(optimizer), options=options)
     with one_process_quiet():
@@ -65,6 +71,17 @@ def load_sharded(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+    from stackwise.io.deepspeed_files import is_engine_checkpoint, load_engine
+
+    if is_engine_checkpoint(folder) or hasattr(optimizer, "engine"):
+        if not (is_engine_checkpoint(folder) and hasattr(optimizer, "engine")):
+            raise StackWiseError(
+                f"Checkpoint '{folder}' was written by "
+                f"{'a DeepSpeed' if is_engine_checkpoint(folder) else 'an FSDP'} run, and this "
+                "run places its model another way; each reads only its own partitions. "
+                "Resume with the parallel.strategy that wrote it, or start afresh."
+            )
+        return load_engine(folder, optimizer, frozen_from_files)
     inner, options = _inner(optimizer), _options(frozen_from_files)
     model_state, optim_state = get_state_dict(model, inner, options=options)
     state = {"model": model_state, "optim": optim_state}
@@ -80,15 +97,21 @@ def load_sharded(
 
 
 def is_sharded(folder: Path) -> bool:
-    """The checkpoint `folder` holds DCP shards."""
-    return (folder / SHARDED).is_dir()
+    """The checkpoint `folder` holds DCP shards (or DeepSpeed's partitions)."""
+    from stackwise.io.deepspeed_files import is_engine_checkpoint
+
+    return (folder / SHARDED).is_dir() or is_engine_checkpoint(folder)
 
 
 def is_sharded_model(model: nn.Module) -> bool:
-    """The model is FSDP2-sharded: each forward gathers parameters from every rank."""
+    """The model is FSDP2-sharded or ZeRO-3-partitioned: each forward gathers parameters
+    from every rank."""
     from torch.distributed.fsdp import FSDPModule
 
-    return isinstance(getattr(model, "_orig_mod", model), FSDPModule)
+    from stackwise.io.deepspeed_files import partitioned
+
+    model = getattr(model, "_orig_mod", model)
+    return isinstance(model, FSDPModule) or partitioned(getattr(model, "module", model))
 
 
 def whole_model(model: nn.Module, build: Callable[[], nn.Module], main: bool) -> nn.Module:
@@ -99,8 +122,13 @@ def whole_model(model: nn.Module, build: Callable[[], nn.Module], main: bool) ->
         return model
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    state = get_model_state_dict(model, options=options)  # whole on rank 0, empty elsewhere
+    from stackwise.io.deepspeed_files import gathered_state, partitioned
+
+    if partitioned(model):  # ZeRO-3
+        state = gathered_state(model, main)
+    else:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(model, options=options)  # whole on rank 0 alone
     if not main:
         return model
     whole = build()

@@ -51,12 +51,12 @@ class TiedHead(nn.Module):
         return self._embedding[0].weight
 
     @property
-    def in_features(self) -> int:
-        return self.weight.shape[1]
+    def in_features(self) -> int:  # from the embedding's sizes: a partitioned weight has none
+        return self._embedding[0].embedding_dim
 
     @property
     def out_features(self) -> int:
-        return self.weight.shape[0]
+        return self._embedding[0].num_embeddings
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return h @ self.weight.to(h.dtype).t()
@@ -277,12 +277,14 @@ class Rack(nn.Module):
 
 
 def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:
-    """Weights, not storage elements: a packed 4-bit tensor of n bytes holds 2n weights."""
+    """Weights, not storage elements: a packed 4-bit tensor of n bytes holds 2n weights, and
+    a ZeRO-3 partitioned one its whole size (`ds_numel`), not this process's part."""
     total = 0
     for m in module.modules():
         for name, p in m.named_parameters(recurse=False):
             if trainable_only and not p.requires_grad:
                 continue
             packed = not p.is_floating_point() and name == "weight" and hasattr(m, "in_features")
-            total += m.in_features * m.out_features if packed else p.numel()
+            whole = getattr(p, "ds_numel", None) or p.numel()
+            total += m.in_features * m.out_features if packed else whole
     return total

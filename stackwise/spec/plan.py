@@ -33,8 +33,9 @@ class ParallelSpec:
     reduce_dtype: str = "fp32"
     cpu_offload: bool = False
     # the parallelizer splits parameters over ranks (its `shards` capability): saves gather,
-    # checkpoints are DCP's
+    # checkpoints are DCP's (DeepSpeed's own under deepspeed)
     shards: bool = False
+    deepspeed: dict[str, Any] | None = None  # deepspeed: the config deepspeed.initialize gets
 
 
 @dataclass(frozen=True)

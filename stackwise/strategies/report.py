@@ -65,6 +65,9 @@ def placement(config: Any, accelerator: Any) -> str:
     if world == 1:
         offloads = p.shards and p.cpu_offload and accelerator.device.type != "cpu"
         return ", sharded by FSDP2 to offload to the CPU" if offloads else ""
+    if p.deepspeed is not None:
+        stage = p.deepspeed["zero_optimization"]["stage"]
+        return f", partitioned by DeepSpeed ZeRO-{stage} over {world} processes"
     if p.shards:
         return f", sharded by FSDP2 ({p.sharding or 'full_shard'}) over {world} processes"
     return f" x {world} processes ({p.name})"

@@ -102,6 +102,10 @@ class CheckpointManager:
             contents.adapter.load_weights(contents.model, path)
             contents.optimizer.load_state_dict(ckpt.load_bin(path / "optimizer.bin"))
         contents.scheduler.load_state_dict(ckpt.load_bin(path / "scheduler.bin"))
+        # the next step's learning rates are the schedule's (a converted checkpoint's may not be)
+        groups = contents.scheduler.optimizer.param_groups
+        for group, lr in zip(groups, contents.scheduler.get_last_lr(), strict=True):
+            group["lr"] = lr
         if contents.scaler is not None and (path / "scaler.bin").is_file():
             contents.scaler.load_state_dict(ckpt.load_bin(path / "scaler.bin"))
         self.saved_steps = {int(saved.get("step", 0))}

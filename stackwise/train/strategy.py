@@ -92,7 +92,10 @@ class TrainingStrategy:
         ctx = self.context
         with accumulating(ctx, model, update_gradients):
             loss = self.compute_loss(model, batch) * ctx.scale
-            ctx.accelerator.backward(loss)
+            if steps_itself(ctx):  # DeepSpeed: its engine counts the micro-batches
+                ctx.parallelizer.backward(model, loss, update_gradients)
+            else:
+                ctx.accelerator.backward(loss)
         self.record(loss)
         if update_gradients:
             self.update(model, optimizer, scheduler)
@@ -114,7 +117,7 @@ class TrainingStrategy:
         ctx, tc, acc = self.context, self.context.train, self.context.accelerator
         ctx.parallelizer.sync_gradients(ctx.raw_model, acc)
         norm = None
-        if tc.max_grad_norm > 0:
+        if tc.max_grad_norm > 0 and not steps_itself(ctx):  # an engine clips on its own
             norm = acc.clip_grad_norm_(model.parameters(), tc.max_grad_norm)
             if hasattr(norm, "full_tensor"):  # sharded gradients (FSDP2): the whole norm
                 norm = norm.full_tensor()
@@ -147,9 +150,14 @@ class TrainingStrategy:
         )
 
 
+def steps_itself(ctx: StepContext) -> bool:
+    """The parallelizer's engine runs backward, accumulation and clipping (DeepSpeed)."""
+    return bool(getattr(ctx.parallelizer, "steps_itself", False))
+
+
 def accumulating(ctx: StepContext, model: nn.Module, last: bool) -> Any:
     """Gradients of a micro-batch that is not the step's last stay local (no all-reduce)."""
-    if last or ctx.accelerator.num_processes == 1:
+    if last or ctx.accelerator.num_processes == 1 or steps_itself(ctx):
         return contextlib.nullcontext()
     # FSDP2 reduce-scatters every micro-batch (it has no no_sync): its gradients stay sharded
     return ctx.accelerator.no_sync(model)

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from stackwise.config.seed_layouts import NOT_SEED, Layout, SeedKey, fill, keys
-from stackwise.errors import StackWiseError, deepspeed_unavailable
 
 OMIT = object()  # a converted value that sets nothing (fp16: false leaves the choice to bf16)
 PRECISION = ("fp16", "bf16")  # the two flat switches of train.mixed_precision
@@ -63,10 +62,6 @@ class _Precision:
 
 
 _as_list = _AsList()
-
-
-def _no_deepspeed(value: Any) -> Any:
-    raise StackWiseError(deepspeed_unavailable(f"deepspeed_config ({value!r})"))
 
 
 _FLAT: dict[str, str | SeedKey] = {
@@ -124,9 +119,7 @@ _FLAT: dict[str, str | SeedKey] = {
     "run_name": "logging.run_name",
     "distributed_strategy": "parallel.strategy",
     "fsdp_sharding_strategy": "parallel.sharding",
-    "deepspeed_config": SeedKey(
-        "parallel.strategy", _no_deepspeed, "refused: DeepSpeed is not run yet (FSDP2 instead)"
-    ),
+    "deepspeed_config": "parallel.deepspeed_config",
     "fp16": SeedKey("train.mixed_precision", _Precision("fp16"), "true: fp16 autocast"),
     "bf16": SeedKey("train.mixed_precision", _Precision("bf16"), "true: bf16 autocast"),
 }
