@@ -243,6 +243,9 @@ CUSTOM = {
     "parallel.reduce_dtype",
     "parallel.cpu_offload",
     "train.consolidated_weights",
+    # tested in test_deepspeed_config.py and test_deepspeed.py: the file's keys reach the
+    # engine's config, and the seed's --deepspeed_config line trains under ZeRO-3
+    "parallel.deepspeed_config",
     # tested in test_families.py: a toy growth operator and a toy parallelizer named in a config
     "progressive.growth.init",
     "parallel.strategy",

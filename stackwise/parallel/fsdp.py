@@ -19,6 +19,7 @@ from torch import nn
 from stackwise.errors import StackWiseError
 from stackwise.model.layers import Block
 from stackwise.precision import torch_dtype
+from stackwise.quant.layers import place_quant_states
 from stackwise.registry import register_parallelizer
 from stackwise.train.hardware import release_at_exit
 
@@ -159,6 +160,8 @@ class FSDP:
             "mp_policy": mixed_precision(spec, accelerator.mixed_precision),
             "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
         }
+        if device.type != "cpu":  # 4-bit statistics are not parameters: FSDP leaves them
+            place_quant_states(model, device)
         # each unit moves to the device as it is sharded: one unit whole there at a time
         for unit in shard_units(model):
             fully_shard(unit, **options)

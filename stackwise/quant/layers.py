@@ -112,6 +112,16 @@ def pin_nf4_layout(module: nn.Module) -> int:
     return count
 
 
+def place_quant_states(module: nn.Module, device: torch.device) -> None:
+    """Every bitsandbytes 4-bit layer's statistics onto `device`, where its weight computes.
+    A sharder moves only parameters; the statistics a gathered weight is given back
+    (Params4bit's `module` tie) would stay where the layer was built."""
+    for m in module.modules():
+        state = getattr(m, "quant_state", None)
+        if state is not None and hasattr(state, "to"):
+            state.to(device)
+
+
 def nf4_linear(linear: nn.Linear, double_quant: bool = False) -> nn.Module:
     """bitsandbytes NF4: quantized when moved to its device (`.to` runs the quantizer)."""
     import bitsandbytes as bnb
