@@ -57,6 +57,20 @@ def test_zero_trains_as_ddp_and_resumes_bit_for_bit(runs, zero):
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
 
 
+def test_accumulated_micro_batches_step_as_under_ddp(runs):
+    """train.grad_accum_steps 2: the engine reduces and steps once, at the trainer's last
+    micro-batch (its boundary is set by the trainer, not by its own counter)."""
+    root = runs[0]
+    accum = [*STEPS, "train.grad_accum_steps=2", "train.batch_size=2"]
+    losses = []
+    for name, extra in (("ddp-accum", []), ("zero3-accum", ZERO["zero3"])):
+        proc, out = tiny_run(root, name, 2, [*accum, *extra])
+        finished(proc, out)
+        losses.append(train_losses(out))
+    ddp, zero = losses
+    assert len(zero) == 3 and all(abs(zero[k] - ddp[k]) < 1e-5 for k in ddp), (zero, ddp)
+
+
 def test_another_process_count_resumes_from_the_universal_form(runs):
     """A 2-process ZeRO-3 checkpoint into one process: refused with DeepSpeed's conversion
     command; once converted, the run resumes from the checkpoint's weights (its first loss is
@@ -120,3 +134,14 @@ def test_the_seeds_deepspeed_command_fine_tunes_a_4bit_model(tmp_path):
     assert done.returncode == 0, report(done)
     two, ref = train_losses(out), train_losses(one)
     assert len(two) == 3 and all(abs(two[k] - ref[k]) < 1e-5 for k in ref), (two, ref)
+
+
+def test_lr_find_under_deepspeed_is_refused_in_one_paragraph(runs):
+    root = runs[0]
+    config = root / "zero3.yaml"
+    command = [sys.executable, "-m", "stackwise.cli", "lr-find", str(config), "--steps", "3"]
+    command += [*ZERO["zero3"], f"train.output_dir={root / 'lr'}"]
+    proc = subprocess.run(command, capture_output=True, text=True, env=clean_env(), cwd=root)
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, report(proc)
+    assert "Run lr-find with parallel.strategy: ddp or fsdp" in said

@@ -113,7 +113,14 @@ def test_a_file_that_disagrees_is_refused(installed, tmp_path, data, section, sa
             {"parallel": {"strategy": "deepspeed"}, "progressive": {"strategy": "progressive"}},
             "progressive growth does not run under DeepSpeed",
         ),
-        ({"parallel": {"strategy": "deepspeed"}, "quant": {"enabled": True}}, "ZeRO"),
+        (
+            {"parallel": {"strategy": "deepspeed"}, "quant": {"enabled": True}},
+            "a quantized rack (quant.enabled)",
+        ),
+        (
+            {"parallel": {"strategy": "deepspeed", "sharding": "no_shard", "cpu_offload": True}},
+            "partitions nothing",
+        ),
         (
             {"parallel": {"strategy": "deepspeed"}, "train": {"skip_nonfinite_steps": True}},
             "cannot skip a DeepSpeed step",
@@ -123,7 +130,17 @@ def test_a_file_that_disagrees_is_refused(installed, tmp_path, data, section, sa
             "use bf16",
         ),
     ],
-    ids=["strategy", "missing", "fsdp-key", "hybrid", "progressive", "quant", "skip", "fp16"],
+    ids=[
+        "strategy",
+        "missing",
+        "fsdp-key",
+        "hybrid",
+        "progressive",
+        "quant",
+        "offload0",
+        "skip",
+        "fp16",
+    ],
 )
 def test_what_deepspeed_does_not_run_is_refused(installed, section, said):
     assert said in refused(section)

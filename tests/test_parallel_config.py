@@ -79,11 +79,19 @@ def test_a_sharding_name_is_one_of_four(name):
             "corrupt them. Set model.quant_storage: uint8",
         ),
         (
+            {
+                "parallel": {"strategy": "fsdp", "cpu_offload": True},
+                "quant": {"enabled": True},
+                "lora": {"enabled": True},
+            },
+            "cannot hold integer-coded weights",
+        ),
+        (
             {"parallel": {"strategy": "fsdp"}, "train": {"consolidated_weights": True}},
             "Remove train.consolidated_weights",
         ),
     ],
-    ids=["offload", "dtype", "group", "8bit", "storage", "consolidated"],
+    ids=["offload", "dtype", "group", "8bit", "storage", "offload-4bit", "consolidated"],
 )
 def test_what_fsdp_cannot_do_is_refused_in_one_paragraph(section, said):
     with pytest.raises(InvalidConfig) as err:

@@ -64,8 +64,14 @@ def deepspeed_not_here(cfg: Config) -> Iterator[str]:
         yield f"progressive growth does not run under DeepSpeed; {instead}"
     if cfg.quant.enabled or cfg.model.load_in_8bit:
         yield (
-            "quantized weights (quant.enabled, model.load_in_4bit/8bit) do not run under "
-            f"DeepSpeed ZeRO, which partitions floating-point weights only; {instead}"
+            "a quantized rack (quant.enabled) or an 8-bit model (model.load_in_8bit) does not "
+            f"run under DeepSpeed here (a 4-bit Hugging Face model does); {instead}"
+        )
+    if cfg.parallel.cpu_offload and cfg.parallel.sharding == "no_shard":
+        yield (
+            "parallel.cpu_offload offloads ZeRO's partitions, and parallel.sharding: no_shard "
+            "(ZeRO-0) partitions nothing; use shard_grad_op (ZeRO-2) or full_shard (ZeRO-3), "
+            "or remove parallel.cpu_offload"
         )
     if cfg.memory_on:
         yield f"the memory extension does not run under DeepSpeed; {instead}"

@@ -60,6 +60,20 @@ def fsdp_not_yet(cfg: Config) -> Iterator[str]:
         )
     if cfg.memory_on:
         yield f"the memory extension does not run under FSDP yet; {instead}"
+    four_bit = cfg.quant.enabled or cfg.progressive.trunk_strategy == "qlora"
+    if cfg.parallel.cpu_offload and (four_bit or cfg.model.load_in_4bit):
+        hf = cfg.model.load_in_4bit and cfg.model.quant_storage != "uint8"
+        if not hf:
+            yield (
+                "parallel.cpu_offload cannot hold integer-coded weights (4-bit or fp8 codes): "
+                "FSDP2's offload makes every shard a parameter that takes gradients, which an "
+                "integer tensor cannot. Remove parallel.cpu_offload (the coded base is small)"
+                + (
+                    ", or store it as floats: model.quant_storage: bf16"
+                    if cfg.model.load_in_4bit
+                    else ""
+                )
+            )
 
 
 @cross_rule

@@ -140,14 +140,17 @@ def gather_into(trained: nn.Module, whole: nn.Module) -> None:
     """The weights `trained` trains (its parameters that take gradients), sharded or not,
     copied whole into `whole`: a module of the same layout, such as the plain rack a stage's
     sharded copy was made from. Frozen weights are equal in both already, and a 4-bit one
-    would lose its statistics on the way. Every process calls it: each sharded tensor is
-    gathered from all of them, in the same order."""
+    would lose its statistics on the way. One parameter at a time, each gathered on its
+    mesh's device (an offloaded shard lives on the CPU). Every process calls it: each sharded
+    tensor is gathered from all of them, in the same order."""
     from torch.distributed.tensor import DTensor
 
-    state = {
-        name: p.full_tensor() if isinstance(p, DTensor) else p
-        for name, p in trained.named_parameters()
-        if p.requires_grad
-    }
-    unexpected = whole.load_state_dict(state, strict=False).unexpected_keys
-    assert not unexpected, f"{type(whole).__name__} has no {unexpected[:3]}"
+    for name, p in trained.named_parameters():
+        if not p.requires_grad:
+            continue
+        if isinstance(p, DTensor):
+            value = p.detach().to(p.device_mesh.device_type).full_tensor()
+        else:
+            value = p.detach()
+        with torch.no_grad():
+            whole.get_parameter(name).copy_(value)

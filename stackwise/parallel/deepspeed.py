@@ -31,8 +31,11 @@ class EngineOptimizer:
     def __init__(self, engine: Any, optimizer: torch.optim.Optimizer) -> None:
         self.engine, self.optimizer = engine, optimizer
 
-    def step(self) -> None:
+    def step(self) -> bool:
+        """The engine's step at the accumulation boundary; False when it skipped the update
+        (a non-finite gradient norm)."""
         self.engine.step()
+        return bool(self.engine.was_step_applied())
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.engine.zero_grad()
@@ -83,11 +86,11 @@ class DeepSpeed:
         return engine, EngineOptimizer(engine, optimizer)
 
     def backward(self, model: Any, loss: torch.Tensor, last: bool) -> None:
-        """The engine's backward (the loss is already scaled for accumulation); before the
-        step's last micro-batch the engine's step only counts it."""
+        """The engine's backward (the loss is already scaled for accumulation). The step's
+        boundary is the trainer's (its last micro-batch), told to the engine rather than left
+        to the engine's own counter; the engine steps once, after it (EngineOptimizer.step)."""
+        model.set_gradient_accumulation_boundary(last)
         model.backward(loss, scale_wrt_gas=False)
-        if not last:
-            model.step()
 
     def sync_gradients(self, raw_model: nn.Module, accelerator: Any) -> None:
         """Nothing to do: the engine reduces them at the accumulation boundary."""

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from stackwise.io.sharded import gather_into
+from stackwise.quant.layers import tie_4bit_weights
 
 
 class StageCopies:
@@ -34,6 +35,7 @@ class StageCopies:
         rack = part(model)
         rack.to("cpu")  # a GPU holds the copy's shards alone
         trained = copy.deepcopy(model, {id(obj): obj for obj in shared if obj is not None})
+        tie_4bit_weights(trained)  # bitsandbytes' deepcopy ties them to the original layers
         self.pair = (part(trained), rack)
         return trained
 

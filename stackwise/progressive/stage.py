@@ -88,7 +88,7 @@ class StageModel(nn.Module):
         """What one process may run without its peers: the trunk behind the activation cache
         (each process's own keys miss at their own times) and a denoising chain's stacks
         (routed by each batch's noise levels). A sharder must not make their forward
-        collective; FSDP gathers them with the whole model instead, once per step."""
+        collective; FSDP gathers them with the root unit instead, at every forward."""
         if self.rack.chain is not None:
             return list(self.rack.stacks)
         return list(self.before) if self.cache is not None else []

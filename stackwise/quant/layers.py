@@ -112,6 +112,14 @@ def pin_nf4_layout(module: nn.Module) -> int:
     return count
 
 
+def tie_4bit_weights(module: nn.Module) -> None:
+    """Each bitsandbytes 4-bit weight tied to the layer that holds it (Params4bit's `module`,
+    where a gathered shard finds its statistics). A deepcopy keeps the original's tie."""
+    for m in module.modules():
+        if hasattr(getattr(m, "weight", None), "quant_state") and hasattr(m.weight, "module"):
+            m.weight.module = m
+
+
 def place_quant_states(module: nn.Module, device: torch.device) -> None:
     """Every bitsandbytes 4-bit layer's statistics onto `device`, where its weight computes.
     A sharder moves only parameters; the statistics a gathered weight is given back

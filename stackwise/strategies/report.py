@@ -62,12 +62,13 @@ def placement(config: Any, accelerator: Any) -> str:
     """How several processes share the model: whole copies (DDP) or FSDP2 shards (one GPU's
     model too, when it offloads to the CPU)."""
     p, world = config.parallel, accelerator.num_processes
+    if p.deepspeed is not None:
+        stage = p.deepspeed["zero_optimization"]["stage"]
+        where = f"over {world} processes" if world > 1 else "on one process"
+        return f", partitioned by DeepSpeed ZeRO-{stage} {where}"
     if world == 1:
         offloads = p.shards and p.cpu_offload and accelerator.device.type != "cpu"
         return ", sharded by FSDP2 to offload to the CPU" if offloads else ""
-    if p.deepspeed is not None:
-        stage = p.deepspeed["zero_optimization"]["stage"]
-        return f", partitioned by DeepSpeed ZeRO-{stage} over {world} processes"
     if p.shards:
         return f", sharded by FSDP2 ({p.sharding or 'full_shard'}) over {world} processes"
     return f" x {world} processes ({p.name})"

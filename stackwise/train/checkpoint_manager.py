@@ -94,9 +94,9 @@ class CheckpointManager:
         elif contents.plan.parallel.shards:
             raise StackWiseError(
                 f"Checkpoint '{path}' holds whole weights (a run that did not shard), and this "
-                "run shards with FSDP, which resumes from sharded checkpoints only. Resume it "
-                "with the strategy that wrote it (parallel.strategy: ddp), or start this run "
-                "afresh."
+                f"run shards ({contents.plan.parallel.name}), which resumes from its own "
+                "partitioned checkpoints only. Resume it with the strategy that wrote it "
+                "(parallel.strategy: ddp), or start this run afresh."
             )
         else:
             contents.adapter.load_weights(contents.model, path)

@@ -80,6 +80,13 @@ def lr_find(
             f"lr-find needs 0 < min_lr < max_lr and at least 2 steps (got {min_lr}, {max_lr}, "
             f"{steps})."
         )
+    if getattr(trainer.placement.parallelizer, "steps_itself", False):
+        raise StackWiseError(
+            "lr-find changes the learning rate step by step and restores the model afterwards, "
+            "which DeepSpeed's engine (parallel.strategy: deepspeed) does not let it do. Run "
+            "lr-find with parallel.strategy: ddp or fsdp: the rate it finds holds for the same "
+            "model and batch under DeepSpeed."
+        )
     opt = trainer.optimizer
     saved_model = copy.deepcopy(trainer.unwrapped().state_dict())
     saved_opt = copy.deepcopy(opt.state_dict())

@@ -138,7 +138,13 @@ class TrainingStrategy:
             scheduler.step()  # keep the schedule aligned with the step count
             ctx.updated = False
             return
-        optimizer.step()
+        applied = optimizer.step()  # an engine (DeepSpeed) says whether it stepped
+        if applied is False:
+            raise StackWiseError(
+                f"The gradient became NaN/inf at step {ctx.step + 1} and DeepSpeed's engine "
+                "skipped the update; nothing after the last checkpoint was saved. Lower "
+                "train.lr, keep train.max_grad_norm > 0, or use mixed_precision bf16/no."
+            )
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         ctx.updated = True
