@@ -1,6 +1,7 @@
 """Progressive growth under FSDP2 on two CPU processes: every stage trains a sharded copy of
-its model (a cached frozen trunk gathered with the root, frozen or trained trunks sharded by
-block), the same steps as DDP's, and a run stopped inside a stage resumes from its shards."""
+its model (a cached frozen trunk gathered with the root; a frozen 4-bit trunk with adapters
+and a trained trunk sharded by block), the same steps as DDP's, and a run stopped inside a
+stage resumes from its shards."""
 
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ GROW = [
 FSDP = ["parallel.strategy=fsdp"]
 LAYOUTS = {
     "cached_trunk": ["progressive.cache.enabled=true"],
-    "frozen_trunk": [],
     "qlora_trunk": [
         "progressive.trunk_strategy=qlora",
         "lora.enabled=true",
