@@ -55,7 +55,8 @@ def conflicts(data: dict[str, Any], train: Any, sharding: str | None) -> Iterato
         if _given(data.get(key)) and data[key] != ours[key]:
             yield (
                 f"the DeepSpeed config sets {key}: {data[key]} and {owner} is {ours[key]}; "
-                f'set it to "auto" (StackWise fills it in from {owner}) or remove it'
+                f'set it to "auto" (StackWise fills it in from {owner}), to {ours[key]}, or '
+                "remove it"
             )
     for key, owner in BUILT.items():
         if key in data:

@@ -116,14 +116,21 @@ class RunFiles:
         world, batch = self.accelerator.num_processes, self.plan.train.batch_size
         self.state.batch_in_epoch = rows // (batch * world)
         skipped = rows - self.state.batch_in_epoch * batch * world
+        exact = (
+            "the weights are exact (DeepSpeed's universal form: the run does not go on bit for "
+            "bit, docs/distributed.md)"
+            if (path / "deepspeed").is_dir()
+            else "weights and optimizer state are exact"
+        )
         self.logger_note(
             f"resharded: the checkpoint was written by {written} processes and this run has "
-            f"{world}; weights and optimizer state are exact, and the epoch goes on from row "
+            f"{world}; {exact}, and the epoch goes on from row "
             f"{rows - skipped:,} of its order"
             + (f" ({skipped} rows are read again)" if skipped else "")
             + (
                 f"; the global batch (train.batch_size x processes) is now {batch * world}, "
-                f"was {before * written}"
+                f"was {before * written} (train.batch_size={before * written // world} keeps "
+                "it)"
                 if batch * world != before * written
                 else ""
             )
