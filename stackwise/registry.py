@@ -258,6 +258,7 @@ SAMPLERS: Family[Any] = Family(
     defaults={
         "needs_chain": False,  # runs a rack grown as a denoising chain, one stack per step
         "uses_remasking": False,  # reads sample.remasking
+        "reads": (),  # the sample.* settings only this sampler reads
     },
 )
 register_sampler = SAMPLERS.register

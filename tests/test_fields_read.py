@@ -122,6 +122,8 @@ GENERIC: dict[str, tuple[Any, dict]] = {
     "sample.sampler": ("remask", DIFF),
     "sample.remasking": ("random", {**DIFF, "sample": {"sampler": "remask"}}),
     "sample.block_length": (2, DIFF),
+    "sample.confidence_threshold": (0.001, {**DIFF, "sample": {"sampler": "confidence"}}),
+    "sample.remask_budget": (0.5, {**DIFF, "sample": {"sampler": "remdm"}}),
     "progressive.strategy": ("progressive", DIFF),
     "progressive.end_to_end_scope": ("stackwise", {"model": {"n_stacks": 2}}),
     "progressive.building_mode": ("prepend", PG),

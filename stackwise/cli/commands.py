@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from stackwise.cli.common import printable
+from stackwise.config.rules_cross import MASKED_SAMPLING, SAMPLER_OWN
 from stackwise.errors import StackWiseError
 
 # the generate flags that override one sample.* setting each (None: the run's own)
@@ -24,6 +25,8 @@ SAMPLE_OVERRIDES = (
     "remasking",
     "block_length",
     "no_repeat_words",
+    "confidence_threshold",
+    "remask_budget",
 )
 
 
@@ -163,7 +166,8 @@ def cmd_eval(ns: argparse.Namespace) -> int:
         if getattr(ns, name) < 1:
             raise StackWiseError(f"--{name.replace('_', '-')} must be at least 1.")
     settings = EvalSettings(ns.t_points, ns.mc_num, ns.samples, ns.max_blocks, ns.seed)
-    sampling = {"sampler": ns.sampler, "remasking": ns.remasking, "steps": ns.steps}
+    names = ("sampler", "remasking", "steps", "confidence_threshold", "remask_budget")
+    sampling = {name: getattr(ns, name) for name in names}
     report = run_eval(ns.checkpoint, settings, ns.reference, **sampling)
     out = Path(ns.checkpoint).expanduser() / "eval.json"
     out.write_text(json.dumps(report, indent=1))
@@ -195,7 +199,7 @@ def generate_help_defaults(argv: list[str]) -> dict[str, Any] | None:
     shown: dict[str, Any] = config.sample.model_dump()
     what = "model" if config.model.source == "hf" else "rack"
     if config.objective.causal:
-        for name in ("steps", "sampler", "remasking", "block_length", "no_repeat_words"):
+        for name in (*MASKED_SAMPLING, *SAMPLER_OWN):
             shown[name] = f"n/a: this {what} is causal"
     else:
         shown["sampler"] = config.sample.resolved_sampler(config.objective.name)

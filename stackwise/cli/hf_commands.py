@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from stackwise.cli.common import printable
+from stackwise.config.rules_cross import MASKED_SAMPLING, SAMPLER_OWN
 from stackwise.errors import StackWiseError
 
 
@@ -96,7 +97,7 @@ def generate_chat(ns: argparse.Namespace, overrides: dict[str, Any]) -> int:
             f"'{ns.checkpoint}' is a fine-tuned chat model: ask it with --chat \"question\" "
             "(the question is rendered with its chat template)."
         )
-    masked = [k for k in ("steps", "sampler", "remasking", "block_length") if overrides.get(k)]
+    masked = [k for k in (*MASKED_SAMPLING, *SAMPLER_OWN) if overrides.get(k)]
     if masked:
         flag = "--" + masked[0].replace("_", "-")
         raise StackWiseError(f"{flag} applies to masked racks; a causal LM replies left to right.")

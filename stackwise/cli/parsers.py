@@ -86,12 +86,23 @@ how each rack samples:
                schedule gives for that step, so the text firms up everywhere at once.
   remask       (mlm's default) LLaDA-style: each step predicts every masked position
                and keeps the ones --remasking ranks first; the rest are masked again.
+  confidence   each step reveals every masked position whose drawn token is at least
+               --confidence-threshold likely (at least one per row): few steps where
+               the rack is sure.
+  remdm        ancestral, and tokens revealed earlier in the block may be masked
+               again (ReMDM, chance capped by --remask-budget) and redrawn.
   single_pass  one forward pass per stack through a rack grown as a denoising chain
                (progressive.depth_order: high_to_low), from the noisiest stack down.
 --block-length N fills N-token blocks left to right (semi-autoregressive), each with
 its share of the steps; long generations are printed block by block (clm: token by
 token) when one sample is asked for.
 """
+
+# the settings one sampler reads, as flags (sample.<name>)
+OWN_SAMPLER_FLAGS = {
+    "confidence_threshold": "confidence: reveal every position at least this likely",
+    "remask_budget": "remdm: the most a revealed token's chance to be masked again",
+}
 
 # flag -> what it sets, beside the default the checkpoint's config gives it
 SAMPLE_FLAGS = {
@@ -179,6 +190,11 @@ def _masked_sampling_flags(
         default=None,
         help="remask: which positions are revealed first" + _shown(defaults, "remasking", where),
     )
+    for name, what in OWN_SAMPLER_FLAGS.items():
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(
+            flag, type=float, default=None, help=what + _shown(defaults, name, where)
+        )
 
 
 def _merge_lora_parser(sub: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from stackwise.config.base import cross_rule
 from stackwise.config.root import Config
@@ -21,13 +22,17 @@ def has(objective: str, capability: str, value: str | None = None) -> bool:
     return value in declared if value is not None else bool(declared)
 
 
+MASKED_SAMPLING = ("steps", "sampler", "remasking", "block_length", "no_repeat_words")
+SAMPLER_OWN = ("confidence_threshold", "remask_budget")  # each read by one sampler
+
+
 @cross_rule
 def sampling(cfg: Config) -> Iterator[str]:
     """Sampling settings that the rack's kind would ignore are refused."""
     sm = cfg.sample
     resolved = SAMPLERS.capabilities(sm.resolved_sampler(cfg.objective.name))
     if cfg.objective.causal:
-        for name in ("steps", "sampler", "remasking", "block_length", "no_repeat_words"):
+        for name in (*MASKED_SAMPLING, *SAMPLER_OWN):
             if sm.changed(name):
                 default = type(sm).model_fields[name].get_default()
                 yield (
@@ -35,11 +40,8 @@ def sampling(cfg: Config) -> Iterator[str]:
                     f"samples left to right. Remove it, or set sample.{name}={default} (its "
                     "default) when overriding a preset"
                 )
-    elif not resolved.uses_remasking and sm.changed("remasking"):
-        yield (
-            "sample.remasking only applies to sampler: remask (ancestral reveals positions "
-            "at random, as the reverse process says); set sample.sampler: remask or remove it"
-        )
+    else:
+        yield from _sampler_settings(cfg, resolved)
     if resolved.needs_chain:
         p = cfg.progressive
         if p.strategy != "progressive" or p.depth_order != "high_to_low":
@@ -61,6 +63,24 @@ def sampling(cfg: Config) -> Iterator[str]:
             "sample.no_repeat_words compares words letter by letter, so it needs a character- "
             "or byte-level vocabulary: set data.tokenizer: char or byte, or remove it"
         )
+
+
+def _sampler_settings(cfg: Config, resolved: Any) -> Iterator[str]:
+    """Settings a masked rack's chosen sampler does not read."""
+    sm = cfg.sample
+    if not resolved.uses_remasking and sm.changed("remasking"):
+        yield (
+            "sample.remasking only applies to sampler: remask (ancestral reveals positions "
+            "at random, as the reverse process says); set sample.sampler: remask or remove it"
+        )
+    for name in SAMPLER_OWN:
+        if sm.changed(name) and name not in resolved.reads:
+            owner = next(n for n in SAMPLERS.names() if name in SAMPLERS.capabilities(n).reads)
+            yield (
+                f"sample.{name} only applies to sampler: {owner}, and this run samples with "
+                f"{sm.resolved_sampler(cfg.objective.name)}; set sample.sampler: {owner} or "
+                "remove it"
+            )
 
 
 @cross_rule

@@ -230,7 +230,9 @@ class SampleConfig(Section):
     sampler: SamplerName = Field(
         "auto",
         description="mlm/diffusion. auto: ancestral (MDLM) for diffusion, remask for mlm; "
-        "single_pass: one pass through a rack grown with depth_order high_to_low.",
+        "confidence: reveal what the rack is sure of (sample.confidence_threshold); remdm: "
+        "ancestral with remasking (sample.remask_budget); single_pass: one pass through a "
+        "rack grown with depth_order high_to_low.",
     )
     remasking: Literal["low_confidence", "random", "entropy", "margin"] = Field(
         "low_confidence", description="remask: which masked positions are revealed first."
@@ -242,6 +244,20 @@ class SampleConfig(Section):
         False,
         description="mlm/diffusion with a char or byte tokenizer: a word that repeats the word "
         "before it is masked again and redrawn.",
+    )
+    confidence_threshold: float = Field(
+        0.9,
+        gt=0.0,
+        le=1.0,
+        description="sampler confidence: each step reveals every masked position whose drawn "
+        "token is at least this likely (and at least one per row).",
+    )
+    remask_budget: float = Field(
+        0.05,
+        ge=0.0,
+        le=1.0,
+        description="sampler remdm: the most a revealed token's chance of being masked again "
+        "at a step (ReMDM's eta_cap); 0 is the ancestral sampler.",
     )
 
     def resolved_sampler(self, objective: str) -> str:

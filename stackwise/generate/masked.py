@@ -30,6 +30,8 @@ def masked_settings(s: SampleSpec) -> MaskedSampling:
         top_k=s.top_k,
         top_p=s.top_p,
         remasking_set=s.changed("remasking"),
+        confidence_threshold=s.confidence_threshold,
+        remask_budget=s.remask_budget,
     )
 
 

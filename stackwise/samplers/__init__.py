@@ -9,6 +9,12 @@
   ones ranked first by `remasking`: `low_confidence` (highest probability of the drawn token),
   `random`, `entropy` (lowest predictive entropy) or `margin` (largest top-1 minus top-2).
 
+- `confidence`: each step reveals every masked position whose drawn token is at least
+  `confidence_threshold` likely, and at least the likeliest one per row (Fast-dLLM's rule).
+- `remdm` (ReMDM, capped schedule): the ancestral step, and tokens revealed earlier in the
+  block are masked again with a probability capped by `remask_budget`, so a poor early choice
+  can be redrawn; the reveal probability is raised to keep the process's marginals.
+
 - `single_pass`: a rack grown as a denoising chain (time as depth, high noise to low) runs once:
   stack g takes the sequence from its noise level to the next one, revealing each masked
   position with the ancestral probability (or that many positions ranked by `remasking`), and
@@ -53,6 +59,8 @@ class MaskedSampling:
     top_k: int = 0
     top_p: float = 1.0
     remasking_set: bool = False  # single_pass: rank reveals by `remasking` instead of at random
+    confidence_threshold: float = 0.9  # confidence: reveal every position this sure
+    remask_budget: float = 0.05  # remdm: the most a revealed token's chance to be masked again
 
 
 @dataclass
@@ -137,8 +145,10 @@ class MaskedSampler:
 from stackwise.samplers.methods import (  # noqa: E402  (registers the built-ins)
     REDRAW_STEPS,
     Ancestral,
+    Confidence,
     Method,
     Remask,
+    ReMDM,
     SinglePass,
     Stepwise,
 )
@@ -147,10 +157,12 @@ __all__ = [
     "REDRAW_STEPS",
     "REMASKING",
     "Ancestral",
+    "Confidence",
     "MaskedSampler",
     "MaskedSampling",
     "Method",
     "Progress",
+    "ReMDM",
     "Remask",
     "SampleStats",
     "SinglePass",

@@ -1,5 +1,6 @@
-"""The built-in masked samplers, each registered with `@register_sampler`: `ancestral` and
-`remask` reveal step by step (a `Stepwise` with its own `reveal` rule), `single_pass` runs a
+"""The built-in masked samplers, each registered with `@register_sampler`: `ancestral`,
+`remask`, `confidence` and `remdm` reveal step by step (a `Stepwise` with its own `reveal`
+rule; `remdm` also masks revealed tokens again, its `hide` rule), `single_pass` runs a
 denoising chain once (a `Method` that fills the whole generation itself)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 from torch import Tensor
 
 from stackwise.registry import register_sampler
-from stackwise.samplers.draws import Progress, draw, split_steps
+from stackwise.samplers.draws import Progress, draw, rank_scores, split_steps
 
 if TYPE_CHECKING:
     from stackwise.samplers import MaskedSampler
@@ -37,6 +38,10 @@ class Stepwise(Method):
     @abstractmethod
     def reveal(self, masked: Tensor, logits: Tensor, tokens: Tensor, j: int, steps: int) -> Tensor:
         """Which masked positions step `j` of `steps` reveals (with `tokens` drawn for them)."""
+
+    def hide(self, masked: Tensor, in_block: Tensor, j: int, steps: int) -> Tensor | None:
+        """Which revealed positions of the block step `j` masks again (None: none)."""
+        return None
 
     def fill(self, x: torch.Tensor, p: int, length: int, on_block: Progress | None) -> torch.Tensor:
         run = self.run
@@ -66,8 +71,12 @@ class Stepwise(Method):
             if run.guard is not None:
                 logits = run.guard.apply_bans(logits)
             tokens = draw(logits, s.temperature, s.top_k, s.top_p, run.gen)
-            reveal = self.reveal(masked, logits, tokens, min(j, steps - 1), steps)
+            step = min(j, steps - 1)
+            reveal = self.reveal(masked, logits, tokens, step, steps)
+            hide = self.hide(masked, in_block, step, steps)  # chosen among the earlier reveals
             x = torch.where(reveal, tokens, x)
+            if hide is not None:
+                x = x.masked_fill(hide, run.mask_id)
             if run.guard is not None and j < budget - 1:
                 x, in_block = run.guard.mend(x, run.prompt_len, in_block)
         return x
@@ -77,13 +86,71 @@ class Stepwise(Method):
 class Ancestral(Stepwise):
     """Each masked position is revealed with probability (m(t) - m(s)) / m(t)."""
 
-    def reveal(self, masked: Tensor, logits: Tensor, tokens: Tensor, j: int, steps: int) -> Tensor:
+    def fractions(self, j: int, steps: int) -> tuple[float, float]:
+        """The schedule's masked fractions m(t), m(s) at step `j`'s two ends."""
         grid = torch.tensor([1 - j / steps, 1 - (j + 1) / steps], dtype=torch.float32)
         m_t, m_s = self.run.schedule.mask_fraction(grid.clamp_min(0.0)).double().tolist()
-        p = 1.0 if j == steps - 1 or m_t <= 0 else (m_t - m_s) / m_t
+        return m_t, m_s
+
+    def reveal_probability(self, j: int, steps: int) -> float:
+        m_t, m_s = self.fractions(j, steps)
+        return 1.0 if j == steps - 1 or m_t <= 0 else (m_t - m_s) / m_t
+
+    def reveal(self, masked: Tensor, logits: Tensor, tokens: Tensor, j: int, steps: int) -> Tensor:
+        p = self.reveal_probability(j, steps)
         gen = self.run.gen
         u = torch.rand(masked.shape, generator=gen, device=masked.device, dtype=torch.float64)
         return masked & (u < p)
+
+
+@register_sampler("remdm", reads=("remask_budget",))
+class ReMDM(Ancestral):
+    """ReMDM with its capped schedule: the ancestral step, except that a token revealed at an
+    earlier step of the block (never the prompt) is masked again with probability
+    sigma = min(sample.remask_budget, (1 - a_s) / a_t), a being the unmasked fraction 1 - m,
+    and a masked one is revealed with (a_s - (1 - sigma) a_t) / (1 - a_t), which keeps the
+    marginals of the reverse process. A budget of 0 is the ancestral sampler, draw for draw;
+    the last step masks nothing again and reveals the rest."""
+
+    def sigma(self, j: int, steps: int) -> float:
+        m_t, m_s = self.fractions(j, steps)
+        a_t, a_s = 1.0 - m_t, 1.0 - m_s
+        if j == steps - 1 or a_t <= 0:
+            return 0.0
+        return min(self.run.s.remask_budget, (1.0 - a_s) / a_t)
+
+    def reveal_probability(self, j: int, steps: int) -> float:
+        m_t, m_s = self.fractions(j, steps)
+        if j == steps - 1 or m_t <= 0:
+            return 1.0
+        a_t, a_s = 1.0 - m_t, 1.0 - m_s
+        return min(1.0, (a_s - (1.0 - self.sigma(j, steps)) * a_t) / m_t)
+
+    def hide(self, masked: Tensor, in_block: Tensor, j: int, steps: int) -> Tensor | None:
+        sigma = self.sigma(j, steps)
+        if sigma <= 0:
+            return None  # no draw: a zero budget leaves the ancestral draws as they were
+        gen = self.run.gen
+        u = torch.rand(masked.shape, generator=gen, device=masked.device, dtype=torch.float64)
+        return in_block & ~masked & (u < sigma)
+
+
+@register_sampler("confidence", reads=("confidence_threshold",))
+class Confidence(Stepwise):
+    """Parallel decoding by confidence (Fast-dLLM's threshold rule): each step reveals every
+    masked position whose drawn token has at least sample.confidence_threshold probability,
+    and in each row at least its most confident one; the last step reveals the rest. Easy
+    stretches take few steps, so a generation often needs fewer passes than sample.steps."""
+
+    def reveal(self, masked: Tensor, logits: Tensor, tokens: Tensor, j: int, steps: int) -> Tensor:
+        if j == steps - 1:
+            return masked
+        confidence = rank_scores("low_confidence", logits, tokens, self.run.gen)
+        confidence = confidence.masked_fill(~masked, -1.0)
+        reveal = masked & (confidence >= self.run.s.confidence_threshold)
+        rows = masked.any(-1).nonzero().flatten()
+        reveal[rows, confidence[rows].argmax(-1)] = True
+        return reveal
 
 
 @register_sampler("remask", uses_remasking=True)

@@ -179,6 +179,8 @@ class SampleSpec:
     remasking: str = "low_confidence"
     block_length: int = 0
     no_repeat_words: bool = False
+    confidence_threshold: float = 0.9
+    remask_budget: float = 0.05
     changed_fields: frozenset[str] = frozenset()
 
     def changed(self, name: str) -> bool:
