@@ -58,6 +58,9 @@ SAMPLERS = [
     ("entropy", {"sampler": "remask", "remasking": "entropy"}),
     ("margin", {"sampler": "remask", "remasking": "margin"}),
     ("random", {"sampler": "remask", "remasking": "random"}),
+    ("confidence 0.9", {"sampler": "confidence"}),
+    ("remdm 0.05", {"sampler": "remdm"}),
+    ("remdm 0.2", {"sampler": "remdm", "remask_budget": 0.2}),
     (
         "default (b8)",
         {"sampler": "remask", "block_length": 8, "temperature": 0.7, "no_repeat_words": True},
