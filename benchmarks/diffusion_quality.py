@@ -97,14 +97,15 @@ def configs(steps: int) -> dict[str, list[str]]:
 
 
 def load(overrides: list[str], out: str):
-    base = load_config(resolve_config_path(None))
-    if any(o.startswith("train.max_steps") for o in overrides):  # end to end: no stages
-        data = base.model_dump(mode="json")
-        data["progressive"] = {"strategy": "end_to_end"}
-        from stackwise.config import apply_overrides, from_dict
+    from stackwise.config import apply_overrides, from_dict
 
-        return from_dict(apply_overrides(data, [*overrides, f"train.output_dir={out}"]))
-    return load_config(resolve_config_path(None), [*overrides, f"train.output_dir={out}"])
+    data = load_config(resolve_config_path(None)).model_dump(mode="json")
+    if any(o.startswith("train.max_steps") for o in overrides):  # end to end: no stages
+        data["progressive"] = {"strategy": "end_to_end"}
+    else:  # each stage's steps are given below, in place of the preset's budget-share split
+        del data["train"]["max_steps"]
+        data["progressive"]["growth"]["schedule"] = "fixed"
+    return from_dict(apply_overrides(data, [*overrides, f"train.output_dir={out}"]))
 
 
 def train(name: str, overrides: list[str], out: str) -> dict[str, float]:
