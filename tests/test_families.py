@@ -333,7 +333,9 @@ def test_capabilities_are_answered_without_torch():
         "print(SAMPLERS.names(), 'torch' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "['ancestral', 'remask', 'single_pass'] False"
+    assert out.stdout.strip() == (
+        "['ancestral', 'confidence', 'remask', 'remdm', 'single_pass'] False"
+    )
 
 
 def test_a_toy_growth_operator_grows_a_run_from_a_config(

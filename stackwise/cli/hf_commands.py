@@ -97,7 +97,7 @@ def generate_chat(ns: argparse.Namespace, overrides: dict[str, Any]) -> int:
             f"'{ns.checkpoint}' is a fine-tuned chat model: ask it with --chat \"question\" "
             "(the question is rendered with its chat template)."
         )
-    masked = [k for k in (*MASKED_SAMPLING, *SAMPLER_OWN) if overrides.get(k)]
+    masked = [k for k in (*MASKED_SAMPLING, *SAMPLER_OWN) if overrides.get(k) is not None]
     if masked:
         flag = "--" + masked[0].replace("_", "-")
         raise StackWiseError(f"{flag} applies to masked racks; a causal LM replies left to right.")

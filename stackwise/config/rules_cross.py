@@ -76,10 +76,11 @@ def _sampler_settings(cfg: Config, resolved: Any) -> Iterator[str]:
     for name in SAMPLER_OWN:
         if sm.changed(name) and name not in resolved.reads:
             owner = next(n for n in SAMPLERS.names() if name in SAMPLERS.capabilities(n).reads)
+            default = type(sm).model_fields[name].get_default()
             yield (
                 f"sample.{name} only applies to sampler: {owner}, and this run samples with "
-                f"{sm.resolved_sampler(cfg.objective.name)}; set sample.sampler: {owner} or "
-                "remove it"
+                f"{sm.resolved_sampler(cfg.objective.name)}; set sample.sampler: {owner}, or "
+                f"remove it (sample.{name}={default}, its default, where a saved config sets it)"
             )
 
 

@@ -250,7 +250,8 @@ class SampleConfig(Section):
         gt=0.0,
         le=1.0,
         description="sampler confidence: each step reveals every masked position whose drawn "
-        "token is at least this likely (and at least one per row).",
+        "token is at least this likely under the rack's own distribution (before temperature "
+        "and top_k/top_p), and at least one per row.",
     )
     remask_budget: float = Field(
         0.05,

@@ -113,9 +113,10 @@ class ReMDM(Ancestral):
     the last step masks nothing again and reveals the rest."""
 
     def sigma(self, j: int, steps: int) -> float:
+        """0 at a block's first step (nothing is revealed yet, whatever m(1) says) and last."""
         m_t, m_s = self.fractions(j, steps)
         a_t, a_s = 1.0 - m_t, 1.0 - m_s
-        if j == steps - 1 or a_t <= 0:
+        if j == 0 or j == steps - 1 or a_t <= 0:
             return 0.0
         return min(self.run.s.remask_budget, (1.0 - a_s) / a_t)
 
@@ -138,8 +139,9 @@ class ReMDM(Ancestral):
 @register_sampler("confidence", reads=("confidence_threshold",))
 class Confidence(Stepwise):
     """Parallel decoding by confidence (Fast-dLLM's threshold rule): each step reveals every
-    masked position whose drawn token has at least sample.confidence_threshold probability,
-    and in each row at least its most confident one; the last step reveals the rest. Easy
+    masked position whose drawn token has at least sample.confidence_threshold probability
+    under the rack's own distribution (before temperature, top_k and top_p), and in each row
+    at least its most confident one; the last step reveals the rest. Easy
     stretches take few steps, so a generation often needs fewer passes than sample.steps."""
 
     def reveal(self, masked: Tensor, logits: Tensor, tokens: Tensor, j: int, steps: int) -> Tensor:
