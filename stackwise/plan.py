@@ -86,7 +86,7 @@ def objective_spec(section: BaseModel) -> ObjectiveSpec:
     causal = (
         OBJECTIVES.capabilities(spec.name).causal if attention == "auto" else attention == "causal"
     )
-    return ObjectiveSpec(spec.name, attention, spec.weighting, spec.random_length_ratio, causal)
+    return replace(spec, causal=causal)
 
 
 def sample_spec(config: Config) -> SampleSpec:

@@ -8,13 +8,15 @@ from dataclasses import replace
 from stackwise.config import Config
 from stackwise.errors import StackWiseError
 from stackwise.launcher import fsdp_launch
-from stackwise.registry import PARALLELIZERS
+from stackwise.registry import OBJECTIVES, PARALLELIZERS
 from stackwise.spec import ModelSpec, ParallelSpec, Plan
 
 
 def model_spec(config: Config, spec: ModelSpec) -> ModelSpec:
     """The model section's `spec`; an FSDP launch's activation checkpointing turns on
-    model.gradient_checkpointing (per block)."""
+    model.gradient_checkpointing (per block); block diffusion sets the rack's block layout."""
+    if OBJECTIVES.capabilities(config.objective.name).blocks:
+        spec = replace(spec, diffusion_block=config.objective.block_size)
     launch = fsdp_launch()
     if launch is not None and launch["activation_checkpointing"]:
         spec = replace(spec, gradient_checkpointing=True)

@@ -242,6 +242,7 @@ OBJECTIVES: Family[Any] = Family(
         "masking_fields": (),  # the masking.* keys it reads
         "instruction_rows": False,  # trains on instruction rows (loss on the replies)
         "hf_models": False,  # available for Hugging Face models
+        "blocks": False,  # reads objective.block_size (the rack runs the block layout)
     },
 )
 register_objective = OBJECTIVES.register
@@ -259,6 +260,7 @@ SAMPLERS: Family[Any] = Family(
         "needs_chain": False,  # runs a rack grown as a denoising chain, one stack per step
         "uses_remasking": False,  # reads sample.remasking
         "reads": (),  # the sample.* settings only this sampler reads
+        "blocks": False,  # decodes a block-diffusion rack (objective block_diffusion)
     },
 )
 register_sampler = SAMPLERS.register

@@ -114,7 +114,7 @@ def tiny_dict(corpus: Path, cache: Path, out: Path, **sections: dict[str, Any]) 
         base.setdefault(name, {}).update(values)
     if base["data"].get("tokenizer") in ("char", "byte"):
         base["data"].pop("bpe_vocab_size")  # only the BPE reads it
-    if base.get("objective", {}).get("name") in ("mlm", "diffusion"):
+    if base.get("objective", {}).get("name") in ("mlm", "diffusion", "block_diffusion"):
         base["sample"].setdefault("steps", 4)  # only masked racks take denoising steps
     return base
 

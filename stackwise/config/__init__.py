@@ -8,13 +8,14 @@ runs and all problems are reported together.
   section; `root`: the whole config.
 - `rules`, `rules_progressive` (inside a section), `rules_cross` (across sections),
   `rules_growth`, `rules_schedule`, `rules_hf`, `rules_moe`, `rules_stream`,
-  `rules_parallel`, `rules_deepspeed`: named rules.
+  `rules_parallel`, `rules_deepspeed`, `rules_blocks`: named rules.
 - `aliases`: the seeds' legacy names; `loading`: files, overrides, errors; `derive`: configs
   made from configs.
 """
 
 from stackwise.config import (  # noqa: F401
     rules,
+    rules_blocks,
     rules_cross,
     rules_deepspeed,
     rules_growth,

@@ -157,6 +157,11 @@ class ObjectiveConfig(Section):
         description="Share of training sequences cut to a random shorter length (the rest "
         "padded and ignored): against repetition and for variable-length sampling.",
     )
+    block_size: PositiveInt | None = Field(
+        None,
+        description="block_diffusion: tokens per block; each block is denoised given the clean "
+        "blocks before it (1: the causal LM; the sequence length: one masked-diffusion block).",
+    )
 
     @property
     def causal(self) -> bool:

@@ -84,11 +84,24 @@ def masked_nll_sums(
         frac = schedule.mask_fraction(tt)
         masked = _masks(rows, ids.shape[1], frac, seed, i, ids.device) & scorable
         inputs = torch.where(masked, mask_id, ids)
-        logits = rack(inputs, t=_rack_t(rack, masked, schedule)).float()
-        ce = F.cross_entropy(logits.transpose(1, 2), ids, reduction="none").double()
+        ce = _masked_ce(rack, inputs, ids, _rack_t(rack, masked, schedule))
         weight = schedule.weight(tt).double().to(ids.device)
         total += weight * (ce * masked).sum(1)
     return total / grid.shape[0]
+
+
+def _masked_ce(
+    rack: torch.nn.Module, inputs: torch.Tensor, ids: torch.Tensor, t: torch.Tensor | None
+) -> torch.Tensor:
+    """(B, L) CE of each position's token; a block-diffusion rack reads [noised; clean] and
+    predicts token j at position j - 1 (the first token is given: 0 there)."""
+    if getattr(rack, "block_size", None) is None:
+        logits = rack(inputs, t=t).float()
+        return F.cross_entropy(logits.transpose(1, 2), ids, reduction="none").double()
+    logits = rack(torch.cat([inputs, ids], dim=1), t=t).float()
+    ce = torch.zeros(ids.shape, dtype=torch.float64, device=ids.device)
+    ce[:, 1:] = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+    return ce
 
 
 @torch.no_grad()
@@ -129,8 +142,11 @@ def likelihood(
             scored[:, 0] = False
         else:
             rows = torch.arange(start, start + chunk.shape[0])
-            nll += masked_nll_sums(rack, chunk, ok, sched, ts, mask_id, s.seed, rows).sum().cpu()
-            scored = ok
+            scored = ok.clone()
+            if getattr(rack, "block_size", None) is not None:
+                scored[:, 0] = False  # given: each token is predicted from the one before
+            sums = masked_nll_sums(rack, chunk, scored, sched, ts, mask_id, s.seed, rows)
+            nll += sums.sum().cpu()
         scored_tokens += float(scored.sum())
         scored_bytes += float(table[chunk][scored].sum()) if table is not None else 0.0
     kind = "nll" if config.objective.causal else "nelbo"

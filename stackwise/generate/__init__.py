@@ -107,7 +107,9 @@ def _prompt_rows(
     """The prompt's ids in `n` rows, and the room the context leaves after it; a masked rack
     fills the whole context at once, so max_new_tokens, when `asked`, must fit that room."""
     causal = plan.objective.causal
-    prefix = prompt_ids(causal, tokenizer, text, rack.cfg.max_seq_len)
+    # block diffusion predicts each token from the one before, as a causal rack: EOS opens it
+    after_token = causal or rack.block_size is not None
+    prefix = prompt_ids(after_token, tokenizer, text, rack.cfg.max_seq_len)
     room = rack.cfg.max_seq_len - len(prefix)
     if not causal and asked and s.max_new_tokens > room:
         raise StackWiseError(

@@ -33,12 +33,13 @@ def unknown_characters(tokenizer: PreTrainedTokenizerBase, prompt: str, ids: lis
 
 
 def prompt_ids(
-    causal: bool, tokenizer: PreTrainedTokenizerBase, prompt: str, context: int
+    after_token: bool, tokenizer: PreTrainedTokenizerBase, prompt: str, context: int
 ) -> list[int]:
-    """The prompt's ids (an EOS for an empty causal prompt); refused if it fills the context."""
+    """The prompt's ids (an EOS for an empty prompt of a rack that predicts each token from
+    the one before, `after_token`); refused if it fills the context."""
     prefix = tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt else []
     unknown_characters(tokenizer, prompt, prefix)
-    if causal and not prefix:
+    if after_token and not prefix:
         prefix = [tokenizer.eos_token_id]  # training text follows an EOS document boundary
     if len(prefix) >= context:
         raise StackWiseError(

@@ -82,13 +82,24 @@ class KVCache:
     def __init__(self) -> None:
         self.layers: dict[int, Rope] = {}
         self.length = 0  # positions already cached (the same in every layer)
+        self.writing = True  # False: new keys are attended to but not kept (a reader)
 
     def extend(self, layer: nn.Module, k: torch.Tensor, v: torch.Tensor) -> tuple:
         past = self.layers.get(id(layer))
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-        self.layers[id(layer)] = (k, v)
+        if self.writing:
+            self.layers[id(layer)] = (k, v)
         return k, v
+
+    def reader(self, rows: torch.Tensor | None = None) -> KVCache:
+        """A view of these rows' keys that attends without keeping what it is given: block
+        diffusion scores a block against the finished ones at every denoising step."""
+        view = KVCache()
+        pick = slice(None) if rows is None else rows
+        view.layers = {i: (k[pick], v[pick]) for i, (k, v) in self.layers.items()}
+        view.length, view.writing = self.length, False
+        return view
 
 
 class Attention(nn.Module):

@@ -15,27 +15,9 @@ from torch import nn
 
 from stackwise.model.chain import DenoisingChain, nested_inputs
 from stackwise.model.layers import KVCache, RMSNorm, Rotary, Stack, init_weights
+from stackwise.model.masks import block_mask, block_outputs, sdpa_mask
 from stackwise.model.time import LearnedTime, SinusoidalTime
 from stackwise.spec import ModelSpec
-
-
-def sdpa_mask(
-    attention_mask: torch.Tensor | None, causal: bool, length: int
-) -> torch.Tensor | None:
-    """Padding mask (B, L) of 1/0 -> boolean SDPA mask (B, 1, L, L); None when nothing is padded.
-
-    Every query may always see itself, so fully padded rows never produce NaN.
-    """
-    if attention_mask is None:
-        return None
-    keep = attention_mask.bool()
-    if bool(keep.all()):
-        return None
-    mask = keep[:, None, None, :].expand(-1, 1, length, -1)
-    eye = torch.eye(length, dtype=torch.bool, device=keep.device)
-    if causal:
-        mask = mask & torch.tril(torch.ones_like(eye))
-    return mask | eye
 
 
 class TiedHead(nn.Module):
@@ -76,6 +58,8 @@ class Rack(nn.Module):
         self.cfg = spec  # the rack's ModelSpec
         self.vocab_size = vocab_size
         self.causal = causal
+        # objective block_diffusion: the input is [noised; clean] (stackwise.model.masks)
+        self.block_size = getattr(spec, "diffusion_block", None)  # a Plan sets it; a config not
         self.embed_tokens = nn.Embedding(vocab_size, spec.d_model)
         self.time_embed: nn.Module | None = None
         if spec.time_conditioning == "sinusoidal":
@@ -150,7 +134,7 @@ class Rack(nn.Module):
             mask = attention_mask[rows] if attention_mask is not None else None
             part = self.logits(self.run_stacks(h[rows], mask, stacks))
             if out is None:
-                out = part.new_empty((*input_ids.shape, part.shape[-1]))
+                out = part.new_empty((input_ids.shape[0], *part.shape[1:]))
             out[rows] = part
         assert out is not None
         return out
@@ -174,7 +158,7 @@ class Rack(nn.Module):
                 h = self.run_stacks(h, mask, [self.stacks[i]])
             part = self.logits(h)
             if out is None:
-                out = part.new_empty((*input_ids.shape, part.shape[-1]))
+                out = part.new_empty((input_ids.shape[0], *part.shape[1:]))
             out[rows] = part
         assert out is not None
         return out
@@ -194,7 +178,11 @@ class Rack(nn.Module):
         if self.time_embed is not None:
             if t is None:
                 raise ValueError("this rack is time-conditioned: pass t (one value per example)")
-            h = h + self.time_embed(t).to(h.dtype)[:, None, :]
+            noise = self.time_embed(t).to(h.dtype)[:, None, :]
+            if self.block_size is None:
+                return h + noise
+            half = h.shape[1] // 2  # the clean copy is at noise 0: no time input
+            return torch.cat([h[:, :half] + noise, h[:, half:]], dim=1)
         return h
 
     def run_stacks(
@@ -206,24 +194,38 @@ class Rack(nn.Module):
     ) -> torch.Tensor:
         start = cache.length if cache is not None else 0
         length = h.shape[1]
-        if start + length > self.cfg.max_seq_len:
+        doubled = self.block_size is not None and cache is None  # [noised; clean]
+        if start + (length // 2 if doubled else length) > self.cfg.max_seq_len:
             raise ValueError(
                 f"sequence of {start + length} exceeds max_seq_len {self.cfg.max_seq_len}"
             )
-        cos, sin = self.rotary(start + length)
-        rope = (cos[start:], sin[start:])
-        if cache is not None and attention_mask is not None:
-            raise ValueError("the KV cache decodes unpadded causal sequences only")
-        if cache is not None and start > 0 and length > 1:
-            raise ValueError("with a filled KV cache, feed one new token at a time")
-        mask = sdpa_mask(attention_mask, self.causal, length)
+        if doubled:
+            cos, sin = self.rotary(length // 2)  # both copies sit at positions 0..L-1
+            rope = (torch.cat([cos, cos]), torch.cat([sin, sin]))
+            mask = block_mask(attention_mask, length // 2, self.block_size, h.device)
+        else:
+            cos, sin = self.rotary(start + length)
+            rope = (cos[start:], sin[start:])
+            if cache is not None and attention_mask is not None:
+                raise ValueError("the KV cache decodes unpadded causal sequences only")
+            if cache is not None and start > 0 and length > 1 and self.causal:
+                raise ValueError("with a filled KV cache, feed one new token at a time")
+            mask = sdpa_mask(attention_mask, self.causal, length)
         for stack in self.stacks if stacks is None else stacks:
             h = stack(h, rope, mask, cache) if cache is not None else stack(h, rope, mask)
-        if cache is not None:
+        if cache is not None and cache.writing:
             cache.length += length
         return h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The head over the stacks' output; a block-diffusion rack's doubled output gives
+        one prediction per position (stackwise.model.masks.block_outputs)."""
+        if self.block_size is not None:
+            h = block_outputs(h, self.block_size)
+        return self.head(h)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm and output projection of hidden states, position by position."""
         h = self.norm(h)
         if self.lm_head is None:
             assert self.tied_head is not None

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from stackwise.objectives.base import IGNORE, Objective, Prepared, Specials, token_ce
+from stackwise.objectives.block_diffusion import BlockDiffusion
 from stackwise.objectives.clm import CLM
 from stackwise.objectives.custom import Custom
 from stackwise.objectives.diffusion import Diffusion
@@ -34,6 +35,7 @@ __all__ = [
     "CLM",
     "IGNORE",
     "MLM",
+    "BlockDiffusion",
     "Custom",
     "Diffusion",
     "Objective",

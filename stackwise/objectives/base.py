@@ -34,6 +34,7 @@ class Prepared:
     attention_mask: torch.Tensor | None = None
     t: torch.Tensor | None = None  # (B,) diffusion time, when the objective has one
     elbo_weights: torch.Tensor | None = None  # diffusion: NELBO weights even if training uniform
+    bounded: torch.Tensor | None = None  # (B, L) tokens the NELBO covers, when not every real one
 
     @classmethod
     def for_batch(

@@ -21,6 +21,8 @@ class StageCache:
         """`plan`: the run's (progressive.cache, data.seq_len, model.d_model and n_stacks)."""
         self.spec: CacheSpec = plan.progressive.cache
         self.seq_len, self.d_model = plan.data.seq_len, plan.model.d_model
+        if plan.model.diffusion_block is not None:  # the trunk runs [noised; clean]
+            self.seq_len *= 2
         self.boundaries = max(1, plan.model.n_stacks - 1)
         self.n_items, self.output_dir, self.acc = n_items, output_dir, acc
         self.cache: ActivationCache | None = None

@@ -15,6 +15,9 @@
   block are masked again with a probability capped by `remask_budget`, so a poor early choice
   can be redrawn; the reveal probability is raised to keep the process's marginals.
 
+- `block`: a rack trained with objective block_diffusion writes its blocks left to right, each
+  by ancestral steps that score that block only, against a KV cache of the finished blocks.
+
 - `single_pass`: a rack grown as a denoising chain (time as depth, high noise to low) runs once:
   stack g takes the sequence from its noise level to the next one, revealing each masked
   position with the ancestral probability (or that many positions ranked by `remasking`), and
@@ -142,6 +145,7 @@ class MaskedSampler:
         return reveal & masked
 
 
+from stackwise.samplers.blockwise import BlockSampler  # noqa: E402
 from stackwise.samplers.methods import (  # noqa: E402  (registers the built-ins)
     REDRAW_STEPS,
     Ancestral,
@@ -157,6 +161,7 @@ __all__ = [
     "REDRAW_STEPS",
     "REMASKING",
     "Ancestral",
+    "BlockSampler",
     "Confidence",
     "MaskedSampler",
     "MaskedSampling",

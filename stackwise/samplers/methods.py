@@ -67,7 +67,7 @@ class Stepwise(Method):
             if not bool(masked.any()):
                 break
             run.stats.steps += 1
-            logits = run.logits(x)
+            logits = self.logits(x)
             if run.guard is not None:
                 logits = run.guard.apply_bans(logits)
             tokens = draw(logits, s.temperature, s.top_k, s.top_p, run.gen)
@@ -78,8 +78,17 @@ class Stepwise(Method):
             if hide is not None:
                 x = x.masked_fill(hide, run.mask_id)
             if run.guard is not None and j < budget - 1:
-                x, in_block = run.guard.mend(x, run.prompt_len, in_block)
+                x, in_block = self.mend(x, in_block)
         return x
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, V) logits for the running sequence (the block sampler scores one block)."""
+        return self.run.logits(x)
+
+    def mend(self, x: torch.Tensor, in_block: torch.Tensor) -> tuple[Tensor, Tensor]:
+        """The repeat guard's repairs: repeats masked again and joined to the block."""
+        assert self.run.guard is not None
+        return self.run.guard.mend(x, self.run.prompt_len, in_block)
 
 
 @register_sampler("ancestral")

@@ -95,6 +95,9 @@ class ModelSpec:
     quant_storage: str = "uint8"
     attn_implementation: str = "sdpa"
     trust_remote_code: bool = False
+    # objective block_diffusion's block size (from objective.block_size): the rack reads its
+    # input as [noised; clean] with block-causal attention (stackwise.model.masks)
+    diffusion_block: int | None = None
 
     @property
     def n_layers(self) -> int:

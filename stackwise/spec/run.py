@@ -61,6 +61,7 @@ class ObjectiveSpec:
     weighting: str = "elbo"
     random_length_ratio: float = 0.0
     causal: bool = True
+    block_size: int | None = None
 
 
 @dataclass(frozen=True)

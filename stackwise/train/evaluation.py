@@ -98,6 +98,8 @@ def text_bytes(
     scored = targets != IGNORE
     ids = batch["input_ids"]
     real = real_tokens(batch, pad_id if pad_id is not None else -1)
+    if getattr(prep, "bounded", None) is not None:
+        real = prep.bounded  # the tokens the bound covers (block diffusion: all but the first)
     return {
         "bytes": float(table[targets.clamp_min(0)][scored].sum()),
         "bytes_all": float(table[ids][real].sum()),

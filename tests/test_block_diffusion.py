@@ -1,0 +1,231 @@
+"""Block diffusion (objective block_diffusion): what each prediction may see, the causal LM at
+blocks of one token, the block sampler's KV cache against the full pass, the rules, and runs
+end to end (whole rack, grown with time as input and as depth, a QLoRA trunk)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from stackwise.cli import main
+from stackwise.config.loading import InvalidConfig
+from stackwise.generate import generate
+from stackwise.model.rack import Rack
+from stackwise.objectives import CLM, BlockDiffusion, Specials
+from stackwise.objectives.base import IGNORE
+from stackwise.objectives.schedules import Linear, time_for_fraction
+from stackwise.pipeline import train_from_config
+from stackwise.runs import load_trained
+from stackwise.samplers import BlockSampler, MaskedSampler, MaskedSampling
+from stackwise.spec import ModelSpec
+
+V, MASK, PAD = 40, 39, 0
+SPECIALS = Specials(vocab_size=V, pad_id=PAD, mask_id=MASK)
+BD = {"objective": {"name": "block_diffusion", "block_size": 4}}
+
+
+def rack_of(block: int | None, seed: int = 0, **model) -> Rack:
+    torch.manual_seed(seed)
+    spec = ModelSpec(
+        vocab_size=V, d_model=32, n_heads=4, n_stacks=2, blocks_per_stack=1, max_seq_len=32,
+        diffusion_block=block, **model,
+    )  # fmt: skip
+    return Rack(spec, V, causal=block is None).eval()
+
+
+def ids_of(rows: int, length: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(1, MASK, (rows, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_blocks_of_one_token_are_the_causal_lm_on_the_same_weights(padded):
+    """t = 1 (a one-step grid) masks every token but the first, with NELBO weight 1."""
+    clm_rack, bd_rack = rack_of(None), rack_of(1)
+    bd_rack.load_state_dict(clm_rack.state_dict())
+    ids = ids_of(3, 16)
+    batch = {"input_ids": ids}
+    if padded:
+        keep = torch.ones_like(ids)
+        keep[1, 10:], keep[2, 5:] = 0, 0
+        batch = {"input_ids": ids.masked_fill(keep == 0, PAD), "attention_mask": keep}
+    gen = torch.Generator().manual_seed(0)
+    clm = CLM(SPECIALS).prepare(batch, gen)
+    bd = BlockDiffusion(SPECIALS, Linear(), 1, num_time_steps=1).prepare(batch, gen)
+    assert torch.equal(bd.targets, clm.targets)
+    clm_loss = CLM(SPECIALS).loss(clm_rack(clm.inputs, clm.attention_mask), clm)
+    bd_loss = BlockDiffusion(SPECIALS, Linear(), 1).loss(
+        bd_rack(bd.inputs, bd.attention_mask, bd.t), bd
+    )
+    assert abs(clm_loss.item() - bd_loss.item()) < 1e-5
+    assert bd_loss.item() > 1.0  # an untrained rack: a real loss, not a trivial zero
+
+
+@torch.no_grad()
+def test_each_prediction_sees_the_clean_blocks_before_it_and_nothing_after():
+    """Position j predicts token j + 1 of block b: it must not see the clean copy of block b or
+    anything later, and must see the clean blocks before b."""
+    rack = rack_of(4)
+    ids = ids_of(2, 16)
+    noised = ids.clone()
+    noised[:, 5::2] = MASK
+    base = rack(torch.cat([noised, ids], 1), None, None)
+    for b in range(1, 4):
+        later = torch.cat([noised, ids], 1)
+        later[:, 16 + 4 * b :] = ids_of(2, 16 - 4 * b, seed=b + 7)  # clean copy from block b on
+        later[:, 4 * (b + 1) : 16] = MASK  # the noised copy after block b
+        out = rack(later, None, None)
+        predicts_b = slice(4 * b - 1, 4 * b + 3)
+        torch.testing.assert_close(out[:, predicts_b], base[:, predicts_b], atol=0, rtol=0)
+        earlier = torch.cat([noised, ids], 1)
+        earlier[:, 16 + 4 * (b - 1)] = (ids[:, 4 * (b - 1)] % 30) + 1
+        changed = (rack(earlier, None, None) - base)[:, 4 * b : 4 * b + 3].abs().amax()
+        assert float(changed) > 1e-4
+
+
+def test_the_objective_masks_after_the_first_token_and_never_the_prompt():
+    ids = ids_of(64, 12)
+    labels = ids.clone()
+    labels[:, :4] = IGNORE  # instruction rows: a 4-token prompt
+    batch = {"input_ids": ids, "labels": labels}
+    prep = BlockDiffusion(SPECIALS, Linear(), 4).prepare(batch, torch.Generator().manual_seed(0))
+    noised, clean = prep.inputs[:, :12], prep.inputs[:, 12:]
+    masked = noised == MASK
+    assert torch.equal(clean, ids) and not bool(masked[:, :4].any()) and bool(masked.any())
+    scored = prep.targets != IGNORE
+    assert torch.equal(scored[:, :-1], masked[:, 1:]) and not bool(scored[:, -1].any())
+    assert torch.equal(prep.targets[scored], ids[:, 1:][masked[:, 1:]])
+    assert int(prep.normalizer) == 64 * 8  # the replies' tokens, masked or not
+    assert prep.bounded is not None and int(prep.bounded.sum()) == 64 * 8
+
+
+def routed(rack: Rack) -> Rack:
+    rack.set_depth_routing([(0, 0.5, 1.0), (1, 0.0, 0.5)])
+    return rack
+
+
+@pytest.mark.parametrize("kind", ["plain", "time input", "time as depth"])
+def test_the_sampler_scores_a_block_against_its_cache_as_the_full_pass_does(kind):
+    rack = rack_of(4, time_conditioning="sinusoidal" if kind == "time input" else "none")
+    rack = routed(rack) if kind == "time as depth" else rack
+    x = ids_of(2, 16)
+    x[0, 9:12] = MASK  # row 0 at t = 0.75, row 1 at t = 0.25: two depths when routed
+    x[1, 11] = MASK
+    run = MaskedSampler(rack, MaskedSampling(sampler="block"), MASK, [], torch.Generator())
+    sampler = BlockSampler(run)
+    sampler.reset()
+    with torch.no_grad():
+        for b in range(2):
+            sampler.finish(x[:, 4 * b : 4 * b + 4])
+        sampler.start, sampler.end = 8, 12
+        cached = sampler.logits(x)
+        t = time_for_fraction(Linear(), (x[:, 8:12] == MASK).float().mean(1))
+        noised = x.clone()
+        full = rack(torch.cat([noised, x], 1), None, t if rack.uses_time else None).float()
+    torch.testing.assert_close(cached[:, 8:12], full[:, 7:11], atol=1e-5, rtol=0)
+    assert bool((cached[:, :8] == 0).all()) and bool((cached[:, 12:] == 0).all())
+    assert all(c.length == 8 for c in sampler.caches.values())  # scoring never extends them
+    assert len(sampler.caches) == (2 if kind == "time as depth" else 1)
+
+
+def test_the_block_sampler_writes_blocks_left_to_right_from_the_prompt():
+    rack = rack_of(4)
+    settings = MaskedSampling(sampler="block", steps=6)
+    run = MaskedSampler(rack, settings, MASK, [MASK, PAD], torch.Generator().manual_seed(0))
+    prompt = ids_of(2, 5)
+    seen: list[torch.Tensor] = []
+    with torch.no_grad():
+        out = run.run(prompt, 11, on_block=lambda ids: seen.append(ids.clone()))
+    assert [s.shape[1] for s in seen] == [8, 12, 16]  # blocks on the rack's own grid
+    assert all(not bool((s == MASK).any()) for s in seen)
+    assert torch.equal(out[:, :5], prompt) and not bool((out == MASK).any())
+    # 6 steps over 3 blocks (2 each) and 3 clean blocks cached: the prompt's first, then two
+    assert run.stats.forward_passes == 6 + 3
+
+
+@pytest.mark.parametrize(
+    "sections, said",
+    [
+        ({"objective": {"name": "block_diffusion"}}, "needs objective.block_size"),
+        ({"objective": {"name": "diffusion", "block_size": 4}}, "only applies to objective"),
+        ({**BD, "sample": {"sampler": "ancestral"}}, "use sampler block"),
+        ({"objective": {"name": "diffusion"}, "sample": {"sampler": "block"}}, "block_diffusion"),
+        ({**BD, "sample": {"block_length": 8}}, "objective.block_size long"),
+        ({"objective": {**BD["objective"], "block_size": 64}}, "exceeds data.seq_len"),
+        ({"objective": {**BD["objective"], "attention": "causal"}}, "sets its own attention"),
+        (
+            {
+                **BD,
+                "model": {"n_stacks": 2},
+                "progressive": {
+                    "strategy": "progressive",
+                    "time_interpretation": "depth",
+                    "depth_order": "high_to_low",
+                },
+            },
+            "denoising chain",
+        ),
+    ],
+)
+def test_settings_block_diffusion_cannot_honour_are_refused(tiny, sections, said):
+    with pytest.raises(InvalidConfig, match=said):
+        tiny(**sections)
+
+
+def test_a_block_diffusion_run_trains_evaluates_and_samples(tiny, tmp_path, capsys):
+    cfg = tiny(**BD, train={"max_steps": 30, "lr": 3e-3, "eval_batches": 4})
+    res = train_from_config(cfg, quiet=True)
+    assert res.state is not None
+    first, last = res.state.history[0], res.state.history[-1]
+    assert last["bpc"] < first["bpc"] and "nelbo" in last
+    plan, rack, tok = load_trained(res.output_dir)
+    assert rack.block_size == 4
+    samples = generate(plan, rack, tok, n=2, prompt="the", max_new_tokens=12)
+    assert all(text.startswith("the") for text in samples.texts)
+    args = ["eval", "--checkpoint", str(res.output_dir), "--samples", "1"]
+    assert main([*args, "--t-points", "4", "--mc-num", "2", "--max-blocks", "4"]) == 0
+    report = json.loads((res.output_dir / "eval.json").read_text())
+    assert report["likelihood"]["bpc"] > 0 and "NELBO" in report["likelihood"]["kind"]
+    assert "bits/char" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "prog, extra",
+    [
+        ({"time_interpretation": "input", "cache": {"enabled": True}}, {}),
+        ({"time_interpretation": "depth"}, {}),
+        (
+            {"trunk_strategy": "qlora"},
+            {"lora": {"enabled": True, "trunk_adapters": True}, "quant": {"enabled": True}},
+        ),
+    ],
+    ids=["time input, cached trunk", "time as depth", "qlora trunk"],
+)
+def test_block_diffusion_grows_stack_by_stack(tiny, prog, extra):
+    model = {"n_stacks": 2, "blocks_per_stack": 1}
+    if prog.get("time_interpretation") == "input":
+        model["time_conditioning"] = "sinusoidal"
+    cfg = tiny(
+        **BD,
+        model=model,
+        train={"max_steps": 600},
+        progressive={"strategy": "progressive", "steps_per_stack": 3, **prog},
+        **extra,
+    )
+    res = train_from_config(cfg, quiet=True)
+    assert len(res.rack.stacks) == 2 and res.rack.block_size == 4
+    final = res.progressive.final_eval
+    assert 0 < final["bpc"] < 20 and final["nelbo"] > 0
+    plan, rack, tok = load_trained(res.output_dir)
+    assert (rack.depth_ranges is not None) == (prog.get("time_interpretation") == "depth")
+    assert generate(plan, rack, tok, n=1, max_new_tokens=8).texts
+
+
+def test_a_plan_gives_the_rack_its_block_layout(tiny):
+    from stackwise.plan import compile_plan
+
+    plan = compile_plan(tiny(**BD))
+    assert plan.model.diffusion_block == 4 and not plan.objective.causal
+    assert replace(plan.model, diffusion_block=None) != plan.model
