@@ -4,6 +4,8 @@ Run from the repository root:
 
     .venv/bin/python benchmarks/diffusion_quality.py            # ~12 minutes on 2 cores
     .venv/bin/python benchmarks/diffusion_quality.py --quick    # a smoke run, ~2 minutes
+    .venv/bin/python benchmarks/diffusion_quality.py --runs "clm,diff no-time,block 4" \
+        --seeds 0,1,2                                          # some rows, three seeds
 
 Six racks of the default preset's shape and settings (4 stacks x 1 block, d_model 128,
 characters, 64 sequences of 64 per step, cosine mask schedule, one LR schedule over all stages)
@@ -17,6 +19,12 @@ split over the stacks for progressive runs):
   prog depth     progressive diffusion, frozen trunk, cache, time as depth (routed by noise)
   prog chain     progressive diffusion, trainable trunk, time as depth grown high-noise-to-low
                  (a denoising chain; sampled by single_pass too)
+  block 4/8/16   block diffusion (BD3-LM) with blocks of 4, 8 and 16 characters, end to end,
+                 no time input; sampled by the block sampler (ancestral, and low-confidence
+                 ranking inside each block)
+
+With several `--seeds` (train.seed of every run, and the sampling seed), each seed's tables
+are printed, then the median over seeds with the spread (max - min) of each run's bpc ratio.
 
 `val bpc` is each run's final evaluation (the same validation batches; the NELBO bound for
 diffusion, the exact NLL for clm). Then, for each diffusion rack, 16 samples of 64 characters
@@ -30,6 +38,8 @@ least 0.9x the validation text's (repetitive samples also score a low gen PPL) o
 from __future__ import annotations
 
 import argparse
+import math
+import statistics
 import sys
 import tempfile
 import time
@@ -66,11 +76,16 @@ SAMPLERS = [
         {"sampler": "remask", "block_length": 8, "temperature": 0.7, "no_repeat_words": True},
     ),
 ]
+BLOCK_SAMPLERS = [
+    ("block", {"sampler": "block"}),
+    ("block low_conf", {"sampler": "block", "remasking": "low_confidence"}),
+]
+BLOCK_SIZES = (4, 8, 16)
 # settings only masked racks read, back at their defaults for the clm run
 MAX_NEW = 64  # the default preset's sample.max_new_tokens
 
 
-def configs(steps: int) -> dict[str, list[str]]:
+def configs(steps: int, seed: int) -> dict[str, list[str]]:
     first, later = steps - 3 * (steps // 4), steps // 4
     prog = [
         "progressive.trunk_strategy=frozen",
@@ -80,7 +95,18 @@ def configs(steps: int) -> dict[str, list[str]]:
         f"progressive.steps_per_stack={later}",
         f"progressive.stacks.0.steps={first}",
     ]
-    e2e = [f"train.max_steps={steps}"]
+    e2e = [f"train.max_steps={steps}", f"train.seed={seed}"]
+    prog.append(f"train.seed={seed}")
+    blocks = {
+        f"block {b}": [
+            "objective.name=block_diffusion",
+            f"objective.block_size={b}",
+            "sample.sampler=auto",
+            "sample.block_length=0",
+            *e2e,
+        ]
+        for b in BLOCK_SIZES
+    }
     return {
         "clm": ["objective.name=clm", *CLM_RESETS, *e2e],
         "diff time": ["model.time_conditioning=sinusoidal", *e2e],
@@ -92,7 +118,9 @@ def configs(steps: int) -> dict[str, list[str]]:
             f"progressive.stacks.0.steps={first}",
             "progressive.time_interpretation=depth",
             "progressive.depth_order=high_to_low",
+            f"train.seed={seed}",
         ],
+        **blocks,
     }
 
 
@@ -117,7 +145,7 @@ def train(name: str, overrides: list[str], out: str) -> dict[str, float]:
     return {"bpc": final["bpc"], "wall": wall}
 
 
-def sample_all(runs: dict[str, str], samples: int) -> dict[str, list[tuple]]:
+def sample_all(runs: dict[str, str], samples: int, seed: int) -> dict[str, list[tuple]]:
     from stackwise.evaluate import generative_perplexity, unigram_entropy
     from stackwise.generate import generate
     from stackwise.runs import load_trained
@@ -134,6 +162,7 @@ def sample_all(runs: dict[str, str], samples: int) -> dict[str, list[tuple]]:
                 rack,
                 tok,
                 n=samples,
+                seed=seed,
                 sampler="single_pass",
                 steps=32,
                 block_length=0,
@@ -150,10 +179,11 @@ def sample_all(runs: dict[str, str], samples: int) -> dict[str, list[tuple]]:
                     got.stats.tokens / seconds,
                 )
             )
-        for label, kw in SAMPLERS if name != "clm" else [("", {})]:
+        choices = BLOCK_SAMPLERS if name.startswith("block") else SAMPLERS
+        for label, kw in choices if name != "clm" else [("", {})]:
             if name == "clm":  # the reference's own samples: left to right
                 start = time.perf_counter()
-                got = generate(plan, rack, tok, n=samples, temperature=0.6)
+                got = generate(plan, rack, tok, n=samples, seed=seed, temperature=0.6)
                 seconds = time.perf_counter() - start
                 ids = [r[got.prompt_len :].tolist() for r in got.ids]
                 ppl = generative_perplexity(got.texts, reference)
@@ -170,7 +200,7 @@ def sample_all(runs: dict[str, str], samples: int) -> dict[str, list[tuple]]:
             for steps in (32, 128):
                 start = time.perf_counter()
                 settings = {"temperature": 0.6, "block_length": 0, "no_repeat_words": False, **kw}
-                got = generate(plan, rack, tok, n=samples, steps=steps, **settings)
+                got = generate(plan, rack, tok, n=samples, seed=seed, steps=steps, **settings)
                 seconds = time.perf_counter() - start
                 ids = [r[got.prompt_len :].tolist() for r in got.ids]
                 rows.append(
@@ -191,19 +221,17 @@ def sample_all(runs: dict[str, str], samples: int) -> dict[str, list[tuple]]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=800, help="optimizer steps per run")
-    parser.add_argument("--samples", type=int, default=16)
-    parser.add_argument("--quick", action="store_true", help="--steps 40 --samples 2")
-    args = parser.parse_args()
-    steps, samples = (40, 2) if args.quick else (args.steps, args.samples)
+def one_seed(steps: int, samples: int, seed: int, runs: list[str] | None) -> dict:
+    """Train the chosen runs (clm always: the reference), sample them, print the tables;
+    returns each run's bpc over clm's and the best gen PPL over clm samples'."""
     trained, folders = {}, {}
+    chosen = {n: o for n, o in configs(steps, seed).items() if runs is None or n in runs}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, overrides in configs(steps).items():
+        for name, overrides in chosen.items():
             folders[name] = f"{tmp}/{name.replace(' ', '_')}"
             trained[name] = in_fork(name, train, name, overrides, folders[name])
-        sampled = in_fork("sampling", sample_all, folders, samples)
+        sampled = in_fork("sampling", sample_all, folders, samples, seed)
+    print(f"\n== seed {seed}")
     print(f"{'run':<13} {'val bpc':>8} {'vs clm':>7} {'wall s':>7}")
     print("-" * 38)
     clm = trained["clm"]["bpc"]
@@ -219,21 +247,56 @@ def main() -> None:
     # the goal's rule: the lowest gen PPL among samples whose entropy is at least 0.9x the
     # validation text's (degenerate, repetitive samples score a low gen PPL too)
     floor = 0.9 * sampled["_val_entropy"][0][0]
-    best = (float("inf"), "none", "-", 0)
+    best: dict[str, tuple] = {}  # per kind (masked, block): (ppl, rack, sampler, steps)
     for name, rows in sampled.items():
         if name.startswith("_"):
             continue
+        kind = "block" if name.startswith("block") else "masked"
         for sampler, st, ppl, ent, speed in rows:
             print(f"{name:<13} {sampler:<15} {st:>5} {ppl:>8.2f} {ent:>7.3f} {speed:>7.0f}")
-            if name != "clm" and ent >= floor and ppl < best[0]:
-                best = (ppl, name, sampler, st)
-    best_diff = min(r["bpc"] for n, r in trained.items() if n != "clm")
+            if name != "clm" and ent >= floor and ppl < best.get(kind, (math.inf,))[0]:
+                best[kind] = (ppl, name, sampler, st)
     clm_ppl = sampled["clm"][0][2]
-    print(
-        f"headline: best diffusion bpc {best_diff / clm:.2f}x clm's; best diffusion gen PPL at "
-        f"entropy >= {floor:.2f}: {best[0]:.2f} ({best[1]}, {best[2]}, {best[3]} steps) = "
-        f"{best[0] / clm_ppl:.2f}x clm samples' {clm_ppl:.2f}"
-    )
+    for kind, (ppl, name, sampler, st) in sorted(best.items()):
+        print(
+            f"best {kind} gen PPL at entropy >= {floor:.2f}: {ppl:.2f} ({name}, {sampler}, "
+            f"{st} steps) = {ppl / clm_ppl:.2f}x clm samples' {clm_ppl:.2f}"
+        )
+    return {
+        "ratio": {n: r["bpc"] / clm for n, r in trained.items()},
+        "gen": {k: v[0] / clm_ppl for k, v in best.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=800, help="optimizer steps per run")
+    parser.add_argument("--samples", type=int, default=16)
+    parser.add_argument("--seeds", default="0", help="comma-separated train/sampling seeds")
+    parser.add_argument("--runs", default=None, help="comma-separated run names (clm is kept)")
+    parser.add_argument("--quick", action="store_true", help="--steps 40 --samples 2")
+    args = parser.parse_args()
+    steps, samples = (40, 2) if args.quick else (args.steps, args.samples)
+    runs = None if args.runs is None else ["clm", *args.runs.split(",")]
+    seeds = [int(x) for x in args.seeds.split(",")]
+    results = [one_seed(steps, samples, seed, runs) for seed in seeds]
+    print(f"\n== over seeds {seeds}: median (spread) of each run's bpc over clm's")
+    names = list(results[0]["ratio"])
+    for name in names:
+        values = [r["ratio"][name] for r in results]
+        print(f"{name:<13} {statistics.median(values):>6.3f}x ({max(values) - min(values):.3f})")
+    masked = [min(v for n, v in r["ratio"].items() if n != "clm" and "block" not in n) for r in
+              results if any(n != "clm" and "block" not in n for n in r["ratio"])]  # fmt: skip
+    parts = []
+    if masked:
+        parts.append(f"best masked diffusion bpc {statistics.median(masked):.3f}x clm's")
+    if "block 4" in names:
+        parts.append(f"block 4 {statistics.median(r['ratio']['block 4'] for r in results):.3f}x")
+    for kind in ("masked", "block"):
+        gens = [r["gen"][kind] for r in results if kind in r["gen"]]
+        if gens:
+            parts.append(f"best {kind} gen PPL {statistics.median(gens):.2f}x clm samples'")
+    print("headline (medians): " + "; ".join(parts))
 
 
 if __name__ == "__main__":

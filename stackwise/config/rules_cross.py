@@ -70,8 +70,9 @@ def _sampler_settings(cfg: Config, resolved: Any) -> Iterator[str]:
     sm = cfg.sample
     if not resolved.uses_remasking and sm.changed("remasking"):
         yield (
-            "sample.remasking only applies to sampler: remask (ancestral reveals positions "
-            "at random, as the reverse process says); set sample.sampler: remask or remove it"
+            "sample.remasking only applies to sampler: remask (and block and single_pass, "
+            "which rank their reveals by it when set; ancestral reveals positions at random, "
+            "as the reverse process says); set sample.sampler: remask or remove it"
         )
     for name in SAMPLER_OWN:
         if sm.changed(name) and name not in resolved.reads:

@@ -1,5 +1,5 @@
 """The block sampler: a block-diffusion rack (objective block_diffusion) writes its blocks left
-to right. Each block starts masked and is revealed by ancestral steps; every step scores only
+to right. Each block starts masked and is revealed step by step; every step scores only
 that block, attending to the finished blocks through a KV cache that grows by one clean block
 when the block is done, so a step costs one block's compute, not the whole sequence's."""
 
@@ -17,9 +17,11 @@ from stackwise.samplers.draws import Progress, split_steps
 from stackwise.samplers.methods import Ancestral
 
 
-@register_sampler("block", blocks=True)
+@register_sampler("block", blocks=True, uses_remasking=True)
 class BlockSampler(Ancestral):
-    """Blocks of the rack's own size; inside a block, the MDLM reverse process. A rack grown
+    """Blocks of the rack's own size; inside a block, the MDLM reverse process, or with
+    sample.remasking set, each step's share of the masked positions ranked by it (as the
+    remask sampler does over the whole sequence). A rack grown
     with time as depth runs its stacks up to a noise level's own: each such set of stacks keeps
     its own cache (and its own prediction of a block's first token), filled when first used."""
 
@@ -56,6 +58,11 @@ class BlockSampler(Ancestral):
                 break
             self.finish(x[:, start : self.end])
         return x
+
+    def reveal(self, masked: Tensor, logits: Tensor, tokens: Tensor, j: int, steps: int) -> Tensor:
+        if self.run.s.remasking_set:
+            return self.run.remask(masked, logits, tokens, steps - j)
+        return super().reveal(masked, logits, tokens, j, steps)
 
     def reset(self) -> None:
         """No finished block yet: caches (and carried predictions) per depth, built lazily."""
