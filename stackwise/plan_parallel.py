@@ -16,7 +16,8 @@ def model_spec(config: Config, spec: ModelSpec) -> ModelSpec:
     """The model section's `spec`; an FSDP launch's activation checkpointing turns on
     model.gradient_checkpointing (per block); block diffusion sets the rack's block layout."""
     if OBJECTIVES.capabilities(config.objective.name).blocks:
-        spec = replace(spec, diffusion_block=config.objective.block_size)
+        ob = config.objective
+        spec = replace(spec, diffusion_block=ob.block_size, diffusion_shift=ob.block_shift)
     launch = fsdp_launch()
     if launch is not None and launch["activation_checkpointing"]:
         spec = replace(spec, gradient_checkpointing=True)

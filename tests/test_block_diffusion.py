@@ -27,11 +27,11 @@ SPECIALS = Specials(vocab_size=V, pad_id=PAD, mask_id=MASK)
 BD = {"objective": {"name": "block_diffusion", "block_size": 4}}
 
 
-def rack_of(block: int | None, seed: int = 0, **model) -> Rack:
+def rack_of(block: int | None, seed: int = 0, shift: bool = True, **model) -> Rack:
     torch.manual_seed(seed)
     spec = ModelSpec(
         vocab_size=V, d_model=32, n_heads=4, n_stacks=2, blocks_per_stack=1, max_seq_len=32,
-        diffusion_block=block, **model,
+        diffusion_block=block, diffusion_shift=shift, **model,
     )  # fmt: skip
     return Rack(spec, V, causal=block is None).eval()
 
@@ -85,6 +85,45 @@ def test_each_prediction_sees_the_clean_blocks_before_it_and_nothing_after():
         assert float(changed) > 1e-4
 
 
+@torch.no_grad()
+def test_without_the_shift_each_position_predicts_its_own_token_from_its_block():
+    """BD3-LM's layout: a noised position of block b sees its block (masked or revealed) and
+    the clean blocks before b, never the clean copy of b or anything later."""
+    rack = rack_of(4, shift=False)
+    ids = ids_of(2, 16)
+    noised = ids.clone()
+    noised[:, ::3] = MASK
+    base = rack(torch.cat([noised, ids], 1), None, None)
+    for b in range(4):
+        later = torch.cat([noised, ids], 1)
+        later[:, 16 + 4 * b :] = ids_of(2, 16 - 4 * b, seed=b + 7)
+        later[:, 4 * (b + 1) : 16] = MASK
+        own = slice(4 * b, 4 * b + 4)
+        torch.testing.assert_close(rack(later, None, None)[:, own], base[:, own], atol=0, rtol=0)
+    revealed = torch.cat([noised, ids], 1)
+    revealed[:, 5] = (ids[:, 5] % 30) + 1  # a revealed token of block 1 reaches block 1 only
+    moved = (rack(revealed, None, None) - base).abs().amax(dim=(0, 2))
+    assert float(moved[4:8].min()) > 1e-5 and float(moved[:4].max()) == 0.0
+
+
+def test_without_the_shift_every_token_is_scored_and_an_empty_prompt_samples():
+    ids = ids_of(64, 12)
+    prep = BlockDiffusion(SPECIALS, Linear(), 4, shift=False).prepare(
+        {"input_ids": ids}, torch.Generator().manual_seed(0)
+    )
+    masked = prep.inputs[:, :12] == MASK
+    assert bool(masked[:, 0].any())  # the first token is masked too: nothing is given
+    assert torch.equal(prep.targets != IGNORE, masked)
+    assert torch.equal(prep.targets[masked], ids[masked]) and int(prep.normalizer) == 64 * 12
+    rack = rack_of(4, shift=False)
+    run = MaskedSampler(
+        rack, MaskedSampling(sampler="block", steps=4), MASK, [MASK], torch.Generator()
+    )
+    with torch.no_grad():
+        out = run.run(ids[:2, :0], 8)
+    assert out.shape == (2, 8) and not bool((out == MASK).any())
+
+
 def test_the_objective_masks_after_the_first_token_and_never_the_prompt():
     ids = ids_of(64, 12)
     labels = ids.clone()
@@ -106,9 +145,10 @@ def routed(rack: Rack) -> Rack:
     return rack
 
 
-@pytest.mark.parametrize("kind", ["plain", "time input", "time as depth"])
+@pytest.mark.parametrize("kind", ["plain", "time input", "time as depth", "own position"])
 def test_the_sampler_scores_a_block_against_its_cache_as_the_full_pass_does(kind):
-    rack = rack_of(4, time_conditioning="sinusoidal" if kind == "time input" else "none")
+    time = "sinusoidal" if kind == "time input" else "none"
+    rack = rack_of(4, shift=kind != "own position", time_conditioning=time)
     rack = routed(rack) if kind == "time as depth" else rack
     x = ids_of(2, 16)
     x[0, 9:12] = MASK  # row 0 at t = 0.75, row 1 at t = 0.25: two depths when routed
@@ -124,7 +164,8 @@ def test_the_sampler_scores_a_block_against_its_cache_as_the_full_pass_does(kind
         t = time_for_fraction(Linear(), (x[:, 8:12] == MASK).float().mean(1))
         noised = x.clone()
         full = rack(torch.cat([noised, x], 1), None, t if rack.uses_time else None).float()
-    torch.testing.assert_close(cached[:, 8:12], full[:, 7:11], atol=1e-5, rtol=0)
+    same = full[:, 8:12] if kind == "own position" else full[:, 7:11]
+    torch.testing.assert_close(cached[:, 8:12], same, atol=1e-5, rtol=0)
     assert bool((cached[:, :8] == 0).all()) and bool((cached[:, 12:] == 0).all())
     assert all(c.length == 8 for c in sampler.caches.values())  # scoring never extends them
     assert len(sampler.caches) == (2 if kind == "time as depth" else 1)
@@ -150,6 +191,7 @@ def test_the_block_sampler_writes_blocks_left_to_right_from_the_prompt():
     [
         ({"objective": {"name": "block_diffusion"}}, "needs objective.block_size"),
         ({"objective": {"name": "diffusion", "block_size": 4}}, "only applies to objective"),
+        ({"objective": {"name": "clm", "block_shift": False}}, "block_shift only applies"),
         ({**BD, "sample": {"sampler": "ancestral"}}, "use sampler block"),
         ({"objective": {"name": "diffusion"}, "sample": {"sampler": "block"}}, "block_diffusion"),
         ({**BD, "sample": {"block_length": 8}}, "objective.block_size long"),

@@ -119,6 +119,7 @@ GENERIC: dict[str, tuple[Any, dict]] = {
     "sample.top_p": (0.1, {}),
     "objective.random_length_ratio": (0.5, DIFF),
     "objective.block_size": (2, {"objective": {"name": "block_diffusion", "block_size": 4}}),
+    "objective.block_shift": (False, {"objective": {"name": "block_diffusion", "block_size": 4}}),
     "sample.steps": (1, DIFF),
     "sample.sampler": ("remask", DIFF),
     "sample.remasking": ("random", {**DIFF, "sample": {"sampler": "remask"}}),

@@ -15,14 +15,16 @@ def _blocks(objective: str) -> bool:
 
 @cross_rule
 def block_size(cfg: Config) -> Iterator[str]:
-    """objective.block_size is read by block diffusion only, and must fit the sequence."""
+    """objective.block_size and block_shift are read by block diffusion only; a block must fit
+    the sequence."""
     ob = cfg.objective
     if not _blocks(ob.name):
-        if ob.block_size is not None:
-            yield (
-                f"objective.block_size only applies to objective block_diffusion, not "
-                f"'{ob.name}'; remove it or set objective.name: block_diffusion"
-            )
+        for key in ("block_size", "block_shift"):
+            if ob.changed(key):
+                yield (
+                    f"objective.{key} only applies to objective block_diffusion, not "
+                    f"'{ob.name}'; remove it or set objective.name: block_diffusion"
+                )
         return
     if ob.block_size is None:
         yield (

@@ -162,6 +162,12 @@ class ObjectiveConfig(Section):
         description="block_diffusion: tokens per block; each block is denoised given the clean "
         "blocks before it (1: the causal LM; the sequence length: one masked-diffusion block).",
     )
+    block_shift: bool = Field(
+        True,
+        description="block_diffusion: predict token j at position j - 1 as the causal LM does "
+        "(blocks of one token are then the clm on the same weights; a block's first token does "
+        "not see the rest of its block), or at j itself as BD3-LM does (false).",
+    )
 
     @property
     def causal(self) -> bool:

@@ -93,12 +93,12 @@ def masked_nll_sums(
 def _masked_ce(
     rack: torch.nn.Module, inputs: torch.Tensor, ids: torch.Tensor, t: torch.Tensor | None
 ) -> torch.Tensor:
-    """(B, L) CE of each position's token; a block-diffusion rack reads [noised; clean] and
-    predicts token j at position j - 1 (the first token is given: 0 there)."""
-    if getattr(rack, "block_size", None) is None:
-        logits = rack(inputs, t=t).float()
+    """(B, L) CE of each position's token; a block-diffusion rack reads [noised; clean] and,
+    shifted, predicts token j at position j - 1 (the first token is given: 0 there)."""
+    blocks = getattr(rack, "block_size", None) is not None
+    logits = rack(torch.cat([inputs, ids], dim=1) if blocks else inputs, t=t).float()
+    if not blocks or not rack.block_shift:
         return F.cross_entropy(logits.transpose(1, 2), ids, reduction="none").double()
-    logits = rack(torch.cat([inputs, ids], dim=1), t=t).float()
     ce = torch.zeros(ids.shape, dtype=torch.float64, device=ids.device)
     ce[:, 1:] = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
     return ce
@@ -143,7 +143,7 @@ def likelihood(
         else:
             rows = torch.arange(start, start + chunk.shape[0])
             scored = ok.clone()
-            if getattr(rack, "block_size", None) is not None:
+            if getattr(rack, "block_size", None) is not None and rack.block_shift:
                 scored[:, 0] = False  # given: each token is predicted from the one before
             sums = masked_nll_sums(rack, chunk, scored, sched, ts, mask_id, s.seed, rows)
             nll += sums.sum().cpu()

@@ -4,9 +4,11 @@ A block-diffusion rack (objective block_diffusion) reads its input as two copies
 sequence side by side, [noised; clean], both at positions 0..L-1. A noised position sees its
 own block of the noised copy and the clean blocks before it; a clean position sees the clean
 blocks up to its own. One pass thus trains every block's denoiser, each conditioned on the
-clean text before it, as BD3-LM does. The prediction of token j comes from position j - 1
-(the causal LM's shift): from the noised copy inside a block, from the clean copy for a
-block's first token, so with blocks of one token the rack is exactly the causal LM.
+clean text before it, as BD3-LM does. With the shift (objective.block_shift), token j is
+predicted at position j - 1 as the causal LM does: from the noised copy inside a block, from
+the clean copy for a block's first token, so with blocks of one token the rack is exactly the
+causal LM. Without it (BD3-LM's own choice), each masked position of the noised copy predicts
+its own token, seeing every revealed token of its block.
 """
 
 from __future__ import annotations
@@ -69,8 +71,11 @@ def from_clean_copy(length: int, block_size: int, device: torch.device) -> torch
     return (torch.arange(length, device=device) + 1) % block_size == 0
 
 
-def block_outputs(h: torch.Tensor, block_size: int) -> torch.Tensor:
-    """(B, L, d) from the doubled (B, 2L, d): position j's output predicts token j + 1."""
+def block_outputs(h: torch.Tensor, block_size: int, shift: bool = True) -> torch.Tensor:
+    """(B, L, d) from the doubled (B, 2L, d): position j's output predicts token j + 1 with
+    `shift`, token j without (BD3-LM's own-position prediction: the noised copy alone)."""
     length = h.shape[1] // 2
+    if not shift:
+        return h[:, :length]
     clean = from_clean_copy(length, block_size, h.device)[None, :, None]
     return torch.where(clean, h[:, length:], h[:, :length])

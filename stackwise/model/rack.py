@@ -60,6 +60,7 @@ class Rack(nn.Module):
         self.causal = causal
         # objective block_diffusion: the input is [noised; clean] (stackwise.model.masks)
         self.block_size = getattr(spec, "diffusion_block", None)  # a Plan sets it; a config not
+        self.block_shift = getattr(spec, "diffusion_shift", True)
         self.embed_tokens = nn.Embedding(vocab_size, spec.d_model)
         self.time_embed: nn.Module | None = None
         if spec.time_conditioning == "sinusoidal":
@@ -221,7 +222,7 @@ class Rack(nn.Module):
         """The head over the stacks' output; a block-diffusion rack's doubled output gives
         one prediction per position (stackwise.model.masks.block_outputs)."""
         if self.block_size is not None:
-            h = block_outputs(h, self.block_size)
+            h = block_outputs(h, self.block_size, self.block_shift)
         return self.head(h)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:

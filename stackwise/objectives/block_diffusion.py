@@ -1,10 +1,11 @@
 """Block diffusion (BD3-LM): the sequence is cut into blocks of `block_size` tokens; each block
 is a masked-diffusion problem conditioned on the clean blocks before it.
 
-The rack sees [noised; clean] side by side (stackwise.model.masks) and predicts token j from
-position j - 1, so one pass scores every block. The first token is given, never masked (as the
-causal LM never predicts it); the loss is the NELBO per token over the rest. With blocks of
-one token and t = 1 every token is masked and the loss is the causal LM's, on the same weights.
+The rack sees [noised; clean] side by side (stackwise.model.masks), so one pass scores every
+block. With the shift, token j is predicted from position j - 1 and the first token is given,
+never masked (as the causal LM never predicts it); with blocks of one token and t = 1 every
+other token is masked and the loss is the causal LM's, on the same weights. Without it, each
+masked position predicts its own token (BD3-LM). The loss is the NELBO per bounded token.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from stackwise.objectives.schedules import Schedule, schedule_from
 from stackwise.registry import register_objective
 
 
-def bounded_positions(batch: dict[str, torch.Tensor], pad_id: int) -> torch.Tensor:
-    """(B, L) bool: the tokens the NELBO bounds (every real one but the first; on instruction
-    rows the replies only)."""
+def bounded_positions(batch: dict[str, torch.Tensor], pad_id: int, shift: bool) -> torch.Tensor:
+    """(B, L) bool: the tokens the NELBO bounds (every real one, but the first with the shift,
+    which nothing predicts; on instruction rows the replies only)."""
     out = real_tokens(batch, pad_id).clone()
-    out[:, 0] = False
+    out[:, 0] &= not shift
     if "labels" in batch:
         out &= batch["labels"] != IGNORE
     return out
@@ -50,9 +51,11 @@ def shifted(values: torch.Tensor, fill: float | int) -> torch.Tensor:
 class BlockDiffusion(Diffusion):
     name = "block_diffusion"
 
-    def __init__(self, specials: Specials, schedule: Schedule, block_size: int, **kw: Any):
+    def __init__(
+        self, specials: Specials, schedule: Schedule, block_size: int, shift: bool = True, **kw: Any
+    ) -> None:
         super().__init__(specials, schedule, **kw)
-        self.block_size = block_size
+        self.block_size, self.shift = block_size, shift
 
     @classmethod
     def from_spec(cls, objective: Any, masking: Any, specials: Specials) -> BlockDiffusion:
@@ -60,6 +63,7 @@ class BlockDiffusion(Diffusion):
             specials,
             schedule_from(masking),
             objective.block_size,
+            objective.block_shift,
             eps=masking.eps,
             antithetic=masking.antithetic,
             num_time_steps=masking.num_time_steps,
@@ -72,6 +76,7 @@ class BlockDiffusion(Diffusion):
             self.specials,
             self.schedule,
             self.block_size,
+            self.shift,
             eps=self.eps,
             antithetic=self.antithetic,
             num_time_steps=self.num_time_steps,
@@ -86,12 +91,12 @@ class BlockDiffusion(Diffusion):
         self, batch: dict[str, torch.Tensor], t: torch.Tensor, gen: torch.Generator
     ) -> Prepared:
         ids = batch["input_ids"]
-        bounded = bounded_positions(batch, self.specials.pad_id)
+        bounded = bounded_positions(batch, self.specials.pad_id, self.shift)
         frac = self.schedule.mask_fraction(t)
         masked = (uniforms(batch, gen, ids.shape[1], stream=1) < frac[:, None]) & bounded
         noised = torch.where(masked, self.specials.mask_id, ids)
-        scored = shifted(masked, False)
-        targets = torch.where(scored, shifted(ids, IGNORE), IGNORE)
+        scored = shifted(masked, False) if self.shift else masked
+        targets = torch.where(scored, shifted(ids, IGNORE) if self.shift else ids, IGNORE)
         elbo_w = self.schedule.weight(t)[:, None] * scored.float()
         weights = scored.float() if self.uniform_weight else elbo_w
         padding = batch.get("attention_mask")

@@ -36,7 +36,7 @@ class BlockSampler(Ancestral):
                 "sampler block decodes a rack trained with objective block_diffusion; this rack "
                 "was not. Use sampler ancestral, remask, confidence or remdm"
             )
-        if p == 0:
+        if p == 0 and rack.block_shift:
             raise ValueError(
                 "block diffusion predicts each token from the one before it: give a prompt of "
                 "at least one token"
@@ -98,8 +98,8 @@ class BlockSampler(Ancestral):
         return [s for s, r in zip(rack.stacks, rack.depth_ranges, strict=True) if r[0] <= depth]
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """The current block's predictions (position j from j - 1; the block's first from the
-        finished blocks), placed in a (B, T, V) tensor the reveal rules read."""
+        """The current block's predictions (shifted: position j's from j - 1, the block's first
+        from the finished blocks), placed in a (B, T, V) tensor the reveal rules read."""
         run, rack = self.run, self.run.rack
         ids = x[:, self.start : self.end]
         t = None
@@ -118,6 +118,9 @@ class BlockSampler(Ancestral):
         for g, rows in groups:
             view = self.cache(g).reader(rows)
             scored = rack.head(rack.run_stacks(h[rows], None, self.stacks(g), view)).float()
+            if not rack.block_shift:  # each position predicts its own token
+                out[rows, self.start : self.end] = scored
+                continue
             carry = self.carries[g]
             first = carry[rows] if carry is not None else scored.new_zeros(scored[:, 0].shape)
             out[rows, self.start : self.end] = torch.cat([first[:, None], scored[:, :-1]], 1)

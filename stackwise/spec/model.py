@@ -98,6 +98,7 @@ class ModelSpec:
     # objective block_diffusion's block size (from objective.block_size): the rack reads its
     # input as [noised; clean] with block-causal attention (stackwise.model.masks)
     diffusion_block: int | None = None
+    diffusion_shift: bool = True  # objective.block_shift: token j predicted at position j - 1
 
     @property
     def n_layers(self) -> int:

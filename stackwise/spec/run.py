@@ -62,6 +62,7 @@ class ObjectiveSpec:
     random_length_ratio: float = 0.0
     causal: bool = True
     block_size: int | None = None
+    block_shift: bool = True
 
 
 @dataclass(frozen=True)
