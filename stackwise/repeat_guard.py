@@ -92,10 +92,12 @@ class WordRepeatGuard:
             in_block[r, a:b] = True
         return x, in_block
 
-    def apply_bans(self, logits: torch.Tensor) -> torch.Tensor:
+    def apply_bans(self, logits: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """`logits` (B, n, V) of positions offset..offset + n - 1, with each ban applied."""
         if not self.bans:
             return logits
         logits = logits.clone()
         for (r, p), toks in self.bans.items():
-            logits[r, p, sorted(toks)] = float("-inf")
+            if 0 <= p - offset < logits.shape[1]:
+                logits[r, p - offset, sorted(toks)] = float("-inf")
         return logits

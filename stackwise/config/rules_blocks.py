@@ -36,6 +36,14 @@ def block_size(cfg: Config) -> Iterator[str]:
             f"objective.block_size ({ob.block_size}) exceeds data.seq_len "
             f"({cfg.data.seq_len}); a block is at most the whole sequence"
         )
+    moe = cfg.model.moe
+    if moe.num_experts and moe.capacity_factor is not None:
+        yield (
+            "model.moe.capacity_factor drops tokens in sequence order, and a block-diffusion "
+            "row holds its noised copy before its clean one, so a later block's revealed tokens "
+            "could decide which clean tokens an earlier block reads; remove capacity_factor "
+            "(every token routed) for objective block_diffusion"
+        )
     if ob.attention != "auto":
         yield (
             "objective block_diffusion sets its own attention (block-causal over a clean and a "
@@ -84,11 +92,12 @@ def block_growth(cfg: Config) -> Iterator[str]:
         own = getattr(stack, "objective", None)
         if own is None:
             continue
-        if (_blocks(own.name) or _blocks(name)) and (
-            own.name != name or own.block_size != cfg.objective.block_size
+        layout = ("name", "block_size", "block_shift")
+        if (_blocks(own.name) or _blocks(name)) and any(
+            getattr(own, k) != getattr(cfg.objective, k) for k in layout
         ):
             yield (
                 f"progressive.stacks[{i}].objective differs from objective ({name}) in its "
-                "name or block_size; every stack of a block-diffusion rack shares one layout, "
-                "so set it only in objective"
+                "name, block_size or block_shift; every stack of a block-diffusion rack "
+                "shares one layout, so set them only in objective"
             )

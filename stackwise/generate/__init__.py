@@ -107,14 +107,15 @@ def _prompt_rows(
     """The prompt's ids in `n` rows, and the room the context leaves after it; a masked rack
     fills the whole context at once, so max_new_tokens, when `asked`, must fit that room."""
     causal = plan.objective.causal
-    # block diffusion predicts each token from the one before, as a causal rack: EOS opens it
+    # block diffusion (shifted) predicts each token from the one before, as a causal rack
+    # does: an EOS opens an empty prompt (training text follows EOS boundaries either way)
     after_token = causal or rack.block_size is not None
     prefix = prompt_ids(after_token, tokenizer, text, rack.cfg.max_seq_len)
     room = rack.cfg.max_seq_len - len(prefix)
     if not causal and asked and s.max_new_tokens > room:
         raise StackWiseError(
-            f"max_new_tokens={s.max_new_tokens} does not fit: a masked rack fills its whole "
-            f"context ({rack.cfg.max_seq_len} tokens) at once, and the prompt takes "
+            f"max_new_tokens={s.max_new_tokens} does not fit: a masked rack's generation stays "
+            f"inside its context ({rack.cfg.max_seq_len} tokens), and the prompt takes "
             f"{len(prefix)}. Ask for at most {room} new tokens."
         )
     return torch.tensor([prefix] * n, device=dev, dtype=torch.long).view(n, len(prefix)), room

@@ -56,6 +56,8 @@ def probe_logits(config: Plan | Any, rack: Rack, seed: int = 0) -> torch.Tensor:
     vocab = rack.embed_tokens.num_embeddings
     ids = torch.randint(0, vocab, (2, min(32, config.data.seq_len)), generator=gen)
     t = torch.full((2,), 0.5) if rack.uses_time else None
+    if rack.block_size is not None:  # a block-diffusion rack reads [noised; clean]
+        ids = torch.cat([ids, ids], dim=1)
     with torch.no_grad():
         return rack(ids, t=t).float()
 

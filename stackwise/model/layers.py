@@ -96,8 +96,9 @@ class KVCache:
         """A view of these rows' keys that attends without keeping what it is given: block
         diffusion scores a block against the finished ones at every denoising step."""
         view = KVCache()
-        pick = slice(None) if rows is None else rows
-        view.layers = {i: (k[pick], v[pick]) for i, (k, v) in self.layers.items()}
+        view.layers = dict(self.layers)  # the tensors themselves: extend never writes to them
+        if rows is not None:
+            view.layers = {i: (k[rows], v[rows]) for i, (k, v) in self.layers.items()}
         view.length, view.writing = self.length, False
         return view
 

@@ -13,9 +13,9 @@ its own token, seeing every revealed token of its block.
 
 from __future__ import annotations
 
-import torch
+from functools import lru_cache
 
-_LAYOUTS: dict[tuple[int, int, str], torch.Tensor] = {}
+import torch
 
 
 def sdpa_mask(
@@ -37,19 +37,17 @@ def sdpa_mask(
     return mask | eye
 
 
+@lru_cache(maxsize=8)  # a few lengths (training, eval rows) per run
 def block_layout(length: int, block_size: int, device: torch.device) -> torch.Tensor:
     """(2L, 2L) bool: which positions of [noised; clean] (L each) a query may attend."""
-    key = (length, block_size, str(device))
-    if key not in _LAYOUTS:
-        block = torch.arange(length, device=device) // block_size
-        blocks = torch.cat([block, block])
-        clean = torch.arange(2 * length, device=device) >= length
-        qb, kb = blocks[:, None], blocks[None, :]
-        qc, kc = clean[:, None], clean[None, :]
-        from_noised = (~kc & (kb == qb)) | (kc & (kb < qb))
-        from_clean = kc & (kb <= qb)
-        _LAYOUTS[key] = torch.where(qc, from_clean, from_noised)
-    return _LAYOUTS[key]
+    block = torch.arange(length, device=device) // block_size
+    blocks = torch.cat([block, block])
+    clean = torch.arange(2 * length, device=device) >= length
+    qb, kb = blocks[:, None], blocks[None, :]
+    qc, kc = clean[:, None], clean[None, :]
+    from_noised = (~kc & (kb == qb)) | (kc & (kb < qb))
+    from_clean = kc & (kb <= qb)
+    return torch.where(qc, from_clean, from_noised)
 
 
 def block_mask(

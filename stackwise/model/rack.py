@@ -196,10 +196,14 @@ class Rack(nn.Module):
         start = cache.length if cache is not None else 0
         length = h.shape[1]
         doubled = self.block_size is not None and cache is None  # [noised; clean]
-        if start + (length // 2 if doubled else length) > self.cfg.max_seq_len:
+        if doubled and length % 2:
             raise ValueError(
-                f"sequence of {start + length} exceeds max_seq_len {self.cfg.max_seq_len}"
+                f"a block-diffusion rack reads [noised; clean], two copies of one sequence; "
+                f"got an odd length {length}. Pass torch.cat([noised_ids, clean_ids], dim=1)"
             )
+        real = start + (length // 2 if doubled else length)
+        if real > self.cfg.max_seq_len:
+            raise ValueError(f"sequence of {real} exceeds max_seq_len {self.cfg.max_seq_len}")
         if doubled:
             cos, sin = self.rotary(length // 2)  # both copies sit at positions 0..L-1
             rope = (torch.cat([cos, cos]), torch.cat([sin, sin]))

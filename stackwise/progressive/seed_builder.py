@@ -133,6 +133,12 @@ def check_fit(builder: Any, plan: Plan) -> None:
     rack = builder.rack
     if builder.grown and (rack.vocab_size, rack.causal) != (m.vocab_size, plan.objective.causal):
         problems.append("its vocabulary or attention direction (the config's differ)")
+    layout = (rack.block_size, rack.block_shift)
+    if builder.grown and layout != (m.diffusion_block, m.diffusion_shift):
+        problems.append(
+            f"block-diffusion layout {layout} (block size, shift; the config's objective gives "
+            f"{(m.diffusion_block, m.diffusion_shift)})"
+        )
     if builder.grown and _shape(builder.spec) != _shape(m):
         problems.append("its stacks' shape (the config's model section differs)")
     if problems:

@@ -48,7 +48,9 @@ def seed_batch(
     """`batch` with what its stack trains on, under the seeds' names (`timed`: the objective
     draws time steps, so t and time_steps are part of it)."""
     loss_mask = prep.targets != IGNORE
-    # what was masked: the scored positions of a masked objective; a causal one masks nothing
+    # what was masked: the scored positions of a masked objective; a causal one masks nothing.
+    # Block diffusion: `inputs` is [noised; clean] (2L) and, shifted, position j's mask and
+    # target are token j + 1's (the prediction made at j)
     masks = loss_mask if objective != "clm" else torch.zeros_like(loss_mask)
     out = dict(batch)
     out.update(

@@ -97,9 +97,12 @@ class BlockSampler(Ancestral):
             return list(rack.stacks)
         return [s for s, r in zip(rack.stacks, rack.depth_ranges, strict=True) if r[0] <= depth]
 
+    def window(self, x: torch.Tensor) -> tuple[int, int]:
+        return self.start, self.end
+
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """The current block's predictions (shifted: position j's from j - 1, the block's first
-        from the finished blocks), placed in a (B, T, V) tensor the reveal rules read."""
+        """(B, n, V): the current block's predictions (shifted: position j's from j - 1, the
+        block's first from the finished blocks)."""
         run, rack = self.run, self.run.rack
         ids = x[:, self.start : self.end]
         t = None
@@ -109,21 +112,22 @@ class BlockSampler(Ancestral):
         if rack.time_embed is not None:
             assert t is not None
             h = h + rack.time_embed(t).to(h.dtype)[:, None, :]
-        out = torch.zeros((*x.shape, rack.vocab_size), device=x.device)
-        groups: list[tuple[int | None, Tensor]] = [(None, torch.ones_like(ids[:, 0], dtype=bool))]
+        out = torch.zeros((*ids.shape, rack.vocab_size), device=x.device)
+        groups: list[tuple[int | None, Tensor | None]] = [(None, None)]
         if rack.depth_ranges is not None:
             assert t is not None
             depth = rack.depth_of(t)
             groups = [(g, depth == g) for g in depth.unique().tolist()]
         for g, rows in groups:
+            pick = slice(None) if rows is None else rows
             view = self.cache(g).reader(rows)
-            scored = rack.head(rack.run_stacks(h[rows], None, self.stacks(g), view)).float()
+            scored = rack.head(rack.run_stacks(h[pick], None, self.stacks(g), view)).float()
             if not rack.block_shift:  # each position predicts its own token
-                out[rows, self.start : self.end] = scored
+                out[pick] = scored
                 continue
             carry = self.carries[g]
-            first = carry[rows] if carry is not None else scored.new_zeros(scored[:, 0].shape)
-            out[rows, self.start : self.end] = torch.cat([first[:, None], scored[:, :-1]], 1)
+            first = carry[pick] if carry is not None else scored.new_zeros(scored[:, 0].shape)
+            out[pick] = torch.cat([first[:, None], scored[:, :-1]], 1)
         out[..., run.banned] = -math.inf
         run.stats.forward_passes += 1
         run.stats.row_passes += x.shape[0]

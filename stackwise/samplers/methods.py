@@ -62,27 +62,35 @@ class Stepwise(Method):
         again (each extra step reveals everything still masked, as a last step does)."""
         run, s = self.run, self.run.s
         budget = steps + (REDRAW_STEPS if run.guard is not None else 0)
+        lo, hi = self.window(x)
         for j in range(budget):
             masked = (x == run.mask_id) & in_block
             if not bool(masked.any()):
                 break
             run.stats.steps += 1
-            logits = self.logits(x)
+            logits = self.logits(x)  # the window's positions
             if run.guard is not None:
-                logits = run.guard.apply_bans(logits)
+                logits = run.guard.apply_bans(logits, offset=lo)
             tokens = draw(logits, s.temperature, s.top_k, s.top_p, run.gen)
             step = min(j, steps - 1)
-            reveal = self.reveal(masked, logits, tokens, step, steps)
-            hide = self.hide(masked, in_block, step, steps)  # chosen among the earlier reveals
-            x = torch.where(reveal, tokens, x)
+            masked_here, block_here = masked[:, lo:hi], in_block[:, lo:hi]
+            reveal = self.reveal(masked_here, logits, tokens, step, steps)
+            hide = self.hide(masked_here, block_here, step, steps)  # among the earlier reveals
+            part = torch.where(reveal, tokens, x[:, lo:hi])
             if hide is not None:
-                x = x.masked_fill(hide, run.mask_id)
+                part = part.masked_fill(hide, run.mask_id)
+            x = torch.cat([x[:, :lo], part, x[:, hi:]], dim=1)
             if run.guard is not None and j < budget - 1:
                 x, in_block = self.mend(x, in_block)
         return x
 
+    def window(self, x: torch.Tensor) -> tuple[int, int]:
+        """The positions [lo, hi) a step scores and draws: the whole sequence here (the block
+        sampler scores its block alone)."""
+        return 0, x.shape[1]
+
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, V) logits for the running sequence (the block sampler scores one block)."""
+        """(B, hi - lo, V) logits of the window's positions for the running sequence."""
         return self.run.logits(x)
 
     def mend(self, x: torch.Tensor, in_block: torch.Tensor) -> tuple[Tensor, Tensor]:
