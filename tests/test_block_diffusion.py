@@ -233,6 +233,11 @@ def test_a_block_diffusion_run_trains_evaluates_and_samples(tiny, tmp_path, caps
     report = json.loads((res.output_dir / "eval.json").read_text())
     assert report["likelihood"]["bpc"] > 0 and "NELBO" in report["likelihood"]["kind"]
     assert "bits/char" in capsys.readouterr().out
+    gen = ["generate", "--checkpoint", str(res.output_dir), "--max-new-tokens", "8"]
+    assert main([*gen, "--prompt", "the", "--sampler", "block", "--remasking", "margin"]) == 0
+    assert capsys.readouterr().out.strip()
+    assert main([*gen, "--sampler", "ancestral"]) == 2  # scores the whole sequence: refused
+    assert "use sampler block" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
