@@ -20,8 +20,8 @@ split over the stacks for progressive runs):
   prog chain     progressive diffusion, trainable trunk, time as depth grown high-noise-to-low
                  (a denoising chain; sampled by single_pass too)
   block 4/8/16   block diffusion (BD3-LM) with blocks of 4, 8 and 16 characters, end to end,
-                 no time input; sampled by the block sampler (ancestral, and low-confidence
-                 ranking inside each block)
+                 no time input; sampled by the block sampler (ancestral inside each block)
+                 and block_remask (low-confidence ranking inside each block)
 
 With several `--seeds` (train.seed of every run, and the sampling seed), each seed's tables
 are printed, then the median over seeds with the spread (max - min) of each run's bpc ratio.
@@ -78,7 +78,7 @@ SAMPLERS = [
 ]
 BLOCK_SAMPLERS = [
     ("block", {"sampler": "block"}),
-    ("block low_conf", {"sampler": "block", "remasking": "low_confidence"}),
+    ("block_remask lc", {"sampler": "block_remask", "remasking": "low_confidence"}),
 ]
 BLOCK_SIZES = (4, 8, 16)
 # settings only masked racks read, back at their defaults for the clm run

@@ -21,7 +21,7 @@ from stackwise.objectives.base import IGNORE
 from stackwise.objectives.schedules import Linear, time_for_fraction
 from stackwise.pipeline import train_from_config
 from stackwise.runs import load_trained
-from stackwise.samplers import BlockSampler, MaskedSampler, MaskedSampling
+from stackwise.samplers import BlockRemask, BlockSampler, MaskedSampler, MaskedSampling
 from stackwise.spec import ModelSpec
 
 V, MASK, PAD = 40, 39, 0
@@ -188,6 +188,33 @@ def test_the_block_sampler_writes_blocks_left_to_right_from_the_prompt():
     assert run.stats.forward_passes == 6 + 3
 
 
+def test_block_remask_reveals_each_blocks_surest_position_first(monkeypatch):
+    """low_confidence ranking at temperature 0 with one step per position: each step reveals
+    exactly one position of the block, the one whose likeliest token is the surest."""
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    scored = BlockRemask.logits
+
+    def recording(self, x):
+        out = scored(self, x)
+        seen.append((x[:, self.start : self.end].clone(), out.softmax(-1).amax(-1)))
+        return out
+
+    monkeypatch.setattr(BlockRemask, "logits", recording)
+    settings = MaskedSampling(
+        sampler="block_remask", remasking="low_confidence", steps=12, temperature=0.0
+    )
+    run = MaskedSampler(rack_of(4), settings, MASK, [MASK, PAD], torch.Generator())
+    with torch.no_grad():
+        out = run.run(ids_of(1, 4), 12)
+    assert len(seen) == 12  # 3 blocks x 4 steps
+    for i, (before, sure) in enumerate(seen):
+        after = seen[i + 1][0] if i % 4 != 3 else out[:, 4 * (i // 4 + 1) : 4 * (i // 4 + 2)]
+        revealed = (before == MASK) & (after != MASK)
+        assert int(revealed.sum()) == 1
+        surest = sure.masked_fill(before != MASK, -1.0).argmax()
+        assert bool(revealed[0, surest])
+
+
 @pytest.mark.parametrize(
     "sections, said",
     [
@@ -197,6 +224,8 @@ def test_the_block_sampler_writes_blocks_left_to_right_from_the_prompt():
         ({**BD, "sample": {"sampler": "ancestral"}}, "use sampler block"),
         ({"objective": {"name": "diffusion"}, "sample": {"sampler": "block"}}, "block_diffusion"),
         ({**BD, "sample": {"block_length": 8}}, "objective.block_size long"),
+        ({**BD, "sample": {"remasking": "margin"}}, "block_remask for block diffusion"),
+        ({**BD, "sample": {"remask_budget": 0.1}}, "a block_diffusion rack cannot use"),
         ({"objective": {**BD["objective"], "block_size": 64}}, "exceeds data.seq_len"),
         ({"objective": {**BD["objective"], "attention": "causal"}}, "sets its own attention"),
         (
@@ -234,7 +263,8 @@ def test_a_block_diffusion_run_trains_evaluates_and_samples(tiny, tmp_path, caps
     assert report["likelihood"]["bpc"] > 0 and "NELBO" in report["likelihood"]["kind"]
     assert "bits/char" in capsys.readouterr().out
     gen = ["generate", "--checkpoint", str(res.output_dir), "--max-new-tokens", "8"]
-    assert main([*gen, "--prompt", "the", "--sampler", "block", "--remasking", "margin"]) == 0
+    ranked = ["--sampler", "block_remask", "--remasking", "margin"]
+    assert main([*gen, "--prompt", "the", *ranked]) == 0
     assert capsys.readouterr().out.strip()
     assert main([*gen, "--sampler", "ancestral"]) == 2  # scores the whole sequence: refused
     assert "use sampler block" in capsys.readouterr().err

@@ -93,6 +93,10 @@ how each rack samples:
                again (ReMDM, chance capped by --remask-budget) and redrawn.
   single_pass  one forward pass per stack through a rack grown as a denoising chain
                (progressive.depth_order: high_to_low), from the noisiest stack down.
+  block        (block_diffusion's default and only way) the rack's own blocks left to
+               right, ancestral steps inside each, scoring one block per step against a
+               KV cache of the finished ones; block_remask ranks the block's reveals
+               by --remasking instead. --block-length does not apply.
 --block-length N fills N-token blocks left to right (semi-autoregressive), each with
 its share of the steps; long generations are printed block by block (clm: token by
 token) when one sample is asked for.

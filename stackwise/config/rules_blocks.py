@@ -62,7 +62,8 @@ def block_sampling(cfg: Config) -> Iterator[str]:
     if blocks and not decodes_blocks:
         yield (
             f"sample.sampler: {sampler} scores the whole sequence at once, but a block_diffusion "
-            f"rack reads a clean and a noised copy block by block; use sampler {own} (or auto)"
+            f"rack reads a clean and a noised copy block by block; use sampler {own} (or auto: "
+            "block)"
         )
     if decodes_blocks and not blocks:
         yield (
@@ -72,7 +73,8 @@ def block_sampling(cfg: Config) -> Iterator[str]:
     if blocks and sm.changed("block_length"):
         yield (
             "sample.block_length does not apply to block diffusion: its blocks are "
-            "objective.block_size long; remove it"
+            "objective.block_size long; remove it, or set sample.block_length=0 (its default) "
+            "when overriding a preset"
         )
 
 

@@ -42,7 +42,7 @@ def sampling(cfg: Config) -> Iterator[str]:
                 )
     else:
         yield from _sampler_settings(cfg, resolved)
-    if resolved.needs_chain:
+    if resolved.needs_chain and not has(cfg.objective.name, "blocks"):  # rules_blocks says it
         p = cfg.progressive
         if p.strategy != "progressive" or p.depth_order != "high_to_low":
             yield (
@@ -70,13 +70,21 @@ def _sampler_settings(cfg: Config, resolved: Any) -> Iterator[str]:
     sm = cfg.sample
     if not resolved.uses_remasking and sm.changed("remasking"):
         yield (
-            "sample.remasking only applies to sampler: remask (and block and single_pass, "
-            "which rank their reveals by it when set; ancestral reveals positions at random, "
-            "as the reverse process says); set sample.sampler: remask or remove it"
+            "sample.remasking only applies to sampler: remask (and block_remask, and "
+            "single_pass, which ranks its reveals by it when set; ancestral and block reveal "
+            "positions at random, as the reverse process says); set sample.sampler: remask "
+            "(block_remask for block diffusion) or remove it"
         )
     for name in SAMPLER_OWN:
         if sm.changed(name) and name not in resolved.reads:
             owner = next(n for n in SAMPLERS.names() if name in SAMPLERS.capabilities(n).reads)
+            if has(cfg.objective.name, "blocks"):
+                yield (
+                    f"sample.{name} belongs to sampler {owner}, which a block_diffusion rack "
+                    "cannot use (it samples block by block: sampler block or block_remask); "
+                    f"remove sample.{name}"
+                )
+                continue
             default = type(sm).model_fields[name].get_default()
             yield (
                 f"sample.{name} only applies to sampler: {owner}, and this run samples with "

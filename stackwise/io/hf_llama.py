@@ -32,7 +32,14 @@ def export_config(config: Any, rack: Any, tokenizer: Any) -> Any:
     hf = llama_config(rack, bidirectional_ok=True)
     hf.bos_token_id, hf.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
     hf.pad_token_id = tokenizer.pad_token_id
-    if not config.objective.causal:
+    if rack.block_size is not None:
+        hf.stackwise_note = (
+            f"trained as a block-diffusion model (blocks of {rack.block_size}, a noised and a "
+            f"clean copy of the text, mask token id {tokenizer.mask_token_id}); "
+            "LlamaForCausalLM attends causally over one copy, so its logits differ from the "
+            "rack's. Sample it with `stackwise generate` from the run folder."
+        )
+    elif not config.objective.causal:
         hf.stackwise_note = (
             f"trained as a bidirectional {config.objective.name} model (mask token id "
             f"{tokenizer.mask_token_id}); LlamaForCausalLM attends causally, so its logits "

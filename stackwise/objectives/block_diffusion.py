@@ -44,7 +44,14 @@ def shifted(values: torch.Tensor, fill: float | int) -> torch.Tensor:
     uses_time=True,
     default_sampler="block",
     nelbo=True,
-    masking_fields=("schedule", "eps", "antithetic", "num_time_steps", "time_step_bins"),
+    masking_fields=(
+        "schedule",
+        "eps",
+        "antithetic",
+        "num_time_steps",
+        "time_step_bins",
+        "time_step_mask_fractions",
+    ),
     instruction_rows=True,
     blocks=True,
 )

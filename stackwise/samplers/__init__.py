@@ -16,7 +16,8 @@
   can be redrawn; the reveal probability is raised to keep the process's marginals.
 
 - `block`: a rack trained with objective block_diffusion writes its blocks left to right, each
-  by ancestral steps that score that block only, against a KV cache of the finished blocks.
+  by ancestral steps that score that block only, against a KV cache of the finished blocks;
+  `block_remask` reveals each step's share of the block ranked by `remasking` instead.
 
 - `single_pass`: a rack grown as a denoising chain (time as depth, high noise to low) runs once:
   stack g takes the sequence from its noise level to the next one, revealing each masked
@@ -145,7 +146,7 @@ class MaskedSampler:
         return reveal & masked
 
 
-from stackwise.samplers.blockwise import BlockSampler  # noqa: E402
+from stackwise.samplers.blockwise import BlockRemask, BlockSampler  # noqa: E402
 from stackwise.samplers.methods import (  # noqa: E402  (registers the built-ins)
     REDRAW_STEPS,
     Ancestral,
@@ -161,6 +162,7 @@ __all__ = [
     "REDRAW_STEPS",
     "REMASKING",
     "Ancestral",
+    "BlockRemask",
     "BlockSampler",
     "Confidence",
     "MaskedSampler",

@@ -1,5 +1,6 @@
 """The block sampler: a block-diffusion rack (objective block_diffusion) writes its blocks left
-to right. Each block starts masked and is revealed step by step; every step scores only
+to right (`block`: ancestral steps inside a block; `block_remask`: ranked by
+sample.remasking). Each block starts masked and is revealed step by step; every step scores only
 that block, attending to the finished blocks through a KV cache that grows by one clean block
 when the block is done, so a step costs one block's compute, not the whole sequence's."""
 
@@ -17,11 +18,9 @@ from stackwise.samplers.draws import Progress, split_steps
 from stackwise.samplers.methods import Ancestral
 
 
-@register_sampler("block", blocks=True, uses_remasking=True)
+@register_sampler("block", blocks=True)
 class BlockSampler(Ancestral):
-    """Blocks of the rack's own size; inside a block, the MDLM reverse process, or with
-    sample.remasking set, each step's share of the masked positions ranked by it (as the
-    remask sampler does over the whole sequence). A rack grown
+    """Blocks of the rack's own size; inside a block, the MDLM reverse process. A rack grown
     with time as depth runs its stacks up to a noise level's own: each such set of stacks keeps
     its own cache (and its own prediction of a block's first token), filled when first used."""
 
@@ -58,11 +57,6 @@ class BlockSampler(Ancestral):
                 break
             self.finish(x[:, start : self.end])
         return x
-
-    def reveal(self, masked: Tensor, logits: Tensor, tokens: Tensor, j: int, steps: int) -> Tensor:
-        if self.run.s.remasking_set:
-            return self.run.remask(masked, logits, tokens, steps - j)
-        return super().reveal(masked, logits, tokens, j, steps)
 
     def reset(self) -> None:
         """No finished block yet: caches (and carried predictions) per depth, built lazily."""
@@ -141,3 +135,12 @@ class BlockSampler(Ancestral):
         fixed[:, : self.start] = x[:, : self.start]
         grown[:, : self.start] = False
         return fixed, grown
+
+
+@register_sampler("block_remask", blocks=True, uses_remasking=True)
+class BlockRemask(BlockSampler):
+    """The block sampler with LLaDA's rule inside each block: each step reveals its share of
+    the block's masked positions, those sample.remasking ranks first."""
+
+    def reveal(self, masked: Tensor, logits: Tensor, tokens: Tensor, j: int, steps: int) -> Tensor:
+        return self.run.remask(masked, logits, tokens, steps - j)
