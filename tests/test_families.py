@@ -297,7 +297,7 @@ def test_unknown_names_and_capabilities_are_refused(tiny, toys):
         OBJECTIVES.get("difusion")
     text = str(err.value)
     assert "No objective is registered as 'difusion'. Did you mean 'diffusion'?" in text
-    assert "Known: clm, custom, diffusion, mlm." in text
+    assert "Known: block_diffusion, clm, custom, diffusion, mlm." in text
     assert "@stackwise.registry.register_objective('name')" in text
     with pytest.raises(InvalidConfig, match=r"objective.name: .*Did you mean 'mlm'"):
         tiny(objective={"name": "mlmm"})
