@@ -334,7 +334,8 @@ def test_capabilities_are_answered_without_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == (
-        "['ancestral', 'confidence', 'remask', 'remdm', 'single_pass'] False"
+        "['ancestral', 'block', 'block_remask', 'confidence', 'remask', 'remdm', "
+        "'single_pass'] False"
     )
 
 

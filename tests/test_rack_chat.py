@@ -134,7 +134,7 @@ def test_rack_chat_settings_that_cannot_work_are_refused(chat, tmp_path):
         ({"data": {"tokenizer": None}}, "needs data.tokenizer"),
         ({"data": {"packing": True}}, "attends across packed"),
         ({"data": {"padding_free": True}}, "attends across the examples"),
-        ({"objective": {"name": "mlm"}}, "use clm or diffusion"),
+        ({"objective": {"name": "mlm"}}, "use block_diffusion or clm or diffusion"),
     ):
         data = rack_dict(chat, tmp_path / "r", **sections)
         with pytest.raises(StackWiseError, match=words):
