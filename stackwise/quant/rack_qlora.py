@@ -10,6 +10,7 @@ saved rack is rebuilt with the same structure (stackwise.io.stack_files.restruct
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from torch import nn
@@ -74,6 +75,8 @@ def stack_storage(stack: nn.Module) -> str:
 
 def stack_adapters(stack: nn.Module) -> dict[str, AdapterSpec]:
     """The LoRA adapters a stack carries, by name, as their specs."""
+    if "peft" not in sys.modules:  # no adapter can exist, and importing PEFT costs ~150 MB
+        return {}
     from peft.tuners.lora import LoraLayer
 
     found: dict[str, AdapterSpec] = {}
