@@ -15,10 +15,12 @@ non-fused implementation, weight decay 0.1 on matrices only) and gradient clippi
          compiling happens in the warm-up steps, outside the timed window);
   plain  a hand-written loop over the same Rack class: DataLoader, torch.autocast, shifted
          cross entropy, clip_grad_norm_, AdamW, nothing else;
-  nanogpt  the plain loop over a GPT-2-style model written here: LayerNorm, learned
-         positions, a fused qkv projection into SDPA, a GELU MLP, a tied head; same depth,
-         width and heads as the rack, its MLP widened until the parameter counts match (both
-         counts are printed). The per-token cost a nanoGPT user knows.
+  nanogpt  nanoGPT's model and training loop (karpathy/nanoGPT's model.py and train.py),
+         rebuilt here from their description: LayerNorm without bias, learned positions, one
+         qkv projection into SDPA, a 4x GELU MLP, a tied head, the loss inside forward; random
+         windows of a token stream, the LR set each step, loss.item() each step. Same depth,
+         width and heads as the rack (both parameter counts are printed).
+         benchmarks/nanogpt_reference.py checks it against nanoGPT's own train.py.
   hf     transformers.Trainer.train() on a LlamaForCausalLM of the same shape (the rack's
          weights are loaded into it, so ours, plain and hf start from identical parameters).
 
@@ -60,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as bench
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -117,6 +120,7 @@ class Plan:
 
 
 PRECISION = "bf16"  # set by main() from --precision before any run is forked
+THREADS = 1  # torch threads per run, set by main() from --threads
 
 SHAPES = (Shape("vocab 65", 65), Shape("vocab 4096", 4096))
 
@@ -143,7 +147,13 @@ def random_tokens(shape: Shape, plan: Plan) -> torch.Tensor:
     return torch.randint(2, shape.vocab_size, (rows, shape.seq_len), generator=g)
 
 
-def make_config(shape: Shape, plan: Plan, output_dir: Path, compile: bool = False) -> Config:
+def make_config(
+    shape: Shape,
+    plan: Plan,
+    output_dir: Path,
+    compile: bool | None = False,
+    objective: dict[str, Any] | None = None,
+) -> Config:
     return from_dict(
         {
             "model": {
@@ -155,7 +165,7 @@ def make_config(shape: Shape, plan: Plan, output_dir: Path, compile: bool = Fals
                 "max_seq_len": shape.seq_len,
             },
             "data": {"seq_len": shape.seq_len},
-            "objective": {"name": "clm"},
+            "objective": objective or {"name": "clm"},
             "train": {
                 "seed": SEED,
                 "max_steps": plan.total_steps,
@@ -277,67 +287,121 @@ def plain_loop(model: nn.Module, shape: Shape, plan: Plan, tokens: torch.Tensor)
     return clock.result(shape, plan)
 
 
-# -- (d) a nanoGPT-style GPT of equal parameter count, in the same plain loop ------------------
+# -- (d) nanoGPT's model and loop, rebuilt here ------------------------------------------------
+
+
+class BiaslessLayerNorm(nn.Module):
+    """LayerNorm with a weight and no bias (nanoGPT trains with bias=False)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, None, 1e-5)
 
 
 class GPTBlock(nn.Module):
-    """LayerNorm, one fused qkv projection into SDPA, LayerNorm, GELU MLP: the GPT-2 layer."""
+    """The GPT-2 layer as nanoGPT writes it: one qkv projection split into heads, SDPA,
+    a 4x GELU MLP, dropout modules (p = 0) after attention and MLP, no biases."""
 
-    def __init__(self, d: int, n_heads: int, hidden: int) -> None:
+    def __init__(self, d: int, n_heads: int) -> None:
         super().__init__()
         self.n_heads = n_heads
-        self.ln_attn, self.ln_mlp = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv = nn.Linear(d, 3 * d, bias=False)
-        self.out = nn.Linear(d, d, bias=False)
-        self.fc = nn.Linear(d, hidden, bias=False)
-        self.proj = nn.Linear(hidden, d, bias=False)
+        self.ln_1, self.ln_2 = BiaslessLayerNorm(d), BiaslessLayerNorm(d)
+        self.c_attn = nn.Linear(d, 3 * d, bias=False)
+        self.attn_proj = nn.Linear(d, d, bias=False)
+        self.c_fc = nn.Linear(d, 4 * d, bias=False)
+        self.gelu = nn.GELU()
+        self.mlp_proj = nn.Linear(4 * d, d, bias=False)
+        self.attn_drop, self.resid_drop, self.mlp_drop = (nn.Dropout(0.0) for _ in range(3))
+
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = self.c_attn(x).split(d, dim=2)
+        q, k, v = (t.view(b, n, self.n_heads, d // self.n_heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=True)
+        return self.resid_drop(self.attn_proj(y.transpose(1, 2).contiguous().view(b, n, d)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, n, d = x.shape
-        heads = self.qkv(self.ln_attn(x)).view(b, n, 3, self.n_heads, d // self.n_heads)
-        q, k, v = heads.permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.out(y.transpose(1, 2).reshape(b, n, d))
-        return x + self.proj(F.gelu(self.fc(self.ln_mlp(x))))
+        x = x + self.attention(self.ln_1(x))
+        return x + self.mlp_drop(self.mlp_proj(self.gelu(self.c_fc(self.ln_2(x)))))
 
 
 class GPT(nn.Module):
-    """Token and learned position embeddings, GPT blocks, a final LayerNorm, a tied head."""
+    """Token and learned position embeddings, GPT blocks, a final LayerNorm, a head tied to the
+    token embedding; the loss is computed inside forward, over every position."""
 
-    def __init__(self, shape: Shape, hidden: int) -> None:
+    def __init__(self, shape: Shape) -> None:
         super().__init__()
         d, layers = shape.d_model, shape.n_stacks * shape.blocks_per_stack
         self.wte = nn.Embedding(shape.vocab_size, d)
         self.wpe = nn.Embedding(shape.seq_len, d)
-        self.blocks = nn.ModuleList(GPTBlock(d, shape.n_heads, hidden) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(d)
-        for module in self.modules():
-            if isinstance(module, nn.Linear | nn.Embedding):
-                nn.init.normal_(module.weight, std=0.02)
+        self.drop = nn.Dropout(0.0)
+        self.blocks = nn.ModuleList(GPTBlock(d, shape.n_heads) for _ in range(layers))
+        self.ln_f = BiaslessLayerNorm(d)
+        self.lm_head = nn.Linear(d, shape.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):  # GPT-2's scaled residual projections
+                nn.init.normal_(p, std=0.02 / (2 * layers) ** 0.5)
+            elif p.ndim == 2:
+                nn.init.normal_(p, std=0.02)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1], device=ids.device))
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], dtype=torch.long, device=ids.device)
+        x = self.drop(self.wte(ids) + self.wpe(positions))
         for block in self.blocks:
             x = block(x)
-        return F.linear(self.ln_f(x), self.wte.weight)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-1)
 
 
-def gpt_width(shape: Shape, target: int) -> int:
-    """The MLP width that gives the GPT `target` parameters (the rack's count)."""
-    base = sum(p.numel() for p in GPT(shape, 1).parameters())
-    per_unit = 2 * shape.d_model * shape.n_stacks * shape.blocks_per_stack
-    return max(1, round((target - base) / per_unit) + 1)
-
-
-def equal_gpt(shape: Shape, config: Config) -> GPT:
-    rack_params = sum(p.numel() for p in fresh_rack(config, shape.vocab_size).parameters())
-    torch.manual_seed(SEED)
-    return GPT(shape, gpt_width(shape, rack_params))
+def nanogpt_groups(model: nn.Module) -> list[dict[str, Any]]:
+    """nanoGPT's two groups: every matrix decays (the tied embedding once), nothing else."""
+    params = list(model.parameters())  # parameters() yields a tied tensor once
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
 
 
 def run_nanogpt(shape: Shape, plan: Plan, tokens: torch.Tensor, workdir: Path) -> RunResult:
-    config = make_config(shape, plan, workdir / "nanogpt")
-    return plain_loop(equal_gpt(shape, config), shape, plan, tokens)
+    """nanoGPT's training loop: windows at random offsets of one token stream read from a
+    uint16 file (x and the shifted y), the LR set on every group each step, loss.item() every
+    step (its log_interval=1), clipping, AdamW with its defaults on a CPU (not fused)."""
+    torch.manual_seed(SEED)
+    model = GPT(shape)
+    model.train()
+    opt = torch.optim.AdamW(nanogpt_groups(model), lr=LR, betas=BETAS)
+    stream_file = workdir / f"nanogpt-tokens-{os.getpid()}.bin"
+    tokens.flatten().numpy().astype(np.uint16).tofile(stream_file)
+    size, n = shape.batch_size, shape.seq_len
+
+    def batch() -> tuple[torch.Tensor, torch.Tensor]:
+        """As nanoGPT reads its train.bin: a fresh memmap per batch, int64 rows."""
+        stream = np.memmap(stream_file, dtype=np.uint16, mode="r")
+        starts = torch.randint(len(stream) - n, (size,))
+        x = torch.stack([torch.from_numpy(stream[i : i + n].astype(np.int64)) for i in starts])
+        y = [torch.from_numpy(stream[i + 1 : i + 1 + n].astype(np.int64)) for i in starts]
+        return x, torch.stack(y)
+
+    clock = StepClock()
+    x, y = batch()
+    for step in range(plan.total_steps):
+        for group in opt.param_groups:
+            group["lr"] = LR * min(1.0, (step + 1) / 100)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=PRECISION == "bf16"):
+            loss = model(x, y)
+        x, y = batch()
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+        clock.tick()
+    stream_file.unlink()
+    return clock.result(shape, plan)
 
 
 # -- (c) transformers.Trainer on the equivalent LlamaForCausalLM ------------------------------
@@ -426,12 +490,12 @@ def run_once(
     method: str, shape: Shape, plan: Plan, workdir: Path, patches: tuple[str, ...]
 ) -> RunResult:
     """One repetition of one method in this process."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(THREADS)
     gc.collect()
     if "plain-allocator" in patches and method == "plain":
         plain_with_our_allocator()
     result = RUNNERS[method](shape, plan, random_tokens(shape, plan), workdir)
-    if torch.get_num_threads() != 1:
+    if torch.get_num_threads() != THREADS:
         raise RuntimeError(f"{method} changed the thread count to {torch.get_num_threads()}")
     return result
 
@@ -480,8 +544,12 @@ OURS = ("ours", "compiled")
 RIVALS = ("plain", "nanogpt", "hf")  # the ratio columns: ours (and compiled) over each
 
 
+def rivals() -> tuple[str, ...]:
+    return tuple(r for r in RIVALS if r in METHODS)
+
+
 def table(all_results: dict[str, Results], shapes: tuple[Shape, ...]) -> str:
-    ratios = "".join(f" {'ours/' + r:>12}" for r in RIVALS)
+    ratios = "".join(f" {'ours/' + r:>12}" for r in rivals())
     head = (
         f"{'shape':<11} {'method':<21} {'median tok/s':>12} {'min..max tok/s':>15} "
         f"{'ms/step':>7} {'faults/step':>11}{ratios}"
@@ -496,20 +564,23 @@ def table(all_results: dict[str, Results], shapes: tuple[Shape, ...]) -> str:
             spread = f"{min(tps):,.0f}..{max(tps):,.0f}"
             cells = ""
             if method in OURS:
-                cells = "".join(f" {ratio_of_medians(res, method, r):>12.3f}" for r in RIVALS)
+                cells = "".join(f" {ratio_of_medians(res, method, r):>12.3f}" for r in rivals())
             line = (
                 f"{shape.name:<11} {LABELS[method]:<21} {med:>12,.0f} {spread:>15} "
                 f"{1000 * shape.tokens_per_step / med:>7.1f} {faults:>11,.0f}{cells}"
             )
             rows.append(line.rstrip())
-        paired = "".join(f" {paired_ratio(res, 'ours', r):>12.3f}" for r in RIVALS)
+        if "ours" not in METHODS:
+            continue
+        paired = "".join(f" {paired_ratio(res, 'ours', r):>12.3f}" for r in rivals())
         rows.append(f"{shape.name:<11} {'ours, paired per rep':<21} {'':>47}{paired}")
     return "\n".join(rows)
 
 
 def headline(all_results: dict[str, Results], shapes: tuple[Shape, ...]) -> str:
     parts = []
-    for mine, rival in [("ours", r) for r in RIVALS] + [("compiled", "nanogpt")]:
+    mine_all = [m for m in OURS if m in METHODS]
+    for mine, rival in [(m, r) for m in mine_all for r in rivals()]:
         each = ", ".join(
             f"{ratio_of_medians(all_results[s.name], mine, rival):.2f}" for s in shapes
         )
@@ -539,7 +610,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="autocast for all five; auto = bf16 where this CPU runs it natively, else fp32",
     )
+    p.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
+    p.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help=f"comma-separated subset of {', '.join(METHODS)} (default: all)",
+    )
     args = p.parse_args(argv)
+    args.methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    unknown = [m for m in args.methods if m not in METHODS]
+    if unknown or not args.methods:
+        p.error(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
+    if args.threads < 1:
+        p.error("--threads must be at least 1")
     if args.plain_allocator and args.in_process:
         p.error("--plain-allocator changes the whole process; it needs the forked runs")
     args.patch = ["plain-allocator"] if args.plain_allocator else []
@@ -559,7 +642,8 @@ def main(argv: list[str] | None = None) -> None:
     if plan.reps < 1 or plan.steps < 2 or plan.warmup < 0:
         sys.exit("need reps >= 1, steps >= 2, warmup >= 0")
 
-    global PRECISION
+    global PRECISION, THREADS, METHODS
+    METHODS, THREADS = args.methods, args.threads
     from stackwise.train.hardware import resolve_precision
 
     PRECISION = resolve_precision(args.precision, torch.device("cpu"))
@@ -576,7 +660,8 @@ def main(argv: list[str] | None = None) -> None:
         f"transformers {transformers.__version__}; malloc env: {malloc_env or 'default'}"
     )
     print(
-        f"plan: {plan.reps} interleaved reps x ({plan.warmup} warmup + {plan.steps} timed steps) "
+        f"plan: {THREADS} torch thread(s) per run; {plan.reps} interleaved reps x "
+        f"({plan.warmup} warmup + {plan.steps} timed steps) "
         "per method; timed: end of step warmup .. end of the last step; "
         + ("all runs in one process" if args.in_process else "each run in a fresh forked child")
         + ("; plain loop with our allocator settings" if args.patch else "")
@@ -586,13 +671,13 @@ def main(argv: list[str] | None = None) -> None:
         for shape in SHAPES:
             config = make_config(shape, plan, Path(tmp) / "count")
             rack = sum(p.numel() for p in fresh_rack(config, shape.vocab_size).parameters())
-            gpt = equal_gpt(shape, config)
+            gpt = GPT(shape)
             print(
                 f"{shape.name}: {shape.n_stacks}x{shape.blocks_per_stack} layers, "
                 f"d_model {shape.d_model}, {shape.n_heads} heads, seq {shape.seq_len}, "
                 f"batch {shape.batch_size}; parameters: rack {rack:,}, nanoGPT-style "
                 f"{sum(p.numel() for p in gpt.parameters()):,} (MLP width "
-                f"{gpt.blocks[0].fc.out_features})",
+                f"{gpt.blocks[0].c_fc.out_features})",
                 flush=True,
             )
             all_results[shape.name] = measure(

@@ -95,7 +95,7 @@ GENERIC: dict[str, tuple[Any, dict]] = {
     "train.weight_decay": (0.5, {}),
     "train.betas": ((0.5, 0.9), {}),
     "train.adam_eps": (1e-3, {}),
-    "train.fused_adamw": (True, {}),
+    "train.fused_adamw": (False, {}),  # the default (auto) fuses on a CPU
     "train.max_grad_norm": (1e-3, {}),
     "train.scheduler": ("linear", {}),
     "train.warmup_steps": (2, {}),

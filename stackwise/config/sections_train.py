@@ -58,7 +58,11 @@ class TrainConfig(Section):
     weight_decay: NonNegativeFloat = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
     adam_eps: PositiveFloat = 1e-8
-    fused_adamw: bool = False
+    fused_adamw: bool | None = Field(
+        None,
+        description="torch's fused Adam(W) kernel. None (auto): on wherever it takes every "
+        "parameter (plain CPU/GPU tensors; off for FSDP2 and DeepSpeed); true/false force it.",
+    )
     optimizer: Literal["adamw", "adam"] = Field(
         "adamw",
         description="adamw: decoupled weight decay; adam: weight decay as L2 in the gradient.",
@@ -91,7 +95,12 @@ class TrainConfig(Section):
         description="Also write model.pt into each checkpoint: the whole model's state dict, "
         "for torch.load(weights_only=True) (seed 001's layout; it doubles a checkpoint's size).",
     )
-    compile: bool = False
+    compile: bool | None = Field(
+        None,
+        description="torch.compile the rack's blocks (regionally). None (auto): on for a "
+        "single-process run of a plain rack with at least 1000 steps where a compiler is "
+        "available, else off with the reason in the run's header; true/false force it.",
+    )
     eval_every: PositiveInt = 100
     eval_batches: PositiveInt = 10
     output_dir: str | None = Field(None, description="Default: outputs/<run_name>.")

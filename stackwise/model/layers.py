@@ -1,4 +1,4 @@
-"""Transformer building blocks: RMSNorm, RoPE, attention (MHA/GQA via SDPA), SwiGLU, Block.
+"""Transformer building blocks: RMSNorm, attention (SDPA), SwiGLU, Block, Stack, the tied head.
 
 Projection names follow the Llama convention (q_proj, ..., down_proj) so PEFT targets and an HF
 export map one to one.
@@ -14,9 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from stackwise.model.rope import Rope, apply_rope
 from stackwise.spec import ModelSpec
-
-Rope = tuple[Tensor, Tensor]  # (cos, sin) tables for the positions being run
 
 
 class RMSNorm(nn.Module):
@@ -29,29 +28,23 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-class Rotary(nn.Module):
-    """Precomputed RoPE tables; q and k are rotated per head (Llama's rotate-half layout)."""
-
-    def __init__(self, head_dim: int, max_len: int, theta: float) -> None:
-        super().__init__()
-        inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
-
-    def forward(self, length: int) -> Rope:
-        return self.cos[:length], self.sin[:length]
+def plain_linears(*modules: nn.Module) -> bool:
+    """Whether these are ordinary nn.Linear layers whose weights can be read directly: not
+    LoRA-wrapped or quantized, and with no hooks (ZeRO-3 gathers a weight in a hook)."""
+    return all(
+        type(m) is nn.Linear and not m._forward_pre_hooks and not m._forward_hooks for m in modules
+    )
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, H, L, hd)."""
-    return x * cos.to(x.dtype) + _rotate_half(x) * sin.to(x.dtype)
+def joint_linear(x: Tensor, *layers: nn.Linear) -> Tensor:
+    """The outputs of several linears of one input, side by side, from one matmul over their
+    stacked weights: one large GEMM is faster than several thin ones, and each layer keeps its
+    own parameters (so LoRA targets, checkpoints and exports see q_proj, k_proj, ...)."""
+    weight = torch.cat([layer.weight for layer in layers])
+    bias = None
+    if layers[0].bias is not None:
+        bias = torch.cat([layer.bias for layer in layers])  # type: ignore[misc]
+    return F.linear(x, weight, bias)
 
 
 FP32_ATTENTION_MAX_LEN = 256
@@ -122,10 +115,17 @@ class Attention(nn.Module):
         self, x: Tensor, rope: Rope, mask: Tensor | None, cache: KVCache | None = None
     ) -> Tensor:
         b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = self.q_proj, self.k_proj, self.v_proj
+        if plain_linears(q, k, v):
+            heads = joint_linear(x, q, k, v).view(b, n, -1, self.head_dim).transpose(1, 2)
+            qk = apply_rope(heads[:, : self.n_heads + self.n_kv], *rope)  # q and k in one pass
+            q, k = qk.split([self.n_heads, self.n_kv], dim=1)
+            v = heads[:, self.n_heads + self.n_kv :]
+        else:
+            q = q(x).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
+            k = k(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+            v = v(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         fresh = cache is None or cache.length == 0  # queries and keys cover the same positions
         if cache is not None:
             k, v = cache.extend(self, k, v)
@@ -153,6 +153,9 @@ class SwiGLU(nn.Module):
             self.up_proj.weight.requires_grad_(False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if plain_linears(self.gate_proj, self.up_proj):
+            gate, up = joint_linear(x, self.gate_proj, self.up_proj).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -210,6 +213,43 @@ class Stack(nn.Module):
             else:
                 x = block(x, rope, mask, cache)
         return x
+
+
+class TiedHead(nn.Module):
+    """The output projection that reuses the token embeddings. It owns no weights (the state
+    dict is unchanged); being a module, it is seen as the linear it is (FLOP counting)."""
+
+    def __init__(self, embedding: nn.Embedding) -> None:
+        super().__init__()
+        self._embedding = [embedding]  # a list: not registered a second time
+
+    @property
+    def weight(self) -> nn.Parameter:
+        return self._embedding[0].weight
+
+    @property
+    def in_features(self) -> int:  # from the embedding's sizes: a partitioned weight has none
+        return self._embedding[0].embedding_dim
+
+    @property
+    def out_features(self) -> int:
+        return self._embedding[0].num_embeddings
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.weight.to(h.dtype).t()
+
+
+def plain_block(block: nn.Module) -> bool:
+    """A dense Block whose projections are all plain nn.Linear: no LoRA or quantized layers,
+    routed experts or memory. Such blocks are the ones measured compiled and counted whole."""
+    if not isinstance(block, Block) or block.memory is not None:
+        return False
+    attn, ffn = block.attn, block.ffn
+    if type(ffn) is not SwiGLU:
+        return False
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
+    projections += (ffn.gate_proj, ffn.up_proj, ffn.down_proj)
+    return all(type(m) is nn.Linear for m in projections)
 
 
 def moe_ffn(spec: ModelSpec) -> nn.Module:

@@ -14,34 +14,11 @@ import torch
 from torch import nn
 
 from stackwise.model.chain import DenoisingChain, nested_inputs
-from stackwise.model.layers import KVCache, RMSNorm, Rotary, Stack, init_weights
+from stackwise.model.layers import KVCache, RMSNorm, Stack, TiedHead, init_weights
 from stackwise.model.masks import block_mask, block_outputs, sdpa_mask
+from stackwise.model.rope import Rotary
 from stackwise.model.time import LearnedTime, SinusoidalTime
 from stackwise.spec import ModelSpec
-
-
-class TiedHead(nn.Module):
-    """The output projection that reuses the token embeddings. It owns no weights (the state
-    dict is unchanged); being a module, it is seen as the linear it is (FLOP counting)."""
-
-    def __init__(self, embedding: nn.Embedding) -> None:
-        super().__init__()
-        self._embedding = [embedding]  # a list: not registered a second time
-
-    @property
-    def weight(self) -> nn.Parameter:
-        return self._embedding[0].weight
-
-    @property
-    def in_features(self) -> int:  # from the embedding's sizes: a partitioned weight has none
-        return self._embedding[0].embedding_dim
-
-    @property
-    def out_features(self) -> int:
-        return self._embedding[0].num_embeddings
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return h @ self.weight.to(h.dtype).t()
 
 
 class Rack(nn.Module):
@@ -193,6 +170,17 @@ class Rack(nn.Module):
         stacks: Sequence[nn.Module] | None = None,
         cache: KVCache | None = None,
     ) -> torch.Tensor:
+        rope, mask = self.positions(h, attention_mask, cache)
+        for stack in self.stacks if stacks is None else stacks:
+            h = stack(h, rope, mask, cache) if cache is not None else stack(h, rope, mask)
+        if cache is not None and cache.writing:
+            cache.length += h.shape[1]
+        return h
+
+    def positions(
+        self, h: torch.Tensor, attention_mask: torch.Tensor | None, cache: KVCache | None
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]:
+        """The RoPE tables and attention mask for running `h` (after the cache's positions)."""
         start = cache.length if cache is not None else 0
         length = h.shape[1]
         doubled = self.block_size is not None and cache is None  # [noised; clean]
@@ -206,21 +194,20 @@ class Rack(nn.Module):
             raise ValueError(f"sequence of {real} exceeds max_seq_len {self.cfg.max_seq_len}")
         if doubled:
             cos, sin = self.rotary(length // 2)  # both copies sit at positions 0..L-1
-            rope = (torch.cat([cos, cos]), torch.cat([sin, sin]))
+            cos, sin = torch.cat([cos, cos]), torch.cat([sin, sin])
             mask = block_mask(attention_mask, length // 2, self.block_size, h.device)
         else:
             cos, sin = self.rotary(start + length)
-            rope = (cos[start:], sin[start:])
+            cos, sin = cos[start:], sin[start:]
             if cache is not None and attention_mask is not None:
                 raise ValueError("the KV cache decodes unpadded causal sequences only")
             if cache is not None and start > 0 and length > 1 and self.causal:
                 raise ValueError("with a filled KV cache, feed one new token at a time")
             mask = sdpa_mask(attention_mask, self.causal, length)
-        for stack in self.stacks if stacks is None else stacks:
-            h = stack(h, rope, mask, cache) if cache is not None else stack(h, rope, mask)
-        if cache is not None and cache.writing:
-            cache.length += length
-        return h
+        if torch.is_autocast_enabled(h.device.type):  # cast the tables once, not per layer
+            dtype = torch.get_autocast_dtype(h.device.type)
+            cos, sin = cos.to(dtype), sin.to(dtype)
+        return (cos, sin), mask
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """The head over the stacks' output; a block-diffusion rack's doubled output gives

@@ -116,7 +116,7 @@ class TrainSpec:
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
     adam_eps: float = 1e-8
-    fused_adamw: bool = False
+    fused_adamw: bool | None = None
     optimizer: str = "adamw"
     max_grad_norm: float = 1.0
     scheduler: str = "cosine"
@@ -128,7 +128,7 @@ class TrainSpec:
     mixed_precision: str = "auto"
     save_precision: str | None = None
     consolidated_weights: bool = False
-    compile: bool = False
+    compile: bool | None = None
     eval_every: int = 100
     eval_batches: int = 10
     output_dir: str | None = None

@@ -98,7 +98,9 @@ def saving_note(config: Any) -> str:
 
 
 def precision(config: Any, trainer: Any) -> str:
-    return describe_precision(config.train.mixed_precision, trainer.accelerator.device)
+    said = describe_precision(config.train.mixed_precision, trainer.accelerator.device)
+    placement = getattr(trainer, "placement", None)  # a growth recipe has none yet
+    return said if placement is None else f"{said}, {placement.compiling.note}"
 
 
 def save_all_stacks(rack: nn.Module, output_dir: Path) -> None:

@@ -82,6 +82,10 @@ class ModelAdapter(ABC):
         """train.compile: by default torch.compile of the whole model."""
         return torch.compile(model)  # type: ignore[return-value]
 
+    def compile_blocker(self, model: nn.Module) -> str | None:
+        """Why train.compile's auto leaves this model eager (None: nothing does)."""
+        return "a whole-model compile is opt-in (train.compile: true)"
+
     def named_groups(self, model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
         """Parameter groups by name; each name's LR is `group_lr(name, train_config)`."""
         from stackwise.train.optim import model_groups
@@ -247,6 +251,11 @@ class RackAdapter(ModelAdapter):
 
         compile_blocks(model)
         return model
+
+    def compile_blocker(self, model: nn.Module) -> str | None:
+        from stackwise.train.compile_policy import rack_blocker
+
+        return rack_blocker(model)
 
     def load(self, folder: Path, read_plan: Any) -> tuple[Any, nn.Module, Any]:
         from stackwise.io.trained import load_trained

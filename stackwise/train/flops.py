@@ -12,9 +12,10 @@ frozen base's input gradients, an MoE layer the experts its tokens were routed t
 
 Elementwise work (norms, activations, RoPE, the loss) and the optimizer are not counted, as in
 the usual 6N estimates; evaluations are not training compute and are not counted either. A
-block recomputed in the backward pass (gradient checkpointing) costs its forward again. Blocks
-run compiled (train.compile) hide their layers from hooks: their stack counts them from the
-same rules without running them (`block_cost`; MoE racks are not compiled).
+block recomputed in the backward pass (gradient checkpointing) costs its forward again. A plain
+block (dense linears only, not recomputed) is counted from its stack's hook by the same rules
+without a hook per layer (`block_cost`), which would cost a call per layer and keep q/k/v and
+gate/up from running as one matmul; so are blocks run compiled, which hide their layers.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from stackwise.model.layers import Block, Stack
+from stackwise.model.layers import Block, Stack, plain_block
 from stackwise.model.rack import TiedHead
 from stackwise.train.state import Stage, TrainState
 
@@ -63,6 +64,7 @@ class FlopMeter:
         self.on = False
         self._stack_start = 0.0
         self._handles: list[Any] = []
+        self._whole: set[int] = set()
         if model is not None:
             self.attach(model)
 
@@ -71,10 +73,15 @@ class FlopMeter:
         return self.forward + self.backward
 
     def attach(self, model: nn.Module) -> None:
+        whole = {id(b) for s in model.modules() if isinstance(s, Stack) for b in counted_whole(s)}
+        self._whole = whole
+        inside = {id(m) for b in model.modules() if id(b) in whole for m in b.modules()}
         for module in model.modules():
             if isinstance(module, Stack):
                 self._handles.append(module.register_forward_pre_hook(self._stack_begins))
-                self._handles.append(module.register_forward_hook(self._compiled_stack))
+                self._handles.append(module.register_forward_hook(self._stack_done))
+            if id(module) in inside:
+                continue  # counted by its stack: a hook would also keep its linears unfused
             if linear_shape(module) is not None:
                 self._handles.append(module.register_forward_hook(self._linear))
             elif attention_shape(module) is not None:
@@ -109,15 +116,19 @@ class FlopMeter:
     def _stack_begins(self, stack: nn.Module, args: tuple[Any, ...]) -> None:
         self._stack_start = self.forward
 
-    def _compiled_stack(self, stack: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        """A stack whose layers counted nothing ran its blocks compiled: count them here."""
-        if not self.on or not args or self.forward != self._stack_start:
+    def _stack_done(self, stack: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        """Count the blocks counted whole, and every block of a stack whose hooks counted
+        nothing (its blocks ran compiled)."""
+        if not self.on or not args:
             return
-        x = args[0]
+        hooked_nothing = self.forward == self._stack_start
+        x, follows = args[0], _backward_follows(output)
+        recomputed = follows and stack.gradient_checkpointing and stack.training
         for block in stack.blocks:
-            forward, backward = block_cost(block, x, _backward_follows(output))
-            self.forward += forward
-            self.backward += backward
+            if hooked_nothing or id(block) in self._whole:
+                forward, backward = block_cost(block, x, follows)
+                self.forward += forward
+                self.backward += backward + (forward if recomputed else 0.0)
 
     def _attention(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -145,6 +156,13 @@ def _backward_follows(output: Any) -> bool:
     if not torch.is_grad_enabled() or not isinstance(output, torch.Tensor):
         return False
     return output.requires_grad and torch._C._current_graph_task_id() == -1
+
+
+def counted_whole(stack: Stack) -> list[nn.Module]:
+    """The blocks counted by `block_cost` from their stack's hook instead of a hook per layer:
+    the plain ones (layers.plain_block). A checkpointed stack's blocks add their forward again
+    (the recomputation in the backward pass)."""
+    return [block for block in stack.blocks if plain_block(block)]
 
 
 def block_cost(block: Block, x: torch.Tensor, backward: bool) -> tuple[float, float]:

@@ -9,6 +9,7 @@ from typing import Any
 from accelerate import Accelerator
 from torch import nn
 
+from stackwise.train.compile_policy import EAGER, CompileDecision, compile_decision
 from stackwise.train.optim import build_optimizer, build_param_groups, build_scheduler
 
 ParamGroups = dict[str, list[tuple[str, nn.Parameter]]]
@@ -25,6 +26,7 @@ class Placement:
     model: nn.Module
     optimizer: Any
     scheduler: Any
+    compiling: CompileDecision = EAGER
 
     def unwrapped(self) -> nn.Module:
         """The model itself, out of its DDP/FSDP wrapper and compiled form: what is saved."""
@@ -69,8 +71,15 @@ def place_model(
         model, param_groups = sharded(parallelizer, model, accelerator, param_groups)
     groups = param_groups if param_groups is not None else adapter.named_groups(model)
     optimizer = build_optimizer(build_param_groups(groups, train, adapter.group_lr), train)
-    placed = adapter.compile(model) if train.compile else model
+    compiling = compile_decision(
+        train.compile,
+        adapter.compile_blocker(model) if train.compile is None else None,
+        train.max_steps,
+        accelerator.num_processes,
+        accelerator.device.type,
+    )
+    placed = adapter.compile(model) if compiling.on else model
     placed, optimizer = parallelizer.place(placed, optimizer, accelerator)
     inner = optimizer.optimizer
     schedule = scheduler(inner) if scheduler else build_scheduler(inner, train)
-    return Placement(accelerator, parallelizer, model, placed, optimizer, schedule)
+    return Placement(accelerator, parallelizer, model, placed, optimizer, schedule, compiling)

@@ -283,7 +283,7 @@ class EnhancedTrainer(RunFiles):
         """End of the run for every extension and sink: loggers flush and close (once)."""
         if not getattr(self, "_finished", False):
             self._finished = True
-            if self.plan.train.compile:  # the trained model runs eager from here on
+            if self.placement.compiling.on:  # the trained model runs eager from here on
                 compile_blocks(self.raw_model, on=False)
             self.call_hook("on_train_end")
             self.metrics.close()

@@ -1,0 +1,162 @@
+"""The rack's fast paths compute what the plain layers compute: q/k/v and gate/up each in one
+matmul over their stacked weights, RoPE by a roll with a signed sine table, the tables cast
+once per forward under autocast. Each is compared with the layer-by-layer computation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from stackwise.config import ModelConfig
+from stackwise.model import Rack
+from stackwise.model.layers import Attention, SwiGLU, joint_linear, plain_linears
+from stackwise.model.rope import Rotary, apply_rope
+
+V = 50
+
+
+def rack(**kw) -> Rack:
+    base = {"d_model": 32, "n_heads": 4, "n_stacks": 2, "blocks_per_stack": 1, "max_seq_len": 24}
+    torch.manual_seed(0)
+    return Rack(ModelConfig(**{**base, **kw}), V, True)
+
+
+def layer_by_layer(model: nn.Module) -> list:
+    """Force every projection through its own forward: a no-op hook makes a linear 'not
+    plain', so the fused paths step aside. Returns the handles to remove."""
+    return [
+        m.register_forward_hook(lambda *_: None)
+        for m in model.modules()
+        if isinstance(m, nn.Linear)
+    ]
+
+
+def rotate_half_reference(x: torch.Tensor, head_dim: int, positions: int) -> torch.Tensor:
+    """Llama's rotary embedding written out the textbook way."""
+    inv = 1.0 / 10000.0 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(positions, dtype=torch.float32), inv)
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], dim=-1) * sin
+
+
+def test_rope_by_roll_equals_rotate_half_bit_for_bit():
+    x = torch.randn(2, 3, 10, 16)
+    cos, sin = Rotary(16, 10, 10000.0)(10)
+    assert torch.equal(apply_rope(x, cos, sin), rotate_half_reference(x, 16, 10))
+
+
+def test_joint_linear_equals_each_linear_with_and_without_bias():
+    x = torch.randn(3, 5, 8)
+    for bias in (False, True):
+        layers = [nn.Linear(8, n, bias=bias) for n in (4, 6, 6)]
+        expected = torch.cat([layer(x) for layer in layers], dim=-1)
+        assert torch.allclose(joint_linear(x, *layers), expected, atol=1e-6)
+
+
+def test_wrapped_or_hooked_linears_are_not_read_directly():
+    plain = nn.Linear(4, 4)
+    assert plain_linears(plain, nn.Linear(4, 2))
+    hooked = nn.Linear(4, 4)
+    hooked.register_forward_pre_hook(lambda *_: None)  # how ZeRO-3 gathers a weight
+    assert not plain_linears(plain, hooked)
+
+    class Wrapped(nn.Linear):  # LoRA layers and quantized linears are other classes
+        pass
+
+    assert not plain_linears(plain, Wrapped(4, 4))
+
+
+@pytest.mark.parametrize("kw", [{}, {"n_kv_heads": 2}, {"attention_bias": True}, {"n_kv_heads": 1}])
+def test_fused_rack_equals_the_layer_by_layer_rack_in_outputs_and_gradients(kw):
+    fused, plain = rack(**kw), rack(**kw)
+    plain.load_state_dict(fused.state_dict())
+    handles = layer_by_layer(plain)
+    ids = torch.randint(0, V, (2, 12))
+    outs = []
+    for model in (fused, plain):
+        logits = model(ids)
+        logits.square().mean().backward()
+        outs.append(logits)
+    assert torch.allclose(outs[0], outs[1], atol=1e-5)
+    grads = dict(plain.named_parameters())
+    for name, p in fused.named_parameters():
+        assert torch.allclose(p.grad, grads[name].grad, atol=1e-5), name
+    for h in handles:
+        h.remove()
+
+
+def test_fused_attention_and_mlp_keep_the_parameter_names_checkpoints_use():
+    """No layout change: a state dict saved before the fused paths loads unchanged."""
+    names = set(rack().state_dict())
+    block = "stacks.0.blocks.0."
+    for proj in ("attn.q_proj", "attn.k_proj", "attn.v_proj", "ffn.gate_proj", "ffn.up_proj"):
+        assert f"{block}{proj}.weight" in names
+
+
+def test_bf16_autocast_rack_equals_the_layer_by_layer_one():
+    fused, plain = rack(), rack()
+    plain.load_state_dict(fused.state_dict())
+    layer_by_layer(plain)
+    ids = torch.randint(0, V, (2, 12))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a, b = fused(ids), plain(ids)
+    assert a.dtype == b.dtype
+    assert (a.float() - b.float()).abs().max() < 0.05  # bf16 rounding of a different GEMM split
+
+
+def test_attention_and_swiglu_take_the_fused_path_only_when_plain(monkeypatch):
+    import stackwise.model.layers as layers
+
+    joint = []
+    real = layers.joint_linear
+    monkeypatch.setattr(
+        layers, "joint_linear", lambda x, *ls: joint.append(len(ls)) or real(x, *ls)
+    )
+    with torch.no_grad():
+        rack()(torch.randint(0, V, (1, 6)))
+    assert joint == [3, 2, 3, 2]  # q/k/v and gate/up of both blocks, one matmul each
+    spec = rack().cfg
+    attn, ffn = Attention(spec, True), SwiGLU(spec)
+    calls = []
+    attn.q_proj.register_forward_hook(lambda *_: calls.append("q"))
+    ffn.gate_proj.register_forward_hook(lambda *_: calls.append("gate"))
+    x = torch.randn(1, 4, spec.d_model)
+    cos, sin = Rotary(spec.d_model // spec.n_heads, 8, 10000.0)(4)
+    attn(x, (cos, sin), None)
+    ffn(x)
+    assert calls == ["q", "gate"]  # hooked: each ran its own forward
+
+
+def test_the_flop_meter_counts_plain_blocks_without_unfusing_them(monkeypatch):
+    """The trainer's FLOP meter counts a plain block from its stack's hook: its linears keep
+    no hooks of their own, so they still run fused, and the count equals the per-layer one."""
+    import stackwise.model.layers as layers
+    from stackwise.train.flops import FlopMeter, linear_shape
+
+    joint = []
+    real = layers.joint_linear
+    monkeypatch.setattr(
+        layers, "joint_linear", lambda x, *ls: joint.append(len(ls)) or real(x, *ls)
+    )
+    fused, hooked = rack(), rack()
+    hooked.load_state_dict(fused.state_dict())
+    counts = []
+    for model in (fused, hooked):
+        meter = FlopMeter(model)
+        if model is hooked:
+            meter.detach()
+            meter._whole = set()  # count layer by layer, as for a non-plain block
+            for module in model.modules():
+                if linear_shape(module) is not None:  # the tied head too
+                    meter._handles.append(module.register_forward_hook(meter._linear))
+                elif isinstance(module, Attention):
+                    hook = module.register_forward_hook(meter._attention, with_kwargs=True)
+                    meter._handles.append(hook)
+        with meter.counting():
+            model(torch.randint(0, V, (2, 12))).sum().backward()
+        counts.append(meter.total)
+        meter.detach()
+    assert joint == [3, 2, 3, 2]  # only the first rack ran fused
+    assert counts[0] == counts[1] > 0
