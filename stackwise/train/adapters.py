@@ -15,12 +15,12 @@ import torch
 from torch import Generator, nn
 
 from stackwise.errors import StackWiseError
-from stackwise.model.memory import attach_memory, memory_layers, memory_metrics
-from stackwise.model.moe import moe_layers
-from stackwise.model.routing import router_loss, router_metrics, routing_scope
+from stackwise.model.memory import attach_memory
+from stackwise.model.routing import routing_scope
 from stackwise.objectives.base import IGNORE, Batch, Objective
 from stackwise.registry import Registry
 from stackwise.train.hardware import training_device
+from stackwise.train.routing_terms import routed_families, routing_loss, routing_metrics
 
 
 class ModelAdapter(ABC):
@@ -145,25 +145,6 @@ class ModelAdapter(ABC):
             "give it a load(folder, read_plan) method (see docs/architecture.md) to sample or "
             "resume."
         )
-
-
-def routed_families(model: nn.Module) -> list[list[nn.Module]]:
-    """The model's routed layers by kind (MoE, memory); each kind has its own coefficients."""
-    return [layers for layers in (moe_layers(model), memory_layers(model)) if layers]
-
-
-def routing_loss(model: nn.Module, families: list[list[nn.Module]]) -> torch.Tensor | float:
-    """The router losses of the last forward, one average per kind, in training only."""
-    if not model.training or not families:
-        return 0.0
-    return sum((router_loss(layers) for layers in families), torch.zeros(()))
-
-
-def routing_metrics(model: nn.Module) -> dict[str, float]:
-    """train/* routing values: experts (router_loss, expert_load_cv ...) and memory chapters
-    (memory_router_loss, chapter_load_cv ...), per layer too."""
-    out = router_metrics(moe_layers(model), "expert")
-    return out | memory_metrics(memory_layers(model))
 
 
 ADAPTERS: Registry[ModelAdapter] = Registry(
