@@ -30,6 +30,8 @@ class Placement:
 
     def unwrapped(self) -> nn.Module:
         """The model itself, out of its DDP/FSDP wrapper and compiled form: what is saved."""
+        if self.model is self.raw_model:  # nothing wrapped it (Accelerate's unwrap would
+            return self.model  # import DeepSpeed, when installed, to check: ~20 MB)
         model = self.accelerator.unwrap_model(self.model)
         return getattr(model, "_orig_mod", model)
 
