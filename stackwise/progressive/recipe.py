@@ -120,9 +120,10 @@ class ProgressiveRecipe:
         cache = self.cache if carried is not None else None
         model = StageModel(b.rack, new, cache, self.accelerator.mixed_precision)
         trainable = count_parameters(b.rack, trainable_only=True)
-        self.log(stage_line(stage, n_stacks, b.position(new), trainable, carried, run.inherited))
-        carry = self.stage_cache.carry_flops if carried is not None else 0.0
         trainer = self._stage_trainer(run, run.label(n_stacks), plan, model, objective, train_data)
+        line = stage_line(stage, n_stacks, b.position(new), trainable, carried, run.inherited)
+        self.log(f"{line}; {trainer.placement.compiling.note}")
+        carry = self.stage_cache.carry_flops if carried is not None else 0.0
         trainer.state.flops += carry  # the stage's own work, kept by its checkpoints
         before = self.stage_cache.snapshot()
         start = time.perf_counter()
