@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     p.add_argument("--precisions", default="fp32,bf16", help="fp32, bf16 or both")
     args = p.parse_args(argv)
+    args.nanogpt = args.nanogpt.resolve()  # its train.py runs from another folder
     if not (args.nanogpt / "train.py").is_file():
         p.error(f"--nanogpt {args.nanogpt}: no train.py there; clone karpathy/nanoGPT first")
     plan = tp.Plan(2, 3, 10) if args.quick else tp.Plan(args.reps, 10, args.steps)
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="nanogpt-ref-") as tmp:
         work = Path(tmp)
-        prepare(work, args.nanogpt.resolve())
+        prepare(work, args.nanogpt)
         for shape in tp.SHAPES:
             for precision in precisions:
                 for n in threads:

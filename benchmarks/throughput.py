@@ -6,11 +6,14 @@ Run from the repository root:
     .venv/bin/python benchmarks/throughput.py --quick    # smoke run, well under a minute
 
 Five ways to train a causal model of the same size on the same random tokens, with the same
-batch, sequence length, step counts and one CPU thread (torch.set_num_threads(1)); all five use
-the same autocast (--precision; bf16 only where the CPU runs it natively), torch.optim.AdamW (the
-non-fused implementation, weight decay 0.1 on matrices only) and gradient clipping at 1.0:
+batch, sequence length, step counts and one CPU thread (torch.set_num_threads(1), --threads to
+change it); all five use the same autocast (--precision; bf16 only where the CPU runs it
+natively), torch.optim.AdamW (weight decay 0.1 on matrices only) and gradient clipping at 1.0.
+Each runs at its own defaults: ours with torch's fused AdamW kernel (train.fused_adamw auto)
+and train.compile auto (eager for runs this short), the others with the per-tensor AdamW that
+they use on a CPU (nanoGPT enables fused AdamW on CUDA only):
 
-  ours   stackwise.train.Trainer.train() on a clm Rack, built from a Config;
+  ours   stackwise.train.Trainer.train() on a clm Rack, built from a Config (defaults);
   compiled  ours with train.compile: true (each Block through one torch.compile'd function;
          compiling happens in the warm-up steps, outside the timed window);
   plain  a hand-written loop over the same Rack class: DataLoader, torch.autocast, shifted
@@ -151,7 +154,7 @@ def make_config(
     shape: Shape,
     plan: Plan,
     output_dir: Path,
-    compile: bool | None = False,
+    compile: bool | None = None,
     objective: dict[str, Any] | None = None,
 ) -> Config:
     return from_dict(
@@ -224,7 +227,7 @@ class StepClock:
 
 
 def run_ours(
-    shape: Shape, plan: Plan, tokens: torch.Tensor, workdir: Path, compile: bool = False
+    shape: Shape, plan: Plan, tokens: torch.Tensor, workdir: Path, compile: bool | None = None
 ) -> RunResult:
     config = make_config(shape, plan, workdir / ("compiled" if compile else "ours"), compile)
     rack = fresh_rack(config, shape.vocab_size)
@@ -438,7 +441,7 @@ def run_hf(shape: Shape, plan: Plan, tokens: torch.Tensor, workdir: Path) -> Run
         adam_epsilon=1e-8,
         weight_decay=WEIGHT_DECAY,
         max_grad_norm=MAX_GRAD_NORM,
-        optim="adamw_torch",  # the same non-fused torch AdamW as ours and plain
+        optim="adamw_torch",  # torch's AdamW, per tensor on a CPU (as plain and nanogpt)
         bf16=PRECISION == "bf16",
         use_cpu=True,
         report_to="none",

@@ -78,3 +78,46 @@ def test_a_short_run_says_it_ran_eager_and_why(tiny, tmp_path, capsys):
     said = capsys.readouterr().out
     assert "eager (train.compile auto: 2 steps, fewer than" in said
     assert result.trainer.optimizer.optimizer.defaults.get("fused") is True  # fused by default
+
+
+def test_a_sharding_parallelizer_keeps_the_fused_optimizer_off():
+    from stackwise.spec import TrainSpec
+    from stackwise.train.optim import build_optimizer
+
+    groups = [{"params": [nn.Parameter(torch.zeros(2, 2))], "weight_decay": 0.0}]
+    assert build_optimizer(groups, TrainSpec()).defaults.get("fused") is True
+    assert not build_optimizer(groups, TrainSpec(), fused_may=False).defaults.get("fused")
+    forced = TrainSpec(fused_adamw=True)
+    assert build_optimizer(groups, forced, fused_may=False).defaults.get("fused") is True
+
+
+def failing_compiler(*args):
+    import torch._dynamo.exc as exc
+
+    raise exc.BackendCompilerFailed(failing_compiler, RuntimeError("omp.h: not found"), None)
+
+
+def test_a_compiler_failing_under_auto_falls_back_to_eager_and_says_so(capsys):
+    from stackwise.model.compiled import compile_blocks, eager_on_compile_failure
+
+    model = rack()
+    ids = torch.randint(0, 40, (1, 6))
+    expected = model(ids)
+    compile_blocks(model)
+    eager_on_compile_failure(model)
+    model.stacks[0].fast.fn = failing_compiler  # what inductor raises without OpenMP
+    assert torch.equal(model(ids), expected)
+    assert "omp.h: not found" in capsys.readouterr().err
+    assert model.stacks[1].fast.failed  # one shared switch: no second attempt
+
+
+def test_a_compiler_failing_when_compile_was_asked_for_ends_the_run():
+    import torch._dynamo.exc as exc
+
+    from stackwise.model.compiled import compile_blocks
+
+    model = rack()
+    compile_blocks(model)
+    model.stacks[0].fast.fn = failing_compiler
+    with pytest.raises(exc.BackendCompilerFailed):
+        model(torch.randint(0, 40, (1, 6)))

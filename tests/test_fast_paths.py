@@ -1,6 +1,6 @@
 """The rack's fast paths compute what the plain layers compute: q/k/v and gate/up each in one
-matmul over their stacked weights, RoPE by a roll with a signed sine table, the tables cast
-once per forward under autocast. Each is compared with the layer-by-layer computation."""
+matmul over their stacked weights (under autocast to another dtype, where it costs no memory),
+RoPE by a roll with a signed sine table. Each is compared with the layer-by-layer computation."""
 
 from __future__ import annotations
 
@@ -68,23 +68,57 @@ def test_wrapped_or_hooked_linears_are_not_read_directly():
     assert not plain_linears(plain, Wrapped(4, 4))
 
 
+def counting_joint(monkeypatch) -> list[int]:
+    """Record how many layers each joint_linear call stands for."""
+    import stackwise.model.layers as layers
+
+    calls: list[int] = []
+    real = layers.joint_linear
+    monkeypatch.setattr(
+        layers, "joint_linear", lambda x, *ls: calls.append(len(ls)) or real(x, *ls)
+    )
+    return calls
+
+
 @pytest.mark.parametrize("kw", [{}, {"n_kv_heads": 2}, {"attention_bias": True}, {"n_kv_heads": 1}])
-def test_fused_rack_equals_the_layer_by_layer_rack_in_outputs_and_gradients(kw):
+def test_fused_rack_equals_the_layer_by_layer_rack_in_outputs_and_gradients(kw, monkeypatch):
+    joint = counting_joint(monkeypatch)
     fused, plain = rack(**kw), rack(**kw)
     plain.load_state_dict(fused.state_dict())
-    handles = layer_by_layer(plain)
+    layer_by_layer(plain)
     ids = torch.randint(0, V, (2, 12))
     outs = []
     for model in (fused, plain):
-        logits = model(ids)
-        logits.square().mean().backward()
-        outs.append(logits)
-    assert torch.allclose(outs[0], outs[1], atol=1e-5)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(ids)
+        logits.float().square().mean().backward()
+        outs.append(logits.float())
+    assert joint == [3, 2, 3, 2]  # the fused rack's q/k/v and gate/up, once per block
+    # bf16 products of a differently blocked GEMM: equal to bf16 rounding, not bit for bit
+    assert torch.allclose(outs[0], outs[1], atol=2e-2, rtol=2e-2)
     grads = dict(plain.named_parameters())
     for name, p in fused.named_parameters():
-        assert torch.allclose(p.grad, grads[name].grad, atol=1e-5), name
-    for h in handles:
-        h.remove()
+        assert torch.allclose(p.grad, grads[name].grad, atol=2e-3, rtol=5e-2), name
+
+
+def test_full_precision_keeps_each_linear_and_the_outputs_of_before(monkeypatch):
+    """In fp32 the stacked weights would be a second copy kept until backward: the layers run
+    one by one, exactly as before (RoPE's roll changes no bit)."""
+    joint = counting_joint(monkeypatch)
+    fast, plain = rack(), rack()
+    plain.load_state_dict(fast.state_dict())
+    layer_by_layer(plain)
+    ids = torch.randint(0, V, (2, 12))
+    assert torch.equal(fast(ids), plain(ids))
+    assert joint == []
+
+
+def test_a_frozen_up_projection_is_not_fused_with_its_trained_gate(monkeypatch):
+    joint = counting_joint(monkeypatch)
+    model = rack(frozen_up_proj=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.randint(0, V, (1, 6)))
+    assert joint == [3, 3]  # q/k/v fused; gate and up not (one trains, one does not)
 
 
 def test_fused_attention_and_mlp_keep_the_parameter_names_checkpoints_use():
@@ -95,28 +129,7 @@ def test_fused_attention_and_mlp_keep_the_parameter_names_checkpoints_use():
         assert f"{block}{proj}.weight" in names
 
 
-def test_bf16_autocast_rack_equals_the_layer_by_layer_one():
-    fused, plain = rack(), rack()
-    plain.load_state_dict(fused.state_dict())
-    layer_by_layer(plain)
-    ids = torch.randint(0, V, (2, 12))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        a, b = fused(ids), plain(ids)
-    assert a.dtype == b.dtype
-    assert (a.float() - b.float()).abs().max() < 0.05  # bf16 rounding of a different GEMM split
-
-
-def test_attention_and_swiglu_take_the_fused_path_only_when_plain(monkeypatch):
-    import stackwise.model.layers as layers
-
-    joint = []
-    real = layers.joint_linear
-    monkeypatch.setattr(
-        layers, "joint_linear", lambda x, *ls: joint.append(len(ls)) or real(x, *ls)
-    )
-    with torch.no_grad():
-        rack()(torch.randint(0, V, (1, 6)))
-    assert joint == [3, 2, 3, 2]  # q/k/v and gate/up of both blocks, one matmul each
+def test_hooked_attention_and_swiglu_run_each_linear():
     spec = rack().cfg
     attn, ffn = Attention(spec, True), SwiGLU(spec)
     calls = []
@@ -124,23 +137,35 @@ def test_attention_and_swiglu_take_the_fused_path_only_when_plain(monkeypatch):
     ffn.gate_proj.register_forward_hook(lambda *_: calls.append("gate"))
     x = torch.randn(1, 4, spec.d_model)
     cos, sin = Rotary(spec.d_model // spec.n_heads, 8, 10000.0)(4)
-    attn(x, (cos, sin), None)
-    ffn(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        attn(x, (cos, sin), None)
+        ffn(x)
     assert calls == ["q", "gate"]  # hooked: each ran its own forward
 
 
-def test_the_flop_meter_counts_plain_blocks_without_unfusing_them(monkeypatch):
+def test_a_cached_decode_keeps_k_and_v_apart_from_q():
+    """With a KV cache, the kept keys and values are their own tensors, not views of the
+    joint projection (which would keep q's memory alive in the cache)."""
+    from stackwise.model.layers import KVCache
+
+    model, cache = rack(), KVCache()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.randint(0, V, (1, 5)), cache=cache)
+    for k, v in cache.layers.values():
+        assert k.is_contiguous() and v.is_contiguous()
+        assert k.untyped_storage().nbytes() == k.numel() * k.element_size()
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_the_flop_meter_counts_plain_blocks_without_unfusing_them(monkeypatch, checkpointed):
     """The trainer's FLOP meter counts a plain block from its stack's hook: its linears keep
-    no hooks of their own, so they still run fused, and the count equals the per-layer one."""
-    import stackwise.model.layers as layers
+    no hooks of their own, so they still run fused, and the count equals the per-layer one
+    (with activation checkpointing too, whose recomputation stops before the last matmul)."""
     from stackwise.train.flops import FlopMeter, linear_shape
 
-    joint = []
-    real = layers.joint_linear
-    monkeypatch.setattr(
-        layers, "joint_linear", lambda x, *ls: joint.append(len(ls)) or real(x, *ls)
-    )
-    fused, hooked = rack(), rack()
+    joint = counting_joint(monkeypatch)
+    fused = rack(gradient_checkpointing=checkpointed)
+    hooked = rack(gradient_checkpointing=checkpointed)
     hooked.load_state_dict(fused.state_dict())
     counts = []
     for model in (fused, hooked):
@@ -155,8 +180,10 @@ def test_the_flop_meter_counts_plain_blocks_without_unfusing_them(monkeypatch):
                     hook = module.register_forward_hook(meter._attention, with_kwargs=True)
                     meter._handles.append(hook)
         with meter.counting():
-            model(torch.randint(0, V, (2, 12))).sum().backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model(torch.randint(0, V, (2, 12)))
+            logits.float().sum().backward()
         counts.append(meter.total)
         meter.detach()
-    assert joint == [3, 2, 3, 2]  # only the first rack ran fused
+    assert joint[:4] == [3, 2, 3, 2]  # the first rack ran fused
     assert counts[0] == counts[1] > 0

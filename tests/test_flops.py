@@ -18,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import stackwise
 from stackwise.cli.common import run_summary
 from stackwise.io.trained import training_compute
-from stackwise.model.layers import compile_blocks
+from stackwise.model.compiled import compile_blocks
 from stackwise.progressive import ProgressiveRackBuilder, summary_table
 from stackwise.progressive.cache import ActivationCache
 from stackwise.progressive.stage import StageModel

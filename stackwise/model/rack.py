@@ -204,9 +204,6 @@ class Rack(nn.Module):
             if cache is not None and start > 0 and length > 1 and self.causal:
                 raise ValueError("with a filled KV cache, feed one new token at a time")
             mask = sdpa_mask(attention_mask, self.causal, length)
-        if torch.is_autocast_enabled(h.device.type):  # cast the tables once, not per layer
-            dtype = torch.get_autocast_dtype(h.device.type)
-            cos, sin = cos.to(dtype), sin.to(dtype)
         return (cos, sin), mask
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

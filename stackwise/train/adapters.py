@@ -228,7 +228,7 @@ class RackAdapter(ModelAdapter):
         """Regionally, block by block: on the CPU that is about 10% faster per step at a small
         vocabulary and compiles in seconds, where compiling the whole rack took 15 s and gained
         nothing (benchmarks/RESULTS.md, throughput)."""
-        from stackwise.model.layers import compile_blocks
+        from stackwise.model.compiled import compile_blocks
 
         compile_blocks(model)
         return model

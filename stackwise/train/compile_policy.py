@@ -44,6 +44,8 @@ def compile_decision(
 
 def run_blocker(max_steps: int, processes: int, device: str) -> str | None:
     """Why auto does not compile this run, or None."""
+    if device not in ("cpu", "cuda"):
+        return f"a {device} device is not measured compiled"
     if max_steps < AUTO_MIN_STEPS:
         return f"{max_steps} steps, fewer than the {AUTO_MIN_STEPS} that earn a compile back"
     if processes > 1:

@@ -13,7 +13,7 @@ frozen base's input gradients, an MoE layer the experts its tokens were routed t
 Elementwise work (norms, activations, RoPE, the loss) and the optimizer are not counted, as in
 the usual 6N estimates; evaluations are not training compute and are not counted either. A
 block recomputed in the backward pass (gradient checkpointing) costs its forward again. A plain
-block (dense linears only, not recomputed) is counted from its stack's hook by the same rules
+block (dense linears only) is counted from its stack's hook by the same rules
 without a hook per layer (`block_cost`), which would cost a call per layer and keep q/k/v and
 gate/up from running as one matmul; so are blocks run compiled, which hide their layers.
 """
@@ -128,7 +128,9 @@ class FlopMeter:
             if hooked_nothing or id(block) in self._whole:
                 forward, backward = block_cost(block, x, follows)
                 self.forward += forward
-                self.backward += backward + (forward if recomputed else 0.0)
+                self.backward += backward
+                if recomputed:  # torch's checkpoint stops once it has what backward needs:
+                    self.backward += forward - _linear_cost(block.ffn.down_proj, x)  # not its last
 
     def _attention(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -158,10 +160,15 @@ def _backward_follows(output: Any) -> bool:
     return output.requires_grad and torch._C._current_graph_task_id() == -1
 
 
+def _linear_cost(module: nn.Module, x: torch.Tensor) -> float:
+    n_in, n_out = linear_shape(module) or (0, 0)
+    return 2.0 * (x.numel() // x.shape[-1]) * n_in * n_out
+
+
 def counted_whole(stack: Stack) -> list[nn.Module]:
     """The blocks counted by `block_cost` from their stack's hook instead of a hook per layer:
     the plain ones (layers.plain_block). A checkpointed stack's blocks add their forward again
-    (the recomputation in the backward pass)."""
+    but the last matmul, which the recomputation in the backward pass stops before."""
     return [block for block in stack.blocks if plain_block(block)]
 
 

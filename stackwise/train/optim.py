@@ -51,13 +51,16 @@ def build_param_groups(
 OPTIMIZERS = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
 
 
-def build_optimizer(groups: list[dict[str, Any]], cfg: TrainSpec) -> torch.optim.Optimizer:
+def build_optimizer(
+    groups: list[dict[str, Any]], cfg: TrainSpec, fused_may: bool = True
+) -> torch.optim.Optimizer:
     """train.optimizer over the groups: AdamW (decoupled weight decay) or Adam (each group's
-    weight decay added to its gradient, L2)."""
+    weight decay added to its gradient, L2). `fused_may=False` (a sharding parallelizer that
+    takes the parameters over after this) keeps train.fused_adamw's auto off."""
     kwargs: dict[str, Any] = {"betas": cfg.betas, "eps": cfg.adam_eps}
     fused = cfg.fused_adamw
     if fused is None:  # auto: torch's fused kernel where it takes every parameter
-        fused = fused_kernel_takes([p for g in groups for p in g["params"]])
+        fused = fused_may and fused_kernel_takes([p for g in groups for p in g["params"]])
     if fused:
         kwargs["fused"] = True
     return OPTIMIZERS[cfg.optimizer](groups, **kwargs)

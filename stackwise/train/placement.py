@@ -9,6 +9,8 @@ from typing import Any
 from accelerate import Accelerator
 from torch import nn
 
+from stackwise.model.compiled import eager_on_compile_failure
+from stackwise.registry import PARALLELIZERS
 from stackwise.train.compile_policy import EAGER, CompileDecision, compile_decision
 from stackwise.train.optim import build_optimizer, build_param_groups, build_scheduler
 
@@ -72,15 +74,20 @@ def place_model(
     if hasattr(parallelizer, "shard"):  # sharding replaces the parameters: before the optimizer
         model, param_groups = sharded(parallelizer, model, accelerator, param_groups)
     groups = param_groups if param_groups is not None else adapter.named_groups(model)
-    optimizer = build_optimizer(build_param_groups(groups, train, adapter.group_lr), train)
+    shards = PARALLELIZERS.capabilities_of(parallelizer).shards  # FSDP2, DeepSpeed
+    optimizer_groups = build_param_groups(groups, train, adapter.group_lr)
+    optimizer = build_optimizer(optimizer_groups, train, fused_may=not shards)
+    blocker = "a sharded run (FSDP2, DeepSpeed) is not measured compiled" if shards else None
     compiling = compile_decision(
         train.compile,
-        adapter.compile_blocker(model) if train.compile is None else None,
+        blocker or (adapter.compile_blocker(model) if train.compile is None else None),
         train.max_steps,
         accelerator.num_processes,
         accelerator.device.type,
     )
     placed = adapter.compile(model) if compiling.on else model
+    if compiling.on and train.compile is None:  # auto: a compiler failing here is not fatal
+        eager_on_compile_failure(model)
     placed, optimizer = parallelizer.place(placed, optimizer, accelerator)
     inner = optimizer.optimizer
     schedule = scheduler(inner) if scheduler else build_scheduler(inner, train)

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from stackwise import seeds
 from stackwise.errors import StackWiseError
 from stackwise.io import checkpoints as ckpt
-from stackwise.model.layers import compile_blocks
+from stackwise.model.compiled import compile_blocks
 from stackwise.train import interrupts
 from stackwise.train.checkpoint_manager import CheckpointManager
 from stackwise.train.evaluation import Evaluator
