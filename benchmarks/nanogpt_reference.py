@@ -129,17 +129,29 @@ def run_nanogpt(
     return len(timed) * shape.tokens_per_step / (sum(timed) / 1000), rss
 
 
+REBUILT = """
+import sys, tempfile
+from pathlib import Path
+import torch
+import throughput as tp
+vocab, precision, threads, warmup, steps = sys.argv[1:6]
+tp.PRECISION, tp.THREADS = precision, int(threads)
+torch.set_num_threads(int(threads))
+shape, plan = tp.Shape(f"vocab {vocab}", int(vocab)), tp.Plan(1, int(warmup), int(steps))
+with tempfile.TemporaryDirectory() as folder:
+    result = tp.run_nanogpt(shape, plan, tp.random_tokens(shape, plan), Path(folder))
+print(result.tokens_per_s)
+"""
+
+
 def run_rebuilt(shape: tp.Shape, plan: tp.Plan, precision: str, threads: int) -> float:
-    def once() -> float:
-        tp.PRECISION, tp.THREADS = precision, threads
-        import torch
-
-        torch.set_num_threads(threads)
-        tokens = tp.random_tokens(shape, plan)
-        with tempfile.TemporaryDirectory() as folder:
-            return tp.run_nanogpt(shape, plan, tokens, Path(folder)).tokens_per_s
-
-    return bench.in_fork("rebuilt nanoGPT", once)
+    """tokens/s of throughput.py's rebuilt nanoGPT, in a fresh process as nanoGPT's own runs
+    (a forked child would inherit this process's allocator state, which changes page faults)."""
+    here = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    args = [str(shape.vocab_size), precision, str(threads), str(plan.warmup), str(plan.steps)]
+    stdout, _, _, _ = bench.run_child([sys.executable, "-c", REBUILT, *args], env)
+    return float(stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -149,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=60, help="timed iterations per rep")
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     p.add_argument("--precisions", default="fp32,bf16", help="fp32, bf16 or both")
+    p.add_argument("--vocabs", default="65,4096", help="comma-separated: 65, 4096 or both")
     args = p.parse_args(argv)
     args.nanogpt = args.nanogpt.resolve()  # its train.py runs from another folder
     if not (args.nanogpt / "train.py").is_file():
@@ -163,7 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="nanogpt-ref-") as tmp:
         work = Path(tmp)
         prepare(work, args.nanogpt)
-        for shape in tp.SHAPES:
+        vocabs = {int(v) for v in args.vocabs.split(",")}
+        for shape in (s for s in tp.SHAPES if s.vocab_size in vocabs):
             for precision in precisions:
                 for n in threads:
                     real, clone, rss = [], [], []
