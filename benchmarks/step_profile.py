@@ -1,7 +1,7 @@
 """Where a training step's time goes: torch.profiler over real Trainer steps, per objective.
 
     .venv/bin/python benchmarks/step_profile.py                         # clm, fp32 and bf16
-    .venv/bin/python benchmarks/step_profile.py --objectives clm,mlm,diffusion,block_diffusion
+    .venv/bin/python benchmarks/step_profile.py --objectives clm,mlm,diffusion
 
 The rack and settings are throughput.py's (4 layers of d_model 128, 4 heads, seq 64, batch 12,
 vocab 65, one thread). The Trainer runs `warmup` steps unprofiled, then `steps` profiled ones.
@@ -28,7 +28,7 @@ from stackwise.pipeline import trainer_for
 
 def profiled(shape: tp.Shape, plan: tp.Plan, objective_name: str, out: Path) -> tuple:
     """(profiler, ms per step) of `plan.steps` Trainer steps after `plan.warmup` plain ones."""
-    config = tp.make_config(shape, plan, out, objective=objective_settings(objective_name))
+    config = tp.make_config(shape, plan, out, objective={"name": objective_name})
     rack = tp.fresh_rack(config, shape.vocab_size)
     specials = Specials(vocab_size=shape.vocab_size, pad_id=tp.PAD_ID, mask_id=tp.MASK_ID)
     objective = build_objective(config, specials)
@@ -62,10 +62,6 @@ def profiled(shape: tp.Shape, plan: tp.Plan, objective_name: str, out: Path) -> 
         trainer.train()
     times = [b - a for a, b in zip(clock.times, clock.times[1:], strict=False)][plan.warmup :]
     return prof, 1000 * statistics.median(times)
-
-
-def objective_settings(name: str) -> dict[str, object]:
-    return {"name": name, "block_size": 4} if name == "block_diffusion" else {"name": name}
 
 
 def summary(prof: object, steps: int, rows: int) -> tuple[list[tuple[str, float, int]], dict]:
@@ -105,7 +101,9 @@ def run(name: str, precision: str, rows: int, plan: tp.Plan) -> str:
 
 def main() -> None:
     p = bench.benchmark_parser(__doc__, "smoke run: 3 + 4 steps")
-    p.add_argument("--objectives", default="clm", help="comma-separated objective names")
+    p.add_argument(
+        "--objectives", default="clm", help="comma-separated: clm, mlm, diffusion (one-pass racks)"
+    )
     p.add_argument("--precisions", default="no,bf16", help="no (fp32), bf16, or both")
     p.add_argument("--rows", type=int, default=15, help="ops listed per table")
     args = p.parse_args()
