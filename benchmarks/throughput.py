@@ -333,7 +333,7 @@ class GPTBlock(nn.Module):
 
 class GPT(nn.Module):
     """Token and learned position embeddings, GPT blocks, a final LayerNorm, a head tied to the
-    token embedding; the loss is computed inside forward, over every position."""
+    token embedding; forward returns the logits and the loss over every position."""
 
     def __init__(self, shape: Shape) -> None:
         super().__init__()
@@ -351,13 +351,17 @@ class GPT(nn.Module):
             elif p.ndim == 2:
                 nn.init.normal_(p, std=0.02)
 
-    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, ids: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, loss), as nanoGPT's forward returns them."""
         positions = torch.arange(ids.shape[1], dtype=torch.long, device=ids.device)
         x = self.drop(self.wte(ids) + self.wpe(positions))
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-1)
+        flat = logits.view(-1, logits.shape[-1])
+        return logits, F.cross_entropy(flat, targets.view(-1), ignore_index=-1)
 
 
 def nanogpt_groups(model: nn.Module) -> list[dict[str, Any]]:
@@ -395,7 +399,9 @@ def run_nanogpt(shape: Shape, plan: Plan, tokens: torch.Tensor, workdir: Path) -
         for group in opt.param_groups:
             group["lr"] = LR * min(1.0, (step + 1) / 100)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=PRECISION == "bf16"):
-            loss = model(x, y)
+            # the logits stay referenced until the next step's replace them, as in nanoGPT's
+            # loop: at vocab 4096 that is a 12 MB buffer the allocator cannot reuse
+            _logits, loss = model(x, y)  # _logits: kept alive on purpose
         x, y = batch()
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
