@@ -62,8 +62,8 @@ def test_wrapped_or_hooked_linears_are_not_read_directly():
     hooked.register_forward_pre_hook(lambda *_: None)  # how ZeRO-3 gathers a weight
     assert not plain_linears(plain, hooked)
 
-    class Wrapped(nn.Linear):  # LoRA layers and quantized linears are other classes
-        pass
+    class Wrapped(nn.Linear):
+        """Stands for a LoRA or quantized linear: a class other than nn.Linear."""
 
     assert not plain_linears(plain, Wrapped(4, 4))
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-# Regional compile of a rack costs ~10-20 s on a CPU the first time (inductor's C++ build;
-# cached after) and saved 5-15% per step at the benchmark's shapes: at ~0.1 s per step it
-# pays after a few hundred steps.
+# Regional compile of a rack cost ~32 s on 2 CPU cores the first time (inductor's C++ build,
+# cold cache; seconds once cached) and saved 5-25% per step (benchmarks/RESULTS.md,
+# "throughput against nanoGPT's own code"): at ~0.1 s per step, about a thousand steps.
 AUTO_MIN_STEPS = 1000
 
 
