@@ -13,7 +13,7 @@ export WANDB_MODE ?= offline
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stackwise-installed
 
-.PHONY: setup train test lint structure bench clean
+.PHONY: setup train test lint structure docs bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	# the DeepSpeed extra (tests/test_deepspeed.py): its build must see the torch above
 	$(BIN)/python -m pip install -q --no-build-isolation "deepspeed>=0.19,<0.20"
+	# Chromium for the report's browser test (tests/test_report.py skips, saying why, without it)
+	command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || apt-get install -y -q chromium \
+		>/dev/null 2>&1 || (apt-get update -q && apt-get install -y -q chromium) >/dev/null 2>&1 \
+		|| echo "Chromium could not be installed: the report's browser test will be skipped"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -39,6 +43,10 @@ lint: $(STAMP)
 
 structure: $(STAMP)
 	$(BIN)/python tools/structure.py
+
+# docs/reference/config.md and cli.md, generated from the config models and the CLI parser
+docs: $(STAMP)
+	$(BIN)/python tools/gen_reference.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py

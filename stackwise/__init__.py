@@ -48,6 +48,7 @@ _EXPORTS = {
         "register_schedule",
     ),
     "stackwise.runs": ("load_trained", "merge_checkpoint"),
+    "stackwise.report": ("load_run", "write_report"),
     "stackwise.strategies": (
         "FinetuningStrategy",
         "RunResult",

@@ -17,26 +17,12 @@ from stackwise.hwprobe import (
     FORCE_ENV,
     ISA_ENV,
     Verdict,
-    cpu_description,
     probe,
     verdict_path,
 )
+from stackwise.machine import PACKAGES, cpu_flags, cuda_devices, threads, version
 from stackwise.paths import cache_root
 
-PACKAGES = (
-    "stackwise",
-    "torch",
-    "transformers",
-    "peft",
-    "accelerate",
-    "bitsandbytes",
-    "datasets",
-    "tokenizers",
-    "safetensors",
-    "pydantic",
-)
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 ENV_VARS = (
     ISA_ENV,
     FORCE_ENV,
@@ -45,13 +31,6 @@ ENV_VARS = (
     "WANDB_MODE",
     "STACKWISE_CACHE",
 )
-
-
-def _version(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "not installed"
 
 
 def _source_requirements(installed: list[str], source: Path | None = None) -> tuple[list, list]:
@@ -80,7 +59,7 @@ def _source_requirements(installed: list[str], source: Path | None = None) -> tu
 
 
 def out_of_range(
-    requires: list[str] | None = None, version: Callable[[str], str] = _version
+    requires: list[str] | None = None, version: Callable[[str], str] = version
 ) -> list[str]:
     """A line per installed library outside the range stackwise declares (pyproject.toml, read
     back from the installed metadata): a version we never tested is the first suspect."""
@@ -127,19 +106,6 @@ def _bnb_cpu_path() -> str:
     return "plain (dequantize + matmul)"
 
 
-def _cuda() -> list[str]:
-    if not torch.cuda.is_available():
-        return ["none"]
-    lines = []
-    for i in range(torch.cuda.device_count()):
-        p = torch.cuda.get_device_properties(i)
-        lines.append(
-            f"{i}: {p.name}, {p.total_memory / 2**30:.1f} GiB, compute {p.major}.{p.minor}, "
-            f"bf16 {'yes' if torch.cuda.is_bf16_supported() else 'no'}"
-        )
-    return lines
-
-
 def _caches() -> dict[str, str]:
     from huggingface_hub import constants
 
@@ -159,12 +125,12 @@ def collect(refresh_probe: bool = False) -> dict[str, Any]:
 
     verdict = probe(refresh=refresh_probe)
     return {
-        "versions": {name: _version(name) for name in PACKAGES},
+        "versions": {name: version(name) for name in PACKAGES},
         "declared ranges": out_of_range() or ["every dependency is inside its declared range"],
         "python": f"{sys.version.split()[0]} ({platform.platform()})",
         "cpu": _cpu(verdict),
-        "cuda": _cuda(),
-        "threads": _threads(),
+        "cuda": cuda_devices(),
+        "threads": threads(),
         "precision": {
             "mixed_precision auto": describe_precision("auto"),
         },
@@ -175,12 +141,11 @@ def collect(refresh_probe: bool = False) -> dict[str, Any]:
 
 def _cpu(verdict: Verdict) -> dict[str, Any]:
     """The CPU, its flags of interest, and what the bf16 probe found and how long it took."""
-    model, flags = cpu_description()
-    present = set(flags.split())
+    model, flags = cpu_flags()
     return {
         "model": model,
         "torch capability": torch.backends.cpu.get_cpu_capability(),
-        "flags": " ".join(f for f in CPU_FLAGS if f in present) or "none of interest",
+        "flags": flags,
         "bf16 kernels in oneDNN": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
         "bf16 probe": verdict.summary(),
         "probe timing": (
@@ -191,20 +156,6 @@ def _cpu(verdict: Verdict) -> dict[str, Any]:
         ),
         "probe conditions": verdict.conditions(),
         "bitsandbytes CPU path": _bnb_cpu_path(),
-    }
-
-
-def _threads() -> dict[str, Any]:
-    """torch's thread counts, the cores this process may use, and the thread variables."""
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        affinity = os.cpu_count() or 1
-    return {
-        "torch intra-op": torch.get_num_threads(),
-        "torch inter-op": torch.get_num_interop_threads(),
-        "cores usable": affinity,
-        **{v: os.environ.get(v, "unset") for v in THREAD_VARS},
     }
 
 

@@ -387,10 +387,12 @@ def fingerprint(data: dict, out: Path) -> Any:
         digest.update(k.encode())
         digest.update(v.float().numpy().tobytes())
     rows = []
+    # the wall clock's readings, which differ between two runs of the same computation
+    measured = ("time", "train/tokens_per_s", "train/peak_rss_mb")
     for path in sorted(out.rglob("metrics.jsonl")):
         for line in path.read_text().splitlines():
             row = json.loads(line)
-            rows.append({k: v for k, v in row.items() if k not in ("time", "train/tokens_per_s")})
+            rows.append({k: v for k, v in row.items() if k not in measured})
     optimizer: Any = None
     if hasattr(res.trainer, "optimizer"):
         opt = res.trainer.optimizer.optimizer

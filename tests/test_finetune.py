@@ -12,6 +12,7 @@ from hf_fixtures import chat_file, hf_config, tiny_hf
 from stackwise.config import derive
 from stackwise.errors import StackWiseError
 from stackwise.pipeline import train_from_config
+from stackwise.report import write_report
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +56,9 @@ def test_lora_run_writes_a_peft_adapter_that_peft_loads(hf, tmp_path):
         )
     trained = [n for n, p in res.rack.named_parameters() if p.requires_grad]
     assert trained and all("lora_" in n for n in trained)
+    page = write_report([out]).read_text(encoding="utf-8")  # the run's report shows its adapter
+    assert 'id="run-0-adapter"' in page and "lora_alpha" in page
+    assert 'id="plot-loss"' in page and 'id="plot-supervised"' in page
 
 
 def chat_data(cfg):

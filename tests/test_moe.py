@@ -182,6 +182,11 @@ def test_an_moe_rack_trains_logs_its_routing_and_reloads(tiny, tmp_path):
         r["train/router_loss"] > 0 and "train/expert_load_cv" in r for r in logged
     )
     assert any(r.get("train/dropped_fraction", 0) > 0 for r in logged)
+    from stackwise.report import write_report
+
+    page = write_report([out]).read_text(encoding="utf-8")  # the report plots the routing
+    assert 'id="plot-routing"' in page and "train/router_entropy" in page
+    assert "layer0" not in page  # the per-layer values stay in metrics.jsonl, not in the plot
     history = [h["loss"] for h in result.state.history if "loss" in h]
     assert history[-1] < history[0]
     _, again, _ = load_trained(out)

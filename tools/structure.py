@@ -29,6 +29,7 @@ LAYERS = {  # first dotted parts -> layer, higher is further up
     "runs": 8,
     "evaluate": 8,
     "envreport": 8,
+    "report": 8,
     "fronts": 8,
     "strategies": 7,
     "hf": 6,
@@ -54,6 +55,7 @@ LAYERS = {  # first dotted parts -> layer, higher is further up
     "registry": 1,
     "seeds": 1,
     "hwprobe": 1,
+    "machine": 1,
     "quiet": 1,
 }
 

@@ -80,6 +80,7 @@ def run_summary(result: Any, seconds: float) -> str:
             f"  stackwise generate --checkpoint {out} --prompt 'To be'",
             f"  stackwise eval --checkpoint {out}",
         ]
+    lines.append(f"  stackwise report {out}")
     if result.config.logging.tensorboard:
         lines.append(f"  tensorboard --logdir {out}")
     return "\n".join(lines)

@@ -11,6 +11,7 @@ from stackwise.cli.commands import cmd_eval, cmd_export_hf, cmd_generate, cmd_me
 from stackwise.cli.common import DEFAULT_PRESET
 from stackwise.cli.config_commands import cmd_config, cmd_env
 from stackwise.cli.hf_commands import cmd_data, cmd_finetune
+from stackwise.cli.report_command import report_flag, report_parser
 from stackwise.cli.train_commands import cmd_lr_find, cmd_train
 
 ARGS_HELP = "a YAML/JSON file or preset name first (optional), then dotted overrides"
@@ -40,6 +41,7 @@ def build_parser(generate_defaults: dict[str, Any] | None = None) -> argparse.Ar
     _env_parser(sub)
     _config_parser(sub)
     _data_parser(sub)
+    report_parser(sub, _about)
     return p
 
 
@@ -49,6 +51,7 @@ def _train_parser(sub: Any) -> None:
     t.add_argument(
         "--config", dest="config_file", metavar="FILE", help="the config (instead of CONFIG)"
     )
+    report_flag(t)
     t.set_defaults(func=cmd_train)
 
 

@@ -31,12 +31,26 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
         show_replies(result, n)
     elif n:
-        for i, text in enumerate(
-            sample_texts(result.config, result.rack.eval(), result.data.tokenizer, n=n)
-        ):
+        texts = sample_texts(result.config, result.rack.eval(), result.data.tokenizer, n=n)
+        for i, text in enumerate(texts):
             print(f"--- sample {i + 1} ---\n{printable(text.strip())}")
+        keep_samples(result.output_dir, texts)
     print(run_summary(result, time.monotonic() - start))
+    if ns.report is not None:
+        from stackwise.report import write_report
+
+        page = write_report([result.output_dir], ns.report or None)
+        print(f"report: {page}")
     return 0
+
+
+def keep_samples(folder: Path, texts: list[str]) -> None:
+    """samples.json: the end-of-run samples, which the report shows."""
+    import json
+
+    from stackwise.io.files import write_atomic
+
+    write_atomic(folder / "samples.json", json.dumps({"samples": texts}, indent=1))
 
 
 def with_config_flag(ns: argparse.Namespace) -> list[str]:

@@ -5,6 +5,7 @@ first. Masks are seeded by (seed, block, t point), so two runs differ only by th
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -19,6 +20,48 @@ from stackwise.objectives.schedules import Linear, Schedule, time_for_fraction
 from stackwise.spec import Plan
 
 LN2 = math.log(2)
+
+
+@dataclass
+class NoiseTally:
+    """Per point of a shared t grid, summed over the blocks scored: the tokens masked, their
+    cross-entropy, the weighted NELBO term and the mask rate. It shows where the bound's nats
+    come from: a loss-vs-mask-rate curve (the report's noise plot)."""
+
+    masked: list[float] = field(default_factory=list)
+    ce: list[float] = field(default_factory=list)
+    weighted: list[float] = field(default_factory=list)
+    rate: list[float] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
+
+    def add(
+        self,
+        point: int,
+        masked: torch.Tensor,
+        ce: torch.Tensor,
+        weighted: torch.Tensor,
+        frac: torch.Tensor,
+    ) -> None:
+        if point == len(self.masked):
+            for column in (self.masked, self.ce, self.weighted, self.rate, self.blocks):
+                column.append(0)
+        self.masked[point] += float(masked.sum())
+        self.ce[point] += float((ce * masked).sum())
+        self.weighted[point] += float(weighted.sum())
+        self.rate[point] += float(frac.double().sum())
+        self.blocks[point] += int(frac.numel())
+
+    def rows(self, scored_tokens: float) -> list[dict[str, float]]:
+        """One row per t point; the `nelbo_share`s add up to the NELBO per token."""
+        points = len(self.masked)
+        return [
+            {
+                "mask_rate": self.rate[i] / max(self.blocks[i], 1),
+                "loss_per_masked": self.ce[i] / max(self.masked[i], 1.0),
+                "nelbo_share": self.weighted[i] / points / max(scored_tokens, 1.0),
+            }
+            for i in range(points)
+        ]
 
 
 def t_grid(points: int, eps: float) -> torch.Tensor:
@@ -70,11 +113,12 @@ def masked_nll_sums(
     mask_id: int,
     seed: int,
     rows: torch.Tensor | None = None,
+    tally: NoiseTally | None = None,
 ) -> torch.Tensor:
     """(B,) estimate of -log p(scorable tokens | the rest): the mean over `ts` of
     w(t) * sum of CE over the scorable positions masked at t (the NELBO integrand). `ts` is
     (points,), shared by every block, or (points, B). `rows` are the blocks' indices in the
-    validation set, which seed their masks."""
+    validation set, which seed their masks; `tally` collects the terms point by point."""
     b = ids.shape[0]
     rows = torch.arange(b) if rows is None else rows
     grid = (ts[:, None] if ts.dim() == 1 else ts).expand(-1, b)
@@ -86,7 +130,10 @@ def masked_nll_sums(
         inputs = torch.where(masked, mask_id, ids)
         ce = _masked_ce(rack, inputs, ids, _rack_t(rack, masked, schedule))
         weight = schedule.weight(tt).double().to(ids.device)
-        total += weight * (ce * masked).sum(1)
+        term = weight * (ce * masked).sum(1)
+        total += term
+        if tally is not None:
+            tally.add(i, masked, ce, term, frac)
     return total / grid.shape[0]
 
 
@@ -133,6 +180,7 @@ def likelihood(
     bs = config.train.batch_size
     sched, eps = _schedule(config, data)
     ts, mask_id = t_grid(s.t_points, eps), data.specials.mask_id
+    tally = NoiseTally()
     table = table.to(dev) if table is not None else None
     for start in range(0, ids.shape[0], bs):
         chunk, ok = ids[start : start + bs], real[start : start + bs]
@@ -145,7 +193,7 @@ def likelihood(
             scored = ok.clone()
             if getattr(rack, "block_size", None) is not None and rack.block_shift:
                 scored[:, 0] = False  # given: each token is predicted from the one before
-            sums = masked_nll_sums(rack, chunk, scored, sched, ts, mask_id, s.seed, rows)
+            sums = masked_nll_sums(rack, chunk, scored, sched, ts, mask_id, s.seed, rows, tally)
             nll += sums.sum().cpu()
         scored_tokens += float(scored.sum())
         scored_bytes += float(table[chunk][scored].sum()) if table is not None else 0.0
@@ -157,6 +205,8 @@ def likelihood(
     }
     if scored_bytes:
         out["bpc"] = float(nll) / LN2 / scored_bytes
+    if tally.masked:
+        out["by_noise"] = tally.rows(scored_tokens)
     return out
 
 

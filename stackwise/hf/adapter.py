@@ -77,6 +77,7 @@ class HFAdapter(ModelAdapter):
     def __init__(self) -> None:
         self.plan: Plan | None = None
         self.base: dict[str, Any] = {}
+        self.supervised = 0.0  # target tokens of the last step, on every rank
 
     def build(self, plan: Plan, vocab_size: int) -> nn.Module:
         from stackwise.hf.load import load_base
@@ -112,13 +113,15 @@ class HFAdapter(ModelAdapter):
         return nll
 
     def step_metrics(self, model: nn.Module) -> dict[str, float]:
-        return memory_metrics(memory_layers(model))
+        supervised = {"train/supervised_tokens": self.supervised} if self.supervised else {}
+        return memory_metrics(memory_layers(model)) | supervised
 
     def micro_scales(self, micros: list[dict[str, torch.Tensor]], acc: Any) -> list[float]:
         """1 / (targets in the step's micro-batches on every rank), times the world size that
-        DDP's gradient average divides back out."""
+        DDP's gradient average divides back out. The count is logged: supervised tokens."""
         count = sum(hf_loss.target_count(b) for b in micros)
         total = float(acc.reduce(torch.as_tensor(count, device=acc.device), "sum"))
+        self.supervised = total
         return [acc.num_processes / max(total, 1.0)] * len(micros)
 
     def evaluate(self, model: nn.Module, val_data: Any, acc: Any, tc: Any) -> dict[str, float]:

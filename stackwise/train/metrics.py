@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import resource
 import sys
 import time
 from typing import Any
@@ -60,11 +61,28 @@ class ConsoleSink(Sink):
             tqdm.write(f"step {run.state.step}: {shown}")
 
 
+def peak_memory(device: torch.device) -> dict[str, float]:
+    """The log row's memory figure: the peak GPU memory torch allocated, or on a CPU the
+    process's peak resident set (what the OS counts, libraries and allocator slack included)."""
+    if device.type == "cuda":
+        return {"train/peak_gpu_mb": torch.cuda.max_memory_allocated(device) / 2**20}
+    if sys.platform.startswith("linux"):  # ru_maxrss is in KB on Linux (bytes on macOS)
+        return {"train/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {}
+
+
 class JsonlSink(Sink):
+    """metrics.jsonl, and env.json beside it: the machine and versions the run trained on."""
+
     name = "jsonl"
 
     def begin(self, run: RunInfo) -> None:
         self.path = run.output_dir / "metrics.jsonl"
+        if run.is_main:
+            from stackwise.machine import run_machine
+
+            run.output_dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(run.output_dir / "env.json", json.dumps(run_machine(), indent=1))
         if run.is_main and run.resumed_from is None and self.path.is_file():
             self.path.unlink()  # a fresh start (the dir held no finished run): begin anew
         if run.is_main and run.resumed_from is not None and self.path.is_file():

@@ -31,7 +31,7 @@ from stackwise.train.evaluation import Evaluator
 from stackwise.train.extensions import ExtensionManager
 from stackwise.train.flops import FlopMeter, run_compute
 from stackwise.train.interrupts import StopSignals, TrainingInterrupted, stop_signals
-from stackwise.train.metrics import LossWindow, MetricsLogger
+from stackwise.train.metrics import LossWindow, MetricsLogger, peak_memory
 from stackwise.train.optim import logged_lrs
 from stackwise.train.placement import Placement
 from stackwise.train.sampler import TrainingData
@@ -274,6 +274,7 @@ class EnhancedTrainer(RunFiles):
             self.stage, self.state
         )
         row |= logged_lrs(self.optimizer, self.scheduler) | {"train/tokens_per_s": tps}
+        row |= peak_memory(self.accelerator.device)
         row |= self.adapter.step_metrics(self.raw_model)
         if self.state.skipped_steps:
             row["train/skipped_steps"] = self.state.skipped_steps

@@ -1,0 +1,144 @@
+"""The report's tables as rows of strings: the runs' final metrics side by side, each run's
+stages, the config keys that differ between runs, a config flattened for diffing."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from stackwise.report.runs import Run
+from stackwise.train.flops import format_flops
+
+Table = tuple[list[str], list[list[str]]]  # (header, rows)
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"train.lr": 0.001, ...}: one line per leaf, which a text diff lines up."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out |= flatten(value, f"{name}.")
+        else:
+            out[name] = value
+    return out
+
+
+def _num(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _last(run: Run, key: str) -> Any:
+    rows = run.rows(key)
+    return rows[-1][1][key] if rows else None
+
+
+def _median(run: Run, key: str) -> float | None:
+    values = [r[key] for _, r in run.rows(key)]
+    return statistics.median(values) if values else None
+
+
+def final_metrics(runs: Sequence[Run]) -> Table:
+    """One row per run: what it trained and where it ended."""
+    header = [
+        "run",
+        "objective",
+        "stages",
+        "steps",
+        "tokens",
+        "training FLOPs",
+        "val loss",
+        "val bpc",
+        "median tokens/s",
+        "peak memory MB",
+        "complete",
+    ]
+    rows = []
+    for run in runs:
+        final = run.final_eval() or {}
+        steps = sum(int((s.rows[-1]["step"]) if s.rows else 0) for s in run.stages)
+        flops = _last(run, "train/flops")
+        memory = _last(run, "train/peak_gpu_mb") or _last(run, "train/peak_rss_mb")
+        tokens = _last(run, "train/run_tokens") or _last(run, "train/tokens")
+        rows.append(
+            [
+                run.name,
+                run.objective,
+                str(len(run.stages)),
+                f"{steps:,}",
+                _num(tokens),
+                format_flops(flops) if flops else "-",
+                _num(final.get("loss")),
+                _num(final.get("bpc")),
+                _num(_median(run, "train/tokens_per_s"), 0),
+                _num(memory, 0),
+                "yes" if run.complete else "no (stopped or running)",
+            ]
+        )
+    return header, rows
+
+
+def stage_table(run: Run) -> Table:
+    """A progressive run's stacks (and joint tuning) as progressive_history.json has them."""
+    header = [
+        "stage",
+        "steps",
+        "tokens",
+        "FLOPs",
+        "seconds",
+        "trainable params",
+        "val loss",
+        "val bpc",
+        "stopped early",
+    ]
+    rows = []
+    for stage in run.stages:
+        rec, ev = stage.record, stage.record.get("eval") or {}
+        rows.append(
+            [
+                stage.name,
+                _num(rec.get("steps")),
+                _num(rec.get("tokens")),
+                format_flops(rec["flops"]) if rec.get("flops") else "-",
+                _num(rec.get("seconds"), 1),
+                _num(rec.get("trainable_params")),
+                _num(ev.get("loss")),
+                _num(ev.get("bpc")),
+                "yes" if rec.get("stopped_on_plateau") else "no",
+            ]
+        )
+    return header, rows
+
+
+def config_differences(runs: Sequence[Run]) -> Table:
+    """The keys whose values differ between the runs (a key one run lacks counts as differing)."""
+    flat = [flatten(r.config) for r in runs]
+    keys = sorted(set().union(*flat))
+    rows = [
+        [key, *(_num(f.get(key, "(not set)")) for f in flat)]
+        for key in keys
+        if len({repr(f.get(key, "(not set)")) for f in flat}) > 1
+    ]
+    return ["key", *(r.name for r in runs)], rows
+
+
+def eval_table(run: Run) -> Table:
+    """`stackwise eval`'s figures (eval.json): likelihood, conditional, and sample quality."""
+    report = run.eval or {}
+    rows = []
+    for part in ("likelihood", "conditional", "samples"):
+        for key, value in (report.get(part) or {}).items():
+            if key != "by_noise" and not isinstance(value, list | dict):
+                rows.append([part, key, _num(value)])
+    return ["part", "figure", "value"], rows
+
+
+def env_table(env: dict[str, Any]) -> Table:
+    return ["what", "value"], [[k, _num(v)] for k, v in flatten(env).items()]

@@ -1,0 +1,194 @@
+"""`stackwise report`: the page of a tiny real run (grown stack by stack, diffusion, evaluated)
+and of two runs compared, checked as data and, where Chromium is installed, in a real browser."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import make_corpus, tiny_dict
+
+from stackwise.cli import main
+from stackwise.report import load_run, write_report
+from stackwise.report.runs import unique_names
+from stackwise.report.tables import config_differences, final_metrics, flatten
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+PLOTS = ("plot-loss", "plot-bpc", "plot-lr", "plot-throughput", "plot-memory", "plot-noise")
+TABLES = ("table-final", "run-0-stages", "run-0-eval", "run-0-env", "run-0-samples")
+
+
+@pytest.fixture(scope="module")
+def grown(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-stack diffusion run trained and evaluated through the CLI, its report written."""
+    root = tmp_path_factory.mktemp("report")
+    corpus = root / "corpus.txt"
+    corpus.write_text(make_corpus(400), encoding="utf-8")
+    cfg = tiny_dict(
+        corpus,
+        root / "cache",
+        root / "grown",
+        model={"n_stacks": 2, "blocks_per_stack": 1},
+        data={"tokenizer": "char"},
+        objective={"name": "diffusion"},
+        progressive={"strategy": "progressive"},
+        train={"max_steps": 8, "eval_every": 2},
+        sample={"num_samples": 2, "max_new_tokens": 8},
+    )
+    path = root / "grown.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    assert main(["train", str(path), "--report"]) == 0
+    out = root / "grown"
+    flags = ["--samples", "2", "--t-points", "4", "--mc-num", "2", "--max-blocks", "4"]
+    assert main(["eval", "--checkpoint", str(out), *flags]) == 0
+    assert main(["report", str(out)]) == 0  # again, now with eval.json
+    return out
+
+
+def test_run_is_read_back_stage_by_stage(grown: Path) -> None:
+    run = load_run(grown)
+    assert [s.name for s in run.stages] == ["stack 0", "stack 1"]
+    assert run.stages[1].step_offset == run.stages[0].record["steps"] > 0
+    assert all(any("train/loss" in r for r in s.rows) for s in run.stages)
+    assert run.env is not None and run.env["versions"]["torch"]
+    assert len(run.samples) == 2
+    by_noise = run.eval["likelihood"]["by_noise"]
+    assert len(by_noise) == 4  # one row per t point
+    total = sum(p["nelbo_share"] for p in by_noise)
+    assert total == pytest.approx(run.eval["likelihood"]["nelbo_per_token"], rel=1e-9)
+    rates = [p["mask_rate"] for p in by_noise]
+    assert rates == sorted(rates) and 0 < rates[0] < rates[-1] <= 1
+
+
+def test_train_writes_the_report_and_names_the_command(grown: Path) -> None:
+    page = (grown / "report.html").read_text(encoding="utf-8")
+    for element in (*PLOTS, *TABLES):
+        assert f'id="{element}"' in page, element
+    for fetched in ("src=", "<link", "<script", "@import"):  # nothing to fetch to view it
+        assert fetched not in page, fetched
+    assert re.findall(r"url\((?!#)", page) == []  # only the SVGs' own clip paths
+
+
+def test_two_runs_overlay_and_diff(grown: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(grown, other)
+    config = yaml.safe_load((other / "config.yaml").read_text())
+    config["train"]["lr"] = 0.5
+    (other / "config.yaml").write_text(yaml.safe_dump(config))
+    page = write_report([grown, other], tmp_path / "both.html")
+    text = page.read_text(encoding="utf-8")
+    assert 'id="table-config-diff"' in text and "train.lr" in text
+    runs = [load_run(grown), load_run(other)]
+    unique_names(runs)
+    diff = config_differences(runs)[1]
+    assert [row[0] for row in diff] == ["train.lr"]  # the copy kept the output_dir it logged
+    assert [row[0] for row in final_metrics(runs)[1]] == ["grown", "other"]
+
+
+def test_same_folder_names_are_told_apart(grown: Path, tmp_path: Path) -> None:
+    shutil.copytree(grown, tmp_path / "a" / "grown")
+    runs = [load_run(grown), load_run(tmp_path / "a" / "grown")]
+    unique_names(runs)
+    assert runs[0].name != runs[1].name
+
+
+def test_flatten_lines_up_nested_keys() -> None:
+    assert flatten({"a": {"b": 1, "c": {"d": [2]}}, "e": {}}) == {"a.b": 1, "a.c.d": [2], "e": {}}
+
+
+@pytest.mark.parametrize("case", ["no config", "no metrics", "not html"])
+def test_bad_input_is_one_clear_error(grown: Path, tmp_path: Path, case: str, capsys) -> None:
+    folder = tmp_path / "run"
+    args = [str(folder)]
+    if case == "no config":
+        folder.mkdir()
+    elif case == "no metrics":
+        shutil.copytree(grown, folder)
+        for rows in [*folder.rglob("metrics.jsonl"), folder / "progressive_history.json"]:
+            rows.unlink()
+    else:
+        shutil.copytree(grown, folder)
+        args += ["--out", str(tmp_path / "page.txt")]
+    assert main(["report", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("stackwise: error:") and "Traceback" not in err
+    assert {"no config": "config.yaml", "no metrics": "logging.jsonl", "not html": ".html"}[
+        case
+    ] in err
+    assert not (tmp_path / "page.txt").exists()
+
+
+def test_stage_folders_removed_leave_one_point_per_stack(grown: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "trimmed"
+    shutil.copytree(grown, folder)
+    for stage in ("stack_0", "stack_1"):
+        shutil.rmtree(folder / stage)
+    run = load_run(folder)
+    assert [len(s.rows) for s in run.stages] == [1, 1]
+    history = json.loads((grown / "progressive_history.json").read_text())
+    assert run.stages[1].rows[0]["val/loss"] == history["stacks"][1]["eval"]["loss"]
+    assert 'id="plot-loss"' in write_report([folder]).read_text()
+
+
+def test_torn_metrics_line_is_skipped(grown: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "torn"
+    shutil.copytree(grown, folder)
+    rows = folder / "stack_0" / "metrics.jsonl"
+    before = len(rows.read_text().splitlines())
+    rows.write_text(rows.read_text() + '{"step": 9, "train/lo')
+    assert len(load_run(folder).stages[0].rows) == before
+
+
+def browser_page(page_file: Path, shot: Path) -> dict:
+    """Open the page in headless Chromium: console errors, and each element's size and drawing."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    flags = [
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+    ]
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=flags)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("request", lambda r: None if r.url.startswith("file:") else errors.append(r.url))
+        page.goto(page_file.as_uri())
+        found = {}
+        for element in (*PLOTS, *TABLES):
+            handle = page.query_selector(f"#{element}")
+            box = handle.bounding_box() if handle else None
+            marks = (
+                handle.eval_on_selector_all("svg path, svg use, tr, pre", "e => e.length")
+                if handle
+                else 0
+            )
+            found[element] = (box["width"] * box["height"] if box else 0.0, marks)
+        page.screenshot(path=str(shot), full_page=True)
+        browser.close()
+    return {"errors": errors, "found": found}
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="Chromium is not installed (Debian: apt-get install "
+    "chromium); `make test` installs it where it runs as root",
+)
+def test_report_renders_in_headless_chromium(grown: Path, tmp_path: Path) -> None:
+    shot = Path(os.environ.get("STACKWISE_REPORT_SHOT", tmp_path / "report.png"))
+    seen = browser_page(grown / "report.html", shot)
+    assert seen["errors"] == []
+    for element, (area, marks) in seen["found"].items():
+        assert area > 1000, f"{element} is missing or empty on the page"
+        assert marks > (10 if element.startswith("plot") else 0), f"{element} draws nothing"
+    assert shot.stat().st_size > 50_000  # a page of plots, not a blank one
+    assert json.loads((grown / "run_complete.json").read_text())
