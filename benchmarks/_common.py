@@ -21,6 +21,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
 
+from _record import add_flag as add_record_flag
+
 # set on import, before stackwise, transformers or datasets read them: the hubs are not reached
 # (benchmarks build their data locally); child processes inherit them
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -84,14 +86,16 @@ def fresh_output(output_dir: str | Path) -> dict[str, Any]:
 
 
 def benchmark_parser(doc: str | None, quick: str = "a short smoke run") -> argparse.ArgumentParser:
-    """A benchmark's command line: described by its docstring's first paragraph, with --quick."""
+    """A benchmark's command line: described by its docstring's first paragraph, with --quick
+    and --record."""
     parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=quick)
+    add_record_flag(parser)
     return parser
 
 
 def quick_flag(doc: str | None) -> argparse.Namespace:
-    """The command line of a benchmark that only takes --quick."""
+    """The command line of a benchmark that only takes --quick (and --record)."""
     return benchmark_parser(doc).parse_args()
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import _record as record
 from _common import in_fork, quick_flag
 
 from stackwise.cli import resolve_config_path
@@ -56,6 +57,7 @@ def run(variants: int | None, extra: list[str], out: str) -> dict[str, float]:
 
 def main() -> None:
     args = quick_flag(__doc__)
+    rec = record.start("cache_variants", args.record)
     extra = QUICK if args.quick else []
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -73,6 +75,7 @@ def main() -> None:
         f"{cached[best]['bpc']:.3f} bpc vs {cached['1']['bpc']:.3f} with 1 and "
         f"{rows['off']['bpc']:.3f} without the cache"
     )
+    rec.finish()
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _record as record
 from _common import benchmark_parser, run_child
 
 STEPS = 10
@@ -88,6 +89,7 @@ def measure(root: Path, copies: int) -> dict[str, float]:
 def main() -> None:
     parser = benchmark_parser(__doc__, "1x and 3x only")
     args = parser.parse_args()
+    rec = record.start("data_scale", args.record)
     sizes = (1, 3) if args.quick else (1, 10, 100)
     results = []
     with tempfile.TemporaryDirectory(prefix="sw-data-scale-") as tmp:  # about 1.5 GB at 100x
@@ -110,6 +112,13 @@ def main() -> None:
         f"{big['train_rss'] / small['train_rss']:.2f}x, build RSS "
         f"{big['build_rss'] / small['build_rss']:.2f}x, warm start {big['warm_start']:.1f} s, "
         f"slowest build {min(r['mb'] / r['build_s'] for r in results):.1f} MB/s"
+    )
+    rec.finish(
+        "10-step peak RSS of the largest corpus ≤ 1.2x the smallest's; warm start ≤ 5 s; build of "
+        "the largest ≥ 5 MB/s",
+        big["train_rss"] <= 1.2 * small["train_rss"]
+        and max(r["warm_start"] for r in results) <= 5.0
+        and big["mb"] / big["build_s"] >= 5.0,
     )
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import _record as record
 from _common import CLM_RESETS, in_fork, quick_flag
 
 from stackwise.cli import resolve_config_path
@@ -48,6 +49,7 @@ def one_run(objective: str, extra: list[str], out: str) -> dict[str, float]:
 
 def main() -> None:
     args = quick_flag(__doc__)
+    rec = record.start("default_preset", args.record)
     extra = QUICK if args.quick else []
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -61,6 +63,9 @@ def main() -> None:
     print(
         f"headline: default preset diffusion {rows['diffusion']['bpc']:.3f} bpc, "
         f"{ratio:.2f}x clm's {rows['clm']['bpc']:.3f} at the same tokens"
+    )
+    rec.finish(
+        "diffusion ≤ 3.0 bpc and ≤ 1.3x clm's", rows["diffusion"]["bpc"] <= 3.0 and ratio <= 1.3
     )
 
 

@@ -47,6 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import _record as record
 from _common import CLM_RESETS, in_fork
 
 from stackwise.cli import resolve_config_path
@@ -268,6 +269,9 @@ def one_seed(steps: int, samples: int, seed: int, runs: list[str] | None) -> dic
     }
 
 
+GOAL = "masked ≤ 1.25x clm's bpc, block 4 ≤ 1.10x, best gen PPL ≤ 2.0x clm samples'"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=800, help="optimizer steps per run")
@@ -275,7 +279,9 @@ def main() -> None:
     parser.add_argument("--seeds", default="0", help="comma-separated train/sampling seeds")
     parser.add_argument("--runs", default=None, help="comma-separated run names (clm is kept)")
     parser.add_argument("--quick", action="store_true", help="--steps 40 --samples 2")
+    record.add_flag(parser)
     args = parser.parse_args()
+    rec = record.start("diffusion_quality", args.record)
     steps, samples = (40, 2) if args.quick else (args.steps, args.samples)
     runs = None if args.runs is None else ["clm", *args.runs.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
@@ -287,16 +293,21 @@ def main() -> None:
         print(f"{name:<13} {statistics.median(values):>6.3f}x ({max(values) - min(values):.3f})")
     masked = [min(v for n, v in r["ratio"].items() if n != "clm" and "block" not in n) for r in
               results if any(n != "clm" and "block" not in n for n in r["ratio"])]  # fmt: skip
-    parts = []
+    parts, met = [], []  # issue 33's goals: masked 1.25x, block 4 1.10x, gen PPL 2.0x
     if masked:
         parts.append(f"best masked diffusion bpc {statistics.median(masked):.3f}x clm's")
+        met.append(statistics.median(masked) <= 1.25)
     if "block 4" in names:
-        parts.append(f"block 4 {statistics.median(r['ratio']['block 4'] for r in results):.3f}x")
+        block4 = statistics.median(r["ratio"]["block 4"] for r in results)
+        parts.append(f"block 4 {block4:.3f}x")
+        met.append(block4 <= 1.10)
     for kind in ("masked", "block"):
         gens = [r["gen"][kind] for r in results if kind in r["gen"]]
         if gens:
             parts.append(f"best {kind} gen PPL {statistics.median(gens):.2f}x clm samples'")
+            met.append(statistics.median(gens) <= 2.0)
     print("headline (medians): " + "; ".join(parts))
+    rec.finish(GOAL, all(met) if met else None)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import _record as record
 from _common import CLM_RESETS, in_fork
 from diffusion_quality import train
 
@@ -89,7 +90,9 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], help="extra overrides for every run")
     parser.add_argument("--runs", default=None, help="comma-separated run names (and clm)")
     parser.add_argument("--quick", action="store_true", help="--steps 40, one seed")
+    record.add_flag(parser)
     args = parser.parse_args()
+    rec = record.start("diffusion_study", args.record)
     steps = 40 if args.quick else args.steps
     seeds = [0] if args.quick else [int(x) for x in args.seeds.split(",")]
     runs = None if args.runs is None else {"clm", *args.runs.split(",")}
@@ -121,6 +124,7 @@ def main() -> None:
         f"clm's bpc"
         + (f" (base {statistics.median(ratios['base']):.3f}x)" if "base" in bpc else "")
     )
+    rec.finish()
 
 
 if __name__ == "__main__":

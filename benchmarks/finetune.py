@@ -24,6 +24,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import _record as record
 from _common import benchmark_parser, run_child
 
 HERE = Path(__file__).resolve().parent
@@ -185,6 +186,7 @@ def main() -> None:
     parser = benchmark_parser(__doc__, "60 training rows, one repetition")
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
+    rec = record.start("finetune", args.record)
     n_train, reps = (60, 1) if args.quick else (480, args.reps)
     root = Path(tempfile.mkdtemp(prefix="sw-finetune-"))
     model, train, evals = build_inputs(root, n_train, 40)
@@ -197,10 +199,27 @@ def main() -> None:
     keys = ("loop", "wall", "rss", "eval_loss", "padded")
     med = {n: {k: statistics.median(r[k] for r in rs) for k in keys} for n, rs in runs.items()}
     their_tokens = runs["HF Trainer lora"][0]["supervised"]
-    report(med, ours_tokens, their_tokens, n_train, reps)
+    speed = report(med, ours_tokens, their_tokens, n_train, reps)
+    rec.finish(GOAL, goal_met(med, speed))
 
 
-def report(med: dict, ours_tokens: int, their_tokens: int, n_train: int, reps: int) -> None:
+GOAL = (
+    "LoRA ≥ 1.0x HF Trainer's tokens/s at ≤ its peak RSS and eval loss within 0.01; packing ≥ 1.5x"
+)
+
+
+def goal_met(med: dict, speed: dict) -> bool:
+    ours, theirs = med["ours lora"], med["HF Trainer lora"]
+    return (
+        speed["ours lora"] >= speed["HF Trainer lora"]
+        and ours["rss"] <= theirs["rss"]
+        and abs(ours["eval_loss"] - theirs["eval_loss"]) <= 0.01
+        and speed["ours lora packed"] >= 1.5 * speed["ours lora"]
+    )
+
+
+def report(med: dict, ours_tokens: int, their_tokens: int, n_train: int, reps: int) -> dict:
+    """Prints the table and the headline; returns each run's loop tokens/s."""
     print(
         f"{n_train} chat rows, 1 epoch, batch {HYPER['batch']}, LoRA r{HYPER['rank']} "
         f"all-linear, bf16 autocast; target tokens: ours {ours_tokens:,}, HF script "
@@ -234,6 +253,7 @@ def report(med: dict, ours_tokens: int, their_tokens: int, n_train: int, reps: i
         f"{speed['ours lora'] / speed['HF Trainer lora']:.2f}x, with packing "
         f"{speed['ours lora packed'] / speed['HF Trainer lora']:.2f}x"
     )
+    return speed
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import statistics
 import sys
 import tempfile
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as bench
+import _record as record
 
 N_STACKS = 4
 EVAL_EVERY = 50
@@ -408,6 +410,7 @@ def main(argv: list[str] | None = None) -> None:
         "e2e named, end-to-end reruns on that share of its steps",
     )
     args = parser.parse_args(argv)
+    rec = record.start("growth", args.record)
     THREADS[0] = args.threads
     if args.quick:
         for settings in SETTINGS.values():
@@ -417,7 +420,11 @@ def main(argv: list[str] | None = None) -> None:
     results = args.results or Path(tempfile.gettempdir()) / name
     if not args.report:
         sweep(args, results)
-    print(report(load(results)))
+    text = report(load(results))
+    print(text)
+    verdicts = re.findall(r"goal <= 0\.6: (met|MISSED)", text.split("headline: ")[-1])
+    met = all(v == "met" for v in verdicts) if verdicts else None
+    rec.finish("the best recipe reaches e2e's final bpc with ≤ 0.6x its FLOPs", met)
 
 
 def sweep(args: Any, results: Path) -> None:

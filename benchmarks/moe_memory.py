@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as bench
+import _record as record
 import torch
 
 from stackwise.cli.common import resolve_config_path
@@ -80,6 +81,7 @@ def main() -> None:
     parser = bench.benchmark_parser(__doc__, "30 steps a run")
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default 300)")
     args = parser.parse_args()
+    rec = record.start("moe_memory", args.record)
     steps = args.steps or (30 if args.quick else 300)
     bench.pin_threads()  # the forked runs inherit it
     print(f"{bench.machine_line('mixed_precision auto')}; {steps} steps x 16 x 128 tokens a run")
@@ -105,6 +107,16 @@ def main() -> None:
         f"moe/dense {dense['tokens_per_s'] / moe['tokens_per_s']:.2f}x, memory/dense "
         f"{dense['tokens_per_s'] / mem['tokens_per_s']:.2f}x"
     )
+    met = (
+        moe["val_loss"] < dense["val_loss"] and ratio >= 2.0 and mem["val_loss"] < dense["val_loss"]
+    )
+    rec.finish(GOAL, met and dense["tokens_per_s"] <= 1.3 * mem["tokens_per_s"])
+
+
+GOAL = (
+    "MoE below dense's val loss; balancing cuts the load CV ≥ 2x; memory below dense at ≤ 1.3x "
+    "its step time"
+)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from collections import Counter
 from pathlib import Path
 
 import _common as bench
+import _record as record
 import numpy as np
 import throughput as tp
 
@@ -163,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--precisions", default="fp32,bf16", help="fp32, bf16 or both")
     p.add_argument("--vocabs", default="65,4096", help="comma-separated: 65, 4096 or both")
     args = p.parse_args(argv)
+    rec = record.start("nanogpt_reference", args.record)
     args.nanogpt = args.nanogpt.resolve()  # its train.py runs from another folder
     if not (args.nanogpt / "train.py").is_file():
         p.error(f"--nanogpt {args.nanogpt}: no train.py there; clone karpathy/nanoGPT first")
@@ -214,6 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         + ", ".join(f"{r:.3f}" for r in ratios)
         + f"; furthest from 1: {worst:.3f} (goal 0.95..1.05)"
     )
+    rec.finish("every rebuilt/nanoGPT ratio in 0.95..1.05", all(0.95 <= r <= 1.05 for r in ratios))
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as bench
+import _record as record
 import torch
 from accelerate.utils import set_seed
 
@@ -352,6 +353,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    rec = record.start("progressive_quality", args.record)
     steps = args.steps or (48 if args.quick else 320)
     joint = args.joint if args.joint is not None else steps // 4
     n_stacks, batch = 4, 8
@@ -414,6 +416,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{a.wall_s / d.wall_s:.2f}x ({a.wall_s:.0f} s vs {d.wall_s:.0f} s; goal <= 0.60), "
             f"CPU time {a.cpu_s / d.cpu_s:.2f}x"
         )
+    met = a.metric <= 1.05 * d.metric and a.wall_s <= 0.60 * d.wall_s if a and d else None
+    rec.finish("prog+cache val NELBO ≤ 1.05x e2e rackwise's in ≤ 0.60x its wall time", met)
 
 
 if __name__ == "__main__":

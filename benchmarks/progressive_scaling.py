@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as bench
+import _record as record
 import torch
 
 import stackwise.progressive.stage_cache as prog_stage_cache
@@ -286,6 +287,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    rec = record.start("progressive_scaling", args.record)
     quick = args.quick
     plan = Plan(
         reps=args.reps or (1 if quick else 5),
@@ -341,6 +343,7 @@ def main(argv: list[str] | None = None) -> None:
         f"headline: t({last})/t(1): cache {c:.2f}, no cache {n:.2f} "
         f"(wall-clock medians; CPU time: cache {cc:.2f}, no cache {nc:.2f})"
     )
+    rec.finish(f"t({last})/t(1) with the cache ≤ 1.25", c <= 1.25)
 
 
 if __name__ == "__main__":

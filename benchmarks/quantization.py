@@ -39,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import _record as record
 import torch
 import torch.nn.functional as F
 from _common import benchmark_parser
@@ -173,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.rss_child:
         rss_child(a.rss_child, a)
         return
+    rec = record.start("quantization", a.record)
     torch.set_num_threads(1)
     ids = batch(a)
     builders = {fmt: build(fmt, a) for fmt in FORMATS}
@@ -225,6 +227,11 @@ def main(argv: list[str] | None = None) -> None:
         f"headline: NF4 trunk {nf4['bpp']:.3f} B/param, {fp32['bpp'] / nf4['bpp']:.2f}x smaller "
         f"than fp32; step time {nf4['ms'] / bf16['ms']:.2f}x a bf16 trunk's"
     )
+    small = nf4["bpp"] <= 0.6 and fp32["bpp"] >= 6.0 * nf4["bpp"]
+    rec.finish(GOAL, small and nf4["ms"] <= 1.5 * bf16["ms"])
+
+
+GOAL = "NF4 trunk ≤ 0.6 B/param, ≥ 6x smaller than fp32, step ≤ 1.5x a bf16 trunk's"
 
 
 if __name__ == "__main__":

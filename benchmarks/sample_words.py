@@ -19,6 +19,7 @@ import argparse
 import itertools
 import json
 
+import _record as record
 import torch
 
 from stackwise.config import derive
@@ -52,7 +53,9 @@ def main() -> None:
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("settings", nargs="*", help="JSON objects of sample.* overrides")
+    record.add_flag(ap)
     args = ap.parse_args()
+    rec = record.start("sample_words", args.record)
     torch.set_num_threads(2)
     plan, rack, tok = load_trained(args.checkpoint)
     vocabulary = corpus_vocabulary([text for _, text in load_documents(plan.data)])
@@ -80,6 +83,7 @@ def main() -> None:
             own = stats["in_corpus"]
     if own is not None:
         print(f"headline: the run's own sampler puts {own:.1%} of its whole words in the corpus")
+    rec.finish("≥ 80% of whole words in the corpus", None if own is None else own >= 0.8)
 
 
 if __name__ == "__main__":

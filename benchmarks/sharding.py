@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as bench
+import _record as record
 
 PLACEMENTS = {
     "ddp": ["parallel.strategy=ddp"],
@@ -106,6 +107,7 @@ def run(name: str, root: Path, rep: int) -> dict[str, Any]:
 
 def main() -> None:
     args = bench.quick_flag(__doc__)
+    rec = record.start("sharding", args.record)
     bench.pin_threads()  # the table's machine line; each process pins its own
     reps = 1 if args.quick else 2
     names = list(PLACEMENTS)
@@ -143,6 +145,7 @@ def main() -> None:
         f"headline: full_shard holds {ratio:.3f}x DDP's parameter+gradient+optimizer memory per "
         f"process at {WORLD} processes (goal <= 0.55: {verdict})"
     )
+    rec.finish("full_shard ≤ 0.55x DDP's parameter+gradient+optimizer memory", ratio <= 0.55)
 
 
 if __name__ == "__main__":

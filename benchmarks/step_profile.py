@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import _common as bench
+import _record as record
 import throughput as tp
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
@@ -107,13 +108,19 @@ def main() -> None:
     p.add_argument("--precisions", default="no,bf16", help="no (fp32), bf16, or both")
     p.add_argument("--rows", type=int, default=15, help="ops listed per table")
     args = p.parse_args()
+    rec = record.start("step_profile", args.record)
     plan = tp.Plan(1, 3, 4) if args.quick else tp.Plan(1, 10, 20)
     bench.pin_threads()
     print(bench.machine_line("fp32 and bf16 tables"))
+    medians = []
     for name in args.objectives.split(","):
         for precision in args.precisions.split(","):
-            print(bench.in_fork(f"{name} {precision}", run, name, precision, args.rows, plan))
+            text = bench.in_fork(f"{name} {precision}", run, name, precision, args.rows, plan)
+            print(text)
             print()
+            medians.append(text.split(" ms per step")[0].replace(",", "").replace(":", ""))
+    print("headline: ms per step under the profiler (median): " + ", ".join(medians))
+    rec.finish()
 
 
 if __name__ == "__main__":

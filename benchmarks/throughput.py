@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as bench
+import _record as record
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -598,6 +599,20 @@ def headline(all_results: dict[str, Results], shapes: tuple[Shape, ...]) -> str:
     return f"headline ({names}): " + "; ".join(parts)
 
 
+def nanogpt_goal(all_results: dict[str, Results], shapes: tuple[Shape, ...]) -> tuple:
+    """Issue 34's goal, (text, met), where the run has nanogpt and ours or compiled; else
+    ("—", None)."""
+    bars = {m: bar for m, bar in (("ours", 1.1), ("compiled", 1.3)) if m in METHODS}
+    if "nanogpt" not in METHODS or not bars:
+        return "—", None
+    met = all(
+        ratio_of_medians(all_results[s.name], m, "nanogpt") >= bar
+        for s in shapes
+        for m, bar in bars.items()
+    )
+    return " and ".join(f"{m}/nanogpt ≥ {bar}" for m, bar in bars.items()) + " at every shape", met
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = bench.benchmark_parser(__doc__, "smoke run: 2 reps of 2 + 5 steps")
     p.add_argument("--reps", type=int, default=None, help="repetitions per method (default 7)")
@@ -640,6 +655,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    rec = record.start("throughput", args.record)
     quick = Plan(reps=2, warmup=2, steps=5)
     full = Plan(reps=7, warmup=5, steps=30)
     base = quick if args.quick else full
@@ -696,6 +712,7 @@ def main(argv: list[str] | None = None) -> None:
     print(table(all_results, SHAPES))
     print()
     print(headline(all_results, SHAPES))
+    rec.finish(*nanogpt_goal(all_results, SHAPES))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,169 @@
+"""`--record`: a benchmark's run written into benchmarks/RESULTS.md and its history.
+
+Recording a run replaces the benchmark's row and section in RESULTS.md (or adds them) and
+prepends the section to benchmarks/history/<benchmark>.md; every other byte of RESULTS.md stays
+as it was (the text operations are in _dashboard.py).
+
+    rec = record.start("throughput", args.record)   # tees stdout from here on
+    ...                                              # the script prints its table and headline
+    rec.finish(goal="ours >= 1.1x nanoGPT", met=ratio >= 1.1)
+
+The headline is the last `headline: ...` line the script printed, unless finish() is given one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from _dashboard import NO_GOAL, Run, update_history, update_results
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "RESULTS.md"
+HISTORY = HERE / "history"
+HEADLINE = re.compile(r"^headline(?: \(([^)]*)\))?: (.*)$")
+
+
+def add_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="write this run into benchmarks/RESULTS.md (its row and section) and prepend it "
+        "to benchmarks/history/<benchmark>.md",
+    )
+
+
+def read(path: Path) -> str:
+    with open(path, encoding="utf-8", newline="") as f:
+        return f.read()
+
+
+def write(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+
+
+def record(run: Run, results: Path = RESULTS, history: Path = HISTORY) -> None:
+    """Write the run into `results` and prepend it to `history`/<name>.md."""
+    write(results, update_results(read(results), run))
+    history.mkdir(parents=True, exist_ok=True)
+    past = history / f"{run.name}.md"
+    write(past, update_history(read(past) if past.is_file() else None, run))
+
+
+# ---- where and how the run happened --------------------------------------------------------
+
+
+def commit(root: Path = HERE.parent) -> str:
+    """The short commit, with -dirty when tracked files differ from it (the results files
+    themselves left out, so that recording one benchmark after another stays clean)."""
+    spec = [".", ":(exclude)benchmarks/RESULTS.md", ":(exclude)benchmarks/history"]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+        )
+        if head.returncode:
+            return "unknown"
+        diff = subprocess.run(
+            ["git", "diff", "--quiet", "HEAD", "--", *spec], cwd=root, capture_output=True
+        )
+    except OSError:
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if diff.returncode else "")
+
+
+def machine() -> str:
+    """The CPU's model name and core count (and the GPU, where torch sees one)."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            models = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        name = models[0] if models else name
+    except OSError:
+        pass
+    text = f"{name}, {os.cpu_count()} cores"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        text += f", GPU {torch.cuda.get_device_name(0)}"
+    return text
+
+
+def command(argv: list[str] | None = None) -> str:
+    """The command line that reproduces the run (without --record)."""
+    argv = list(sys.argv if argv is None else argv)
+    script = Path(argv[0]).resolve()
+    try:
+        shown = str(script.relative_to(HERE.parent))
+    except ValueError:
+        shown = str(script)
+    return shlex.join(["python", shown, *(a for a in argv[1:] if a != "--record")])
+
+
+def last_headline(output: str) -> str:
+    """The text of the last `headline...: ` line printed ("headline (x): y" gives "x: y")."""
+    for line in reversed(output.split("\n")):
+        found = HEADLINE.match(line.strip())
+        if found:
+            return f"{found.group(1)}: {found.group(2)}" if found.group(1) else found.group(2)
+    return "(no headline printed)"
+
+
+class _Tee:
+    """Writes go to the terminal and to a copy; anything else is the terminal's."""
+
+    def __init__(self, out: TextIO, copy: io.StringIO) -> None:
+        self.out, self.copy = out, copy
+
+    def write(self, s: str) -> int:
+        self.copy.write(s)
+        return self.out.write(s)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.out, name)
+
+
+class Recording:
+    """Tees stdout while a benchmark runs; finish() records what it printed."""
+
+    def __init__(self, name: str, enabled: bool) -> None:
+        self.name, self.enabled, self.copy = name, enabled, io.StringIO()
+        self.stdout = sys.stdout
+        if enabled:
+            sys.stdout = _Tee(self.stdout, self.copy)
+
+    def finish(self, goal: str = NO_GOAL, met: bool | None = None, headline: str = "") -> None:
+        if not self.enabled:
+            return
+        sys.stdout.flush()
+        sys.stdout = self.stdout
+        output = self.copy.getvalue()
+        run = Run(
+            name=self.name,
+            headline=headline or last_headline(output),
+            goal=goal,
+            met=met,
+            output=output,
+            command=command(),
+            date=datetime.now(UTC).replace(microsecond=0),
+            commit=commit(),
+            machine=machine(),
+        )
+        record(run, RESULTS, HISTORY)
+        print(f"recorded {self.name} in {RESULTS} and {HISTORY / (self.name + '.md')}")
+
+
+def start(name: str, enabled: bool) -> Recording:
+    """Begin capturing a benchmark's printed output when `enabled` (its --record flag)."""
+    return Recording(name, enabled)
