@@ -362,7 +362,7 @@ def test_all_problems_of_a_config_are_reported_together():
 
 
 def test_naming_data_files_means_source_files_unless_source_is_given():
-    """README: `data.files=[a.txt,b.jsonl]` alone works; an explicit source is still checked."""
+    """docs/cli.md: `data.files=[a.txt,b.jsonl]` alone works; an explicit source is checked."""
     assert load_config(None, ["data.files=[a.txt,b.jsonl]"]).data.source == "files"
     assert load_config(None, ["data.dataset_dir=somewhere"]).data.source == "files"
     assert load_config(None).data.source == "shakespeare"

@@ -1,5 +1,6 @@
-"""The README, followed: every command of its ```bash blocks and every ```python snippet runs,
-with shrunk budgets, in a temporary folder, and must exit 0.
+"""The README and the docs pages its text moved to, followed: every command of their ```bash
+blocks and every ```python snippet runs, with shrunk budgets, in a temporary folder, and must
+exit 0.
 
 A command that cannot run in a test is listed in SKIP with the reason; a block holding a
 command that is neither run nor listed fails, so a new claim cannot drift in unchecked.
@@ -31,7 +32,11 @@ from stackwise.cli.common import load_args
 from stackwise.config import Config, load_config
 
 ROOT = Path(__file__).parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+# the pages followed, as one text: the README and the user guide (not docs/distributed.md,
+# whose launches start several processes, nor docs/benchmarks.md: benchmarks take minutes)
+GUIDE = "quickstart cli configuration growth diffusion finetuning moe reliability troubleshooting"
+PAGES = ["README.md", *(f"docs/{n}.md" for n in [*GUIDE.split(), "python_api", "development"])]
+TEXT = "\n\n".join((ROOT / page).read_text(encoding="utf-8") for page in PAGES)
 
 # first word of a command -> why the test does not run it
 SKIP = {
@@ -41,7 +46,7 @@ SKIP = {
     "torchrun": "starts several processes",
     "pip": "changes the environment",
 }
-# blocks written to a file (the README names the file right before the block)
+# blocks written to a file (the page names the file right before the block)
 WRITTEN = {
     "grad_watch.py": "Save this as `grad_watch.py`:",
     "ft.yaml": "The same run as a YAML config, `ft.yaml`, for",
@@ -53,10 +58,10 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 def blocks(lang: str) -> list[tuple[str, str]]:
     """(id, text) of each block of `lang`; the id names the section and the block's place."""
     out, seen = [], {}
-    for m in FENCE.finditer(README):
+    for m in FENCE.finditer(TEXT):
         if m.group(1) != lang:
             continue
-        prose = FENCE.sub("", README[: m.start()])  # a `# comment` in a block is no heading
+        prose = FENCE.sub("", TEXT[: m.start()])  # a `# comment` in a block is no heading
         heads = re.findall(r"^#+ (.+)$", prose, re.M)
         head = re.sub(r"\W+", "-", heads[-1] if heads else "top").strip("-").lower()
         seen[head] = seen.get(head, 0) + 1
@@ -65,9 +70,9 @@ def blocks(lang: str) -> list[tuple[str, str]]:
 
 
 def block_after(phrase: str) -> str:
-    """The first fenced block after `phrase` in the README."""
-    at = README.index(phrase)
-    match = FENCE.search(README, at)
+    """The first fenced block after `phrase` in the pages."""
+    at = TEXT.index(phrase)
+    match = FENCE.search(TEXT, at)
     assert match is not None, phrase
     return match.group(2)
 
@@ -103,7 +108,7 @@ def shrink_overrides(cfg: Config, root: Path, grow: int | None = 2) -> list[str]
 
 
 def shrunk(argv: list[str], root: Path, run: str) -> list[str]:
-    """A README command (after `stackwise`) with its budget shrunk."""
+    """A documented command (after `stackwise`) with its budget shrunk."""
     argv = [a.replace("<run>", run) for a in argv]
     cmd = argv[0]
     if cmd in ("train", "lr-find"):
@@ -144,8 +149,8 @@ AFTER: dict[str, Callable[[Path, str], None]] = {"grad_watch:grad_watch": extens
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The files the README's commands name: a corpus, ./my-llama, chat rows, configs/, the
-    blocks the README says to save, and the default run (`make train`, shrunk)."""
+    """The files the pages' commands name: a corpus, ./my-llama, chat rows, configs/, the
+    blocks the pages say to save, and the default run (`make train`, shrunk)."""
     root = tmp_path_factory.mktemp("readme")
     (root / "corpus.txt").write_text(make_corpus(), encoding="utf-8")
     tiny_hf(root / "my-llama")
@@ -212,7 +217,7 @@ def test_every_bash_block_runs(block: str, text: str, workspace: Path, monkeypat
         if word in SKIP:
             continue
         assert word == "stackwise", (
-            f"README command {shlex.join(argv)!r} is neither run by this test nor listed in "
+            f"documented command {shlex.join(argv)!r} is neither run by this test nor listed in "
             "SKIP with a reason"
         )
         run_command(list(argv), workspace, run)
@@ -231,11 +236,12 @@ def test_python_blocks_run(workspace: Path, monkeypatch: pytest.MonkeyPatch):
     snippets = [t for _, t in blocks("python") if t not in written]
     assert snippets
     for text in snippets:
-        exec(compile(text, "README.md", "exec"), {"__name__": "readme"})
+        exec(compile(text, "docs", "exec"), {"__name__": "readme"})
 
 
 def test_the_fine_tune_yaml_is_the_run_its_flags_give(workspace: Path, monkeypatch):
-    """README: the YAML config resolves to the very config of the seed's command line."""
+    """docs/finetuning.md: the YAML config resolves to the very config of the seed's command
+    line."""
     from stackwise.cli.finetune import finetune_config
 
     monkeypatch.chdir(workspace)
@@ -244,21 +250,22 @@ def test_the_fine_tune_yaml_is_the_run_its_flags_give(workspace: Path, monkeypat
 
 
 def test_the_presets_named_are_the_presets_that_exist():
-    section = README[README.index("Presets live in") : README.index("Overrides are")]
+    section = TEXT[TEXT.index("Presets live in") : TEXT.index("Overrides are")]
     named = set(re.findall(r"`(tiny-[\w-]+)`", section))
     assert named == {p.stem for p in (ROOT / "stackwise" / "presets").glob("*.yaml")}
 
 
 def documented_layout(kind: str) -> set[str]:
-    line = README[README.index(f"- **{kind}**:") :].split("\n- ", 1)[0].split("\n\n", 1)[0]
+    line = TEXT[TEXT.index(f"- **{kind}**:") :].split("\n- ", 1)[0].split("\n\n", 1)[0]
     return {n.rstrip("/") for n in re.findall(r"`([^`]+)`", line)}
 
 
 def test_what_a_run_writes_matches_real_runs(workspace: Path):
-    """The README's layouts against the default (progressive) run and an end-to-end one."""
+    """docs/reliability.md's layouts against the default (progressive) run and an end-to-end
+    one."""
     prog = workspace / "outputs" / "default"
     top = {re.sub(r"^stack_\d+$", "stack_<k>", p.name) for p in prog.iterdir()}
-    top -= {"eval.json"}  # written by the README's `stackwise eval` of this run
+    top -= {"eval.json"}  # written by the documented `stackwise eval` of this run
     inner = {p.name for p in (prog / "stack_0").iterdir()} - {".stackwise.lock"}
     assert {"checkpoint-1", "latest"} <= inner  # a stage's checkpoints are in stack_<k>/
     assert documented_layout("Progressive") == top | inner - {"checkpoint-1", "latest"}
@@ -271,14 +278,14 @@ def test_what_a_run_writes_matches_real_runs(workspace: Path):
 
 
 def test_the_cli_synopsis_names_real_commands_and_flags():
-    """The ```text synopsis of `## The CLI`: each subcommand (and action of `config`/`data`)
+    """The ```text synopsis of docs/cli.md: each subcommand (and action of `config`/`data`)
     exists and takes the flags shown."""
     from stackwise.cli.commands import generate_help_defaults
     from stackwise.cli.parsers import build_parser
 
     parser = build_parser(generate_help_defaults([]))
     subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    for line in re.sub(r"\n\s+\[", " [", block_after("## The CLI")).splitlines():
+    for line in re.sub(r"\n\s+\[", " [", block_after("## Synopsis")).splitlines():
         words = line.split("#")[0].split()
         if len(words) < 2 or words[1].startswith("-") or words[1] == "finetune":
             continue  # finetune's flags are config keys, checked in test_finetune_cli

@@ -107,7 +107,8 @@ def test_the_built_in_strategies_are_registered():
 def test_module_colon_name_imports_the_extension_module_first(tmp_path, monkeypatch):
     """`train.enabled_extensions: [module:name]` imports `module` (which registers `name`), so
     the command line can use an extension written in the user's own file; mistakes are one
-    paragraph each. (The README test runs this from the CLI in a subprocess with PYTHONPATH.)"""
+    paragraph each. (tests/test_readme.py runs docs/python_api.md's example from the CLI, in a
+    subprocess with PYTHONPATH.)"""
     from stackwise.train.extensions import REGISTRY, build_extensions
 
     (tmp_path / "sw_ext_probe.py").write_text(
