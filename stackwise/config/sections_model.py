@@ -17,27 +17,74 @@ class ModelConfig(Section):
     vocab_size: PositiveInt | None = Field(
         None, description="Vocabulary size; None takes it from the tokenizer."
     )
-    d_model: PositiveInt = 128
-    n_heads: PositiveInt = 4
+    d_model: PositiveInt = Field(
+        128,
+        description="Hidden size: the width of every block's input and output; n_heads must "
+        "divide it.",
+    )
+    n_heads: PositiveInt = Field(
+        4,
+        description="Attention heads per block; each gets d_model / n_heads dimensions, which "
+        "must be even (RoPE).",
+    )
     n_kv_heads: PositiveInt | None = Field(None, description="Key/value heads (GQA); None = MHA.")
-    n_stacks: PositiveInt = 2
-    blocks_per_stack: PositiveInt = 2
+    n_stacks: PositiveInt = Field(
+        2, description="Stacks in the finished rack; progressive growth adds one per stage."
+    )
+    blocks_per_stack: PositiveInt = Field(
+        2,
+        description="Transformer blocks in each stack: the rack has n_stacks x blocks_per_stack "
+        "blocks.",
+    )
     ffn_hidden: PositiveInt | None = Field(None, description="SwiGLU width; None = ~8/3 d_model.")
-    max_seq_len: PositiveInt = 256
-    rope_theta: PositiveFloat = 10000.0
-    norm_eps: PositiveFloat = 1e-5
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    tie_embeddings: bool = True
+    max_seq_len: PositiveInt = Field(
+        256,
+        description="The rack's context in tokens (its RoPE table): data.seq_len must fit in it, "
+        "and so must a masked rack's prompt plus generation.",
+    )
+    rope_theta: PositiveFloat = Field(
+        10000.0,
+        description="Base of the rotary position embedding's frequencies; larger bases suit "
+        "longer contexts.",
+    )
+    norm_eps: PositiveFloat = Field(
+        1e-5, description="Epsilon added inside every RMSNorm for numerical stability."
+    )
+    dropout: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Dropout rate on the attention weights and on each sublayer's output, in "
+        "training only; 0 disables it.",
+    )
+    tie_embeddings: bool = Field(
+        True,
+        description="The output head reuses the token embedding matrix; false gives the head "
+        "weights of its own.",
+    )
     frozen_up_proj: bool = Field(False, description="Freeze a random SwiGLU up-projection.")
     moe: MoEConfig = Field(default_factory=MoEConfig)
-    time_conditioning: Literal["none", "sinusoidal", "learned"] = "none"
+    time_conditioning: Literal["none", "sinusoidal", "learned"] = Field(
+        "none",
+        description="diffusion: how the rack is told the noise level t, added to the token "
+        "embeddings: none, sinusoidal features, or a learned vector per grid step (needs "
+        "masking.num_time_steps).",
+    )
     time_embedding_dim: PositiveInt | None = Field(
         None,
         description="Width of the time embedding (sinusoidal features, or a learned row, "
         "projected to d_model); None = d_model.",
     )
-    init_std: PositiveFloat = 0.02
-    gradient_checkpointing: bool = False
+    init_std: PositiveFloat = Field(
+        0.02,
+        description="Std of the normal initialisation of weight matrices; attention and MLP "
+        "output projections get init_std / sqrt(2 x blocks).",
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute each block's activations in the backward pass instead of keeping "
+        "them: less memory for more compute.",
+    )
     attention_bias: bool = Field(
         False, description="Biases on q, k and v (Qwen2's attention); exported as Qwen2."
     )
@@ -57,7 +104,9 @@ class ModelConfig(Section):
     )
     load_in_4bit: bool = Field(False, description="hf: NF4/FP4 base through bitsandbytes.")
     load_in_8bit: bool = Field(False, description="hf: int8 base through bitsandbytes.")
-    quant_type_4bit: Literal["nf4", "fp4"] = "nf4"
+    quant_type_4bit: Literal["nf4", "fp4"] = Field(
+        "nf4", description="hf, load_in_4bit: the 4-bit data type, nf4 (NormalFloat) or fp4."
+    )
     double_quant: bool = Field(True, description="4-bit: quantize the block scales too.")
     compute_dtype: ModelDtype = Field(
         "auto", description="4-bit: the matmul dtype; auto follows model.dtype."
@@ -65,7 +114,11 @@ class ModelConfig(Section):
     quant_storage: Storage4bit = Field(
         "uint8", description="4-bit: the packed weights' storage dtype (FSDP2 shards uint8)."
     )
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
+        "sdpa",
+        description="hf: the attention kernel transformers runs; flash_attention_2 needs the "
+        "flash-attn package.",
+    )
     trust_remote_code: bool = Field(
         False, description="hf: run the model repo's own Python code; only for repos you trust."
     )

@@ -25,10 +25,18 @@ SchedulerName = Literal["linear", "cosine", "constant", "constant_with_warmup", 
 class GroupLR(Section):
     """Absolute learning rates per named parameter group; None uses train.lr."""
 
-    embeddings: PositiveFloat | None = None
-    blocks: PositiveFloat | None = None
-    head: PositiveFloat | None = None
-    time: PositiveFloat | None = None
+    embeddings: PositiveFloat | None = Field(
+        None, description="The token embeddings (the head too when model.tie_embeddings)."
+    )
+    blocks: PositiveFloat | None = Field(
+        None, description="Every stack's blocks: attention, MLP and their norms."
+    )
+    head: PositiveFloat | None = Field(
+        None, description="The final norm and an untied output head."
+    )
+    time: PositiveFloat | None = Field(
+        None, description="The time embedding (model.time_conditioning)."
+    )
     lora: PositiveFloat | None = Field(None, description="Every LoRA adapter (the lora_lr).")
     base: PositiveFloat | None = Field(
         None, description="hf: the base model's trained weights (modules_to_save, full tuning)."
@@ -47,17 +55,43 @@ class TrainConfig(Section):
     seed: int = Field(
         0, ge=0, le=2**31 - 1, description="Below 2^31: stages offset it modulo 2^31."
     )
-    max_steps: PositiveInt = 600
+    max_steps: PositiveInt = Field(
+        600,
+        description="Optimizer steps to train; progressive stages share them unless given budgets "
+        "of their own.",
+    )
     num_train_epochs: PositiveFloat | None = Field(
         None, description="Set max_steps from the data: epochs x batches per epoch."
     )
-    batch_size: PositiveInt = 16
-    grad_accum_steps: PositiveInt = 1
-    lr: PositiveFloat = 2e-3
+    batch_size: PositiveInt = Field(
+        16,
+        description="Sequences per micro-batch on each process; a step takes batch_size x "
+        "grad_accum_steps x processes.",
+    )
+    grad_accum_steps: PositiveInt = Field(
+        1,
+        description="Micro-batches whose gradients add up before each optimizer step: a larger "
+        "batch in the same memory.",
+    )
+    lr: PositiveFloat = Field(
+        2e-3,
+        description="Peak learning rate, reached after warmup; train.group_lr gives parameter "
+        "groups their own.",
+    )
     group_lr: GroupLR = Field(default_factory=GroupLR)
-    weight_decay: NonNegativeFloat = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    adam_eps: PositiveFloat = 1e-8
+    weight_decay: NonNegativeFloat = Field(
+        0.1,
+        description="Weight decay on weight matrices only, not on norms, biases or other "
+        "1-d parameters.",
+    )
+    betas: tuple[float, float] = Field(
+        (0.9, 0.95),
+        description="Adam's decay rates for the gradient's first and second moments, "
+        "each in [0, 1).",
+    )
+    adam_eps: PositiveFloat = Field(
+        1e-8, description="Adam's epsilon, added to the denominator for numerical stability."
+    )
     fused_adamw: bool | None = Field(
         None,
         description="torch's fused Adam(W) kernel. None (auto): on wherever it takes every "
@@ -68,11 +102,27 @@ class TrainConfig(Section):
         description="adamw: decoupled weight decay; adam: weight decay as L2 in the gradient.",
     )
     max_grad_norm: NonNegativeFloat = Field(1.0, description="0 disables clipping.")
-    scheduler: SchedulerName = "cosine"
-    warmup_steps: NonNegativeInt = 0
-    warmup_ratio: float | None = Field(None, ge=0.0, lt=1.0)
+    scheduler: SchedulerName = Field(
+        "cosine",
+        description="The LR's shape: linear, cosine or polynomial decay to min_lr_ratio x lr "
+        "after warmup; wsd (see decay_ratio); constant_with_warmup; constant (no warmup).",
+    )
+    warmup_steps: NonNegativeInt = Field(
+        0,
+        description="Optimizer steps over which the LR rises linearly from 0 to its peak; 0: no "
+        "warmup.",
+    )
+    warmup_ratio: float | None = Field(
+        None,
+        ge=0.0,
+        lt=1.0,
+        description="Warmup as a share of max_steps (rounded up); give it or warmup_steps, not "
+        "both.",
+    )
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="LR floor for decaying schedules.")
-    poly_power: PositiveFloat = 1.0
+    poly_power: PositiveFloat = Field(
+        1.0, description="polynomial: the decay's exponent; 1.0 decays linearly."
+    )
     decay_ratio: float = Field(
         0.2,
         gt=0.0,
@@ -101,10 +151,20 @@ class TrainConfig(Section):
         "single-process run of a plain rack with at least 1000 steps where a compiler is "
         "available, else off with the reason in the run's header; true/false force it.",
     )
-    eval_every: PositiveInt = 100
-    eval_batches: PositiveInt = 10
+    eval_every: PositiveInt = Field(
+        100, description="Evaluate on the validation data every N optimizer steps."
+    )
+    eval_batches: PositiveInt = Field(
+        10,
+        description="Validation batches (of batch_size) each evaluation scores: the same fixed "
+        "batches every time.",
+    )
     output_dir: str | None = Field(None, description="Default: outputs/<run_name>.")
-    overwrite_output_dir: bool = False
+    overwrite_output_dir: bool = Field(
+        False,
+        description="Let the run replace an earlier StackWise run in output_dir; a folder of "
+        "other files is never written into.",
+    )
     save_steps: NonNegativeInt = Field(
         0, description="Write output_dir/checkpoint-<step> every N steps; 0: none."
     )
@@ -117,7 +177,11 @@ class TrainConfig(Section):
     save_best_model: bool = Field(
         False, description="Checkpoint at every eval that improves metric_for_best."
     )
-    metric_for_best: Literal["loss", "nelbo", "ppl", "ppl_bound", "accuracy"] = "loss"
+    metric_for_best: Literal["loss", "nelbo", "ppl", "ppl_bound", "accuracy"] = Field(
+        "loss",
+        description="The validation metric save_best_model and early stopping follow: loss (nats "
+        "per token), ppl or accuracy; nelbo and ppl_bound for the diffusion objectives.",
+    )
     greater_is_better: bool | None = Field(
         None, description="Default: true for accuracy, false otherwise."
     )
@@ -199,10 +263,24 @@ class LoggingConfig(Section):
         description="Names the default output dir outputs/<run_name> and the W&B run. Default: "
         "<objective>-<timestamp>.",
     )
-    log_every: PositiveInt = 10
-    console: bool = True
-    jsonl: bool = True
-    tensorboard: bool = True
-    progress_bar: Literal["auto", "always", "never"] = "auto"
+    log_every: PositiveInt = Field(
+        10, description="Log the training metrics every N optimizer steps (and at the last one)."
+    )
+    console: bool = Field(True, description="Print each logged row as a line on the console.")
+    jsonl: bool = Field(
+        True,
+        description="Append each logged row to <output_dir>/metrics.jsonl (which stackwise report "
+        "reads).",
+    )
+    tensorboard: bool = Field(
+        True, description="Write TensorBoard event files to <output_dir>/tensorboard."
+    )
+    progress_bar: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="A tqdm bar with loss, LR and tokens/s; auto shows it only when stdout is a "
+        "terminal.",
+    )
     log_to_wandb: bool = Field(False, description="W&B; WANDB_MODE=offline works without login.")
-    wandb_project: str = "stackwise"
+    wandb_project: str = Field(
+        "stackwise", description="The W&B project the run logs to (with log_to_wandb)."
+    )

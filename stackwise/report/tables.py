@@ -85,6 +85,11 @@ def final_metrics(runs: Sequence[Run]) -> Table:
     return header, rows
 
 
+def _t_range(value: Any) -> str:
+    """A stack's noise range under time as depth; "all" where every stack sees every t."""
+    return f"{value[0]:.3g}..{value[1]:.3g}" if value else "all"
+
+
 def stage_table(run: Run) -> Table:
     """A progressive run's stacks (and joint tuning) as progressive_history.json has them."""
     header = [
@@ -94,6 +99,7 @@ def stage_table(run: Run) -> Table:
         "FLOPs",
         "seconds",
         "trainable params",
+        "t range",
         "val loss",
         "val bpc",
         "stopped early",
@@ -101,14 +107,16 @@ def stage_table(run: Run) -> Table:
     rows = []
     for stage in run.stages:
         rec, ev = stage.record, stage.record.get("eval") or {}
+        flops = format_flops(rec["flops"]) if rec.get("flops") else "-"
         rows.append(
             [
                 stage.name,
                 _num(rec.get("steps")),
                 _num(rec.get("tokens")),
-                format_flops(rec["flops"]) if rec.get("flops") else "-",
+                flops,
                 _num(rec.get("seconds"), 1),
                 _num(rec.get("trainable_params")),
+                _t_range(rec.get("t_range")),
                 _num(ev.get("loss")),
                 _num(ev.get("bpc")),
                 "yes" if rec.get("stopped_on_plateau") else "no",
