@@ -48,16 +48,22 @@ def read(path: Path) -> str:
 
 
 def write(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8", newline="") as f:
+    """Whole or not at all: a temporary file beside it, then one rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
         f.write(text)
+    os.replace(tmp, path)
 
 
 def record(run: Run, results: Path = RESULTS, history: Path = HISTORY) -> None:
-    """Write the run into `results` and prepend it to `history`/<name>.md."""
-    write(results, update_results(read(results), run))
-    history.mkdir(parents=True, exist_ok=True)
+    """Write the run into `results` and prepend it to `history`/<name>.md. Both texts are made
+    before either file is written, so a failure in the making changes nothing."""
     past = history / f"{run.name}.md"
-    write(past, update_history(read(past) if past.is_file() else None, run))
+    new_results = update_results(read(results), run)
+    new_history = update_history(read(past) if past.is_file() else None, run)
+    history.mkdir(parents=True, exist_ok=True)
+    write(past, new_history)
+    write(results, new_results)
 
 
 # ---- where and how the run happened --------------------------------------------------------
@@ -138,6 +144,11 @@ class Recording:
     """Tees stdout while a benchmark runs; finish() records what it printed."""
 
     def __init__(self, name: str, enabled: bool) -> None:
+        if enabled and "--quick" in sys.argv:
+            raise SystemExit(
+                f"{name}: --record with --quick would put a smoke run's figures on the "
+                "dashboard in place of the benchmark's. Record a full run (drop --quick)."
+            )
         self.name, self.enabled, self.copy = name, enabled, io.StringIO()
         self.stdout = sys.stdout
         if enabled:

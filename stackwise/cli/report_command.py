@@ -22,11 +22,9 @@ def cmd_report(ns: argparse.Namespace) -> int:
 def report_flag(parser: Any) -> None:
     parser.add_argument(
         "--report",
-        nargs="?",
-        const="",
-        metavar="FILE.html",
-        help="at the end, write the run's HTML report (`stackwise report`) to FILE.html "
-        "(default: report.html in the run's folder)",
+        action="store_true",
+        help="at the end, write the run's HTML report to report.html in its folder (`stackwise "
+        "report RUN --out FILE.html` writes one anywhere)",
     )
 
 

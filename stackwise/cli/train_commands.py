@@ -36,11 +36,10 @@ def cmd_train(ns: argparse.Namespace) -> int:
             print(f"--- sample {i + 1} ---\n{printable(text.strip())}")
         keep_samples(result.output_dir, texts)
     print(run_summary(result, time.monotonic() - start))
-    if ns.report is not None:
+    if ns.report:
         from stackwise.report import write_report
 
-        page = write_report([result.output_dir], ns.report or None)
-        print(f"report: {page}")
+        print(f"report: {write_report([result.output_dir])}")
     return 0
 
 

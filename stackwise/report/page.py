@@ -7,6 +7,7 @@ import html
 from collections.abc import Sequence
 
 import yaml
+from matplotlib.figure import Figure
 
 from stackwise.report import plots
 from stackwise.report.runs import Run
@@ -45,8 +46,9 @@ def table(element_id: str, content: Table) -> str:
     return f'<table id="{element_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def figure(element_id: str, title: str, svg: str, note: str = "") -> str:
+def figure(element_id: str, title: str, fig: Figure, note: str = "") -> str:
     caption = f'<figcaption class="note">{_e(note)}</figcaption>' if note else ""
+    svg = plots.to_svg(fig, element_id)
     return f'<h3>{_e(title)}</h3><figure id="{element_id}">{svg}{caption}</figure>'
 
 
@@ -115,9 +117,10 @@ def curves(runs: Sequence[Run]) -> list[str]:
 def run_section(index: int, run: Run) -> str:
     """One run's facts: where it is, its stages, eval, samples, adapter, machine and config."""
     rid = f"run-{index}"
+    stopped = "" if run.complete else " &middot; not finished (stopped, or still running)"
     out = [
         f'<h2 id="{rid}">{_e(run.name)}</h2>',
-        f'<p class="note">{_e(run.path)} &middot; objective {_e(run.objective)}</p>',
+        f'<p class="note">{_e(run.path)} &middot; objective {_e(run.objective)}{stopped}</p>',
     ]
     if run.progressive:
         out += ["<h3>Stages</h3>", table(f"{rid}-stages", stage_table(run))]
@@ -139,6 +142,11 @@ def run_section(index: int, run: Run) -> str:
             "StackWise wrote env.json, or with logging.jsonl off).</p>"
         )
     lines = "\n".join(f"{k}: {v!r}" for k, v in sorted(flatten(run.config).items()))
+    if run.config_from != "config.yaml":
+        out.append(
+            f'<p class="note">Config read from {_e(run.config_from)}: the run has no '
+            "final save yet.</p>"
+        )
     out += [
         "<details><summary>Config (flattened: one key per line, for diffing)</summary>",
         f'<pre id="{rid}-config">{_e(lines)}</pre></details>',

@@ -1,5 +1,5 @@
-"""A finished (or stopped) run's folder read back as plain data for the report: its config, the
-machine it ran on, its logged rows stage by stage, its summary, eval and samples.
+"""A run's folder, finished or stopped, read back as plain data for the report: its config, the
+machine it ran on, its logged rows stage by stage, its totals, eval and samples.
 
 Only what the run wrote is read (JSON, JSONL, YAML with safe_load): nothing is unpickled and no
 model is loaded, so a report of a large run costs what reading its logs costs.
@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from stackwise.errors import StackWiseError
+from stackwise.io.checkpoints import LATEST
+from stackwise.io.files import read_json, read_yaml
 
 ENV_FILE = "env.json"
 SAMPLES_FILE = "samples.json"
 METRICS_FILE = "metrics.jsonl"
+DAMAGED = "The run folder is damaged or still being written: report it once it has finished."
 
 
 @dataclass
@@ -27,7 +28,9 @@ class Stage:
 
     name: str
     rows: list[dict[str, Any]]
-    step_offset: int  # steps of the run before this stage: the x of its first step
+    step_offset: int = 0  # the run's steps, tokens and FLOPs before this stage began
+    tokens_before: float = 0.0
+    flops_before: float = 0.0
     record: dict[str, Any] = field(default_factory=dict)  # its progressive_history entry
 
 
@@ -43,6 +46,7 @@ class Run:
     samples: list[str] = field(default_factory=list)
     adapter: dict[str, Any] | None = None
     complete: bool = False
+    config_from: str = "config.yaml"
 
     @property
     def objective(self) -> str:
@@ -50,7 +54,7 @@ class Run:
 
     @property
     def progressive(self) -> bool:
-        return len([s for s in self.stages if s.name.startswith("stack")]) > 0
+        return any(s.name.startswith("stack") for s in self.stages)
 
     def rows(self, key: str) -> list[tuple[Stage, dict[str, Any]]]:
         """Every logged row holding `key`, with its stage, in training order."""
@@ -63,15 +67,24 @@ class Run:
         history = self.summary.get("history") or []
         return history[-1] if history else None
 
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise StackWiseError(
-            f"'{path}' could not be read as JSON ({err}). The run folder is damaged or still "
-            "being written; report a finished run, or remove the damaged file."
-        ) from None
+    def totals(self) -> dict[str, float]:
+        """Steps, tokens and FLOPs of the whole run: the summary's, else the last rows'."""
+        s = self.summary
+        if "steps" in s and not self.progressive:
+            return {
+                "steps": s["steps"],
+                "tokens": s.get("tokens_seen", 0),
+                "flops": s.get("training_flops", 0),
+            }
+        out = {"steps": 0.0, "tokens": 0.0, "flops": 0.0}
+        for stage in self.stages:
+            rec, last = stage.record, stage.rows[-1] if stage.rows else {}
+            out["steps"] += rec.get("steps", last.get("step", 0))
+            out["tokens"] += rec.get("tokens", last.get("train/tokens", 0))
+            out["flops"] = max(
+                out["flops"], stage.flops_before + rec.get("flops", 0), last.get("train/flops", 0)
+            )
+        return out
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -89,58 +102,104 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def summary_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+def as_val_row(step: int, evaluation: dict[str, Any]) -> dict[str, Any]:
+    """An eval result (history.json, a stack's record) as a logged row would hold it."""
+    return {"step": step, **{f"val/{k}": v for k, v in evaluation.items() if k != "step"}}
+
+
+def summary_rows(stage: Stage) -> list[dict[str, Any]]:
     """A stage's end as one row, from its progressive_history entry: the curve of a run whose
     stage folders (and their metrics.jsonl) were removed is then one point per stack."""
-    ev = record.get("eval") or {}
-    row: dict[str, Any] = {"step": int(record.get("steps") or 0)}
-    if record.get("train_loss") is not None:
-        row["train/loss"] = record["train_loss"]
-    row |= {f"val/{k}": v for k, v in ev.items() if k != "step"}
+    rec = stage.record
+    row = as_val_row(int(rec.get("steps") or 0), rec.get("eval") or {})
+    if rec.get("train_loss") is not None:
+        row["train/loss"] = rec["train_loss"]
+    if rec.get("tokens") is not None:
+        row["train/run_tokens"] = stage.tokens_before + rec["tokens"]
+    if rec.get("flops") is not None:
+        row["train/flops"] = stage.flops_before + rec["flops"]
     return [row] if len(row) > 1 else []
 
 
-def _stages(path: Path, summary: dict[str, Any]) -> list[Stage]:
-    """The run's stages in order: each stack's folder, then joint tuning; else the run itself
-    (its history.json's evals standing in when metrics.jsonl is gone)."""
+def _stacks(path: Path, summary: dict[str, Any]) -> list[Stage]:
+    """A progressive run's stages: each stack's folder (as its record lists them, else as the
+    folders a stopped run left), then joint tuning."""
     records = summary.get("stacks")
     if records is None:
-        rows = read_rows(path / METRICS_FILE)
-        evals = [h for h in summary.get("history", []) if "step" in h]
-        fallback = [
-            {"step": h["step"], **{f"val/{k}": v for k, v in h.items() if k != "step"}}
-            for h in evals
-        ]
-        return [Stage("run", rows or fallback, 0)]
-    stages, offset = [], 0
+        found = sorted(path.glob("stack_*/"), key=lambda p: int(p.name[6:] or 0))
+        records = [{"index": int(p.name[6:])} for p in found if p.name[6:].isdigit()]
+    stages: list[Stage] = []
+    step = tokens = flops = 0.0
     for rec in records:
         index = rec.get("index", len(stages))
-        rows = read_rows(path / f"stack_{index}" / METRICS_FILE) or summary_rows(rec)
-        stages.append(Stage(f"stack {index}", rows, offset, rec))
-        offset += int(rec.get("steps") or 0)
+        stage = Stage(f"stack {index}", [], int(step), tokens, flops, rec)
+        stage.rows = read_rows(path / f"stack_{index}" / METRICS_FILE) or summary_rows(stage)
+        stages.append(stage)
+        last = stage.rows[-1] if stage.rows else {}
+        step += rec.get("steps", last.get("step", 0))
+        tokens += rec.get("tokens", last.get("train/tokens", 0))
+        flops = max(flops + rec.get("flops", 0), last.get("train/flops", 0))
     joint = path / "joint" / METRICS_FILE
     if joint.is_file():
-        stages.append(Stage("joint", read_rows(joint), offset, summary.get("joint") or {}))
+        stages.append(
+            Stage("joint", read_rows(joint), int(step), tokens, flops, summary.get("joint") or {})
+        )
     return stages
 
 
-def _first(paths: list[Path]) -> Path | None:
-    return next((p for p in paths if p.is_file()), None)
+def _stages(path: Path, config: dict[str, Any], summary: dict[str, Any]) -> list[Stage]:
+    """The run's stages; a run trained end to end is one (its history.json's evals standing
+    in when metrics.jsonl is gone)."""
+    if (config.get("progressive") or {}).get("strategy") == "progressive":
+        return _stacks(path, summary)
+    rows = read_rows(path / METRICS_FILE)
+    evals = [as_val_row(h["step"], h) for h in summary.get("history", []) if "step" in h]
+    return [Stage("run", rows or evals)]
+
+
+def _config(path: Path) -> tuple[dict[str, Any], str]:
+    """The run's config.yaml; for a run stopped before its final save, its latest checkpoint's."""
+    where = [path / "config.yaml"]
+    for folder in [path, *sorted(path.glob("stack_*/"), reverse=True)]:
+        if (folder / LATEST).is_file():
+            name = (folder / LATEST).read_text(encoding="utf-8").strip()
+            where.append(folder / name / "config.yaml")
+    found = next((p for p in where if p.is_file()), None)
+    if found is None:
+        raise StackWiseError(
+            f"'{path}' is not a StackWise run folder (no config.yaml in it, nor in a checkpoint "
+            "of a stopped run). Pass the output folder of `stackwise train` or `stackwise "
+            "finetune` (train.output_dir, outputs/<run> by default)."
+        )
+    config = read_yaml(found, DAMAGED)
+    if not isinstance(config, dict):
+        raise StackWiseError(f"'{found}' holds no config (a mapping of sections). {DAMAGED}")
+    return config, str(found.relative_to(path))
+
+
+def _optional(path: Path) -> Any:
+    return read_json(path, DAMAGED) if path.is_file() else None
+
+
+def _samples(path: Path) -> list[str]:
+    kept = _optional(path / SAMPLES_FILE) or {}
+    texts = kept.get("samples", []) if isinstance(kept, dict) else None
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise StackWiseError(f"'{path / SAMPLES_FILE}' is not a list of samples. {DAMAGED}")
+    return texts
 
 
 def load_run(folder: str | Path) -> Run:
     """The run in `folder`; a clear error when it is not a StackWise run folder."""
     path = Path(folder).expanduser()
-    if not (path / "config.yaml").is_file():
-        raise StackWiseError(
-            f"'{folder}' is not a StackWise run folder (no config.yaml in it). Pass the "
-            "output folder of `stackwise train` or `stackwise finetune` (train.output_dir, "
-            "outputs/<run> by default)."
-        )
-    config = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8")) or {}
-    summary_file = _first([path / "progressive_history.json", path / "history.json"])
-    summary = _read_json(summary_file) if summary_file else {}
-    stages = _stages(path, summary)
+    if not path.is_dir():
+        how = "does not exist" if not path.exists() else "is a file, not a run folder"
+        raise StackWiseError(f"'{folder}' {how}. Pass the folder `stackwise train` wrote.")
+    config, config_from = _config(path)
+    progressive = (config.get("progressive") or {}).get("strategy") == "progressive"
+    summary_file = path / ("progressive_history.json" if progressive else "history.json")
+    summary = _optional(summary_file) or {}
+    stages = _stages(path, config, summary if isinstance(summary, dict) else {})
     if not any(s.rows for s in stages):
         raise StackWiseError(
             f"'{folder}' holds no logged metrics ({METRICS_FILE} is missing or empty, and no "
@@ -148,20 +207,20 @@ def load_run(folder: str | Path) -> Run:
             "stopped before its first log row. Turn logging.jsonl on (the default) and train "
             "again to report it."
         )
-    env = _first([path / ENV_FILE, path / "stack_0" / ENV_FILE])
-    samples = path / SAMPLES_FILE
-    adapter = _first([path / "final" / "adapter_config.json", path / "adapter_config.json"])
+    env = next((p for p in (path / ENV_FILE, path / "stack_0" / ENV_FILE) if p.is_file()), None)
+    adapter = path / "final" / "adapter_config.json"
     return Run(
         path=path,
         name=path.name,
         config=config,
         stages=stages,
         summary=summary,
-        env=_read_json(env) if env else None,
-        eval=_read_json(path / "eval.json") if (path / "eval.json").is_file() else None,
-        samples=list(_read_json(samples).get("samples", [])) if samples.is_file() else [],
-        adapter=_read_json(adapter) if adapter else None,
+        env=_optional(env) if env else None,
+        eval=_optional(path / "eval.json"),
+        samples=_samples(path),
+        adapter=_optional(adapter if adapter.is_file() else path / "adapter_config.json"),
         complete=(path / "run_complete.json").is_file(),
+        config_from=config_from,
     )
 
 

@@ -35,9 +35,11 @@ def _num(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
-def _last(run: Run, key: str) -> Any:
-    rows = run.rows(key)
-    return rows[-1][1][key] if rows else None
+def _most(run: Run, *keys: str) -> float | None:
+    """The largest value logged under any of `keys` (peak memory: a resumed run's counter
+    starts again, so its last row can be below the run's peak)."""
+    values = [r[k] for k in keys for _, r in run.rows(k)]
+    return max(values) if values else None
 
 
 def _median(run: Run, key: str) -> float | None:
@@ -58,23 +60,20 @@ def final_metrics(runs: Sequence[Run]) -> Table:
         "val bpc",
         "median tokens/s",
         "peak memory MB",
-        "complete",
+        "finished",
     ]
     rows = []
     for run in runs:
-        final = run.final_eval() or {}
-        steps = sum(int((s.rows[-1]["step"]) if s.rows else 0) for s in run.stages)
-        flops = _last(run, "train/flops")
-        memory = _last(run, "train/peak_gpu_mb") or _last(run, "train/peak_rss_mb")
-        tokens = _last(run, "train/run_tokens") or _last(run, "train/tokens")
+        final, total = run.final_eval() or {}, run.totals()
+        memory = _most(run, "train/peak_gpu_mb", "train/peak_rss_mb")
         rows.append(
             [
                 run.name,
                 run.objective,
                 str(len(run.stages)),
-                f"{steps:,}",
-                _num(tokens),
-                format_flops(flops) if flops else "-",
+                _num(int(total["steps"])),
+                _num(int(total["tokens"])),
+                format_flops(total["flops"]) if total["flops"] else "-",
                 _num(final.get("loss")),
                 _num(final.get("bpc")),
                 _num(_median(run, "train/tokens_per_s"), 0),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import resource
 import sys
 import time
 from typing import Any
@@ -61,28 +60,32 @@ class ConsoleSink(Sink):
             tqdm.write(f"step {run.state.step}: {shown}")
 
 
-def peak_memory(device: torch.device) -> dict[str, float]:
-    """The log row's memory figure: the peak GPU memory torch allocated, or on a CPU the
-    process's peak resident set (what the OS counts, libraries and allocator slack included)."""
+def peak_memory(accelerator: Any) -> dict[str, float]:
+    """The log row's memory figure, the largest over the processes (every rank builds the row):
+    the peak GPU memory torch allocated, or on a CPU the process's peak resident set (what the
+    OS counts: libraries and allocator slack included)."""
+    device = accelerator.device
     if device.type == "cuda":
-        return {"train/peak_gpu_mb": torch.cuda.max_memory_allocated(device) / 2**20}
-    if sys.platform.startswith("linux"):  # ru_maxrss is in KB on Linux (bytes on macOS)
-        return {"train/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    return {}
+        key, mb = "train/peak_gpu_mb", torch.cuda.max_memory_allocated(device) / 2**20
+    elif sys.platform in ("linux", "darwin"):
+        import resource  # POSIX only
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KB on Linux, bytes on macOS
+        key, mb = "train/peak_rss_mb", peak / (2**20 if sys.platform == "darwin" else 1024)
+    else:
+        return {}
+    if accelerator.num_processes > 1:
+        value = torch.tensor(mb, dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+        mb = float(value)
+    return {key: mb}
 
 
 class JsonlSink(Sink):
-    """metrics.jsonl, and env.json beside it: the machine and versions the run trained on."""
-
     name = "jsonl"
 
     def begin(self, run: RunInfo) -> None:
         self.path = run.output_dir / "metrics.jsonl"
-        if run.is_main:
-            from stackwise.machine import run_machine
-
-            run.output_dir.mkdir(parents=True, exist_ok=True)
-            write_atomic(run.output_dir / "env.json", json.dumps(run_machine(), indent=1))
         if run.is_main and run.resumed_from is None and self.path.is_file():
             self.path.unlink()  # a fresh start (the dir held no finished run): begin anew
         if run.is_main and run.resumed_from is not None and self.path.is_file():

@@ -145,6 +145,10 @@ def refuse_inputs(path: Path, config: Plan) -> None:
         )
 
 
+# what the CLI and the report add to a finished run: gone with it when it is written over
+FINISHED_RUN_EXTRAS = ("eval.json", "samples.json", "report.html")
+
+
 def _check_and_clear(path: Path, overwrite: bool, resuming: bool) -> None:
     if not overwrite:
         _refuse_taken(path, resuming)
@@ -157,6 +161,8 @@ def _check_and_clear(path: Path, overwrite: bool, resuming: bool) -> None:
             if not resuming:
                 ckpt.clear_run(path)
                 shutil.rmtree(path / "tensorboard", ignore_errors=True)
+                for made_after in FINISHED_RUN_EXTRAS:  # they described the earlier run
+                    (path / made_after).unlink(missing_ok=True)
     except OSError as err:
         raise StackWiseError(
             f"Cannot write to output dir '{path}': {err.strerror or err}. Pick a writable "

@@ -230,6 +230,7 @@ class EnhancedTrainer(RunFiles):
                 self.load_checkpoint(ckpt.resolve_checkpoint(spec, self.output_dir))
             batches = self.batches()
             self.metrics.begin(self.run_info)
+            self.write_machine()
             self.call_hook("on_train_begin")
             try:
                 if self.state.resumed_from is None:
@@ -274,7 +275,7 @@ class EnhancedTrainer(RunFiles):
             self.stage, self.state
         )
         row |= logged_lrs(self.optimizer, self.scheduler) | {"train/tokens_per_s": tps}
-        row |= peak_memory(self.accelerator.device)
+        row |= peak_memory(self.accelerator)
         row |= self.adapter.step_metrics(self.raw_model)
         if self.state.skipped_steps:
             row["train/skipped_steps"] = self.state.skipped_steps

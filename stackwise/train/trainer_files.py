@@ -1,4 +1,5 @@
-"""The EnhancedTrainer's files: checkpoints it saves and resumes from, and the final save.
+"""The EnhancedTrainer's files: checkpoints it saves and resumes from, the final save, and
+env.json (the machine it trained on).
 
 A mixin of the Trainer's own methods, kept apart so the loop reads on its own; it uses the
 Trainer's parts (placement, checkpoints, extensions, metrics, live state).
@@ -6,6 +7,7 @@ Trainer's parts (placement, checkpoints, extensions, metrics, live state).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,8 @@ import yaml
 
 from stackwise.errors import StackWiseError
 from stackwise.io import checkpoints as ckpt
+from stackwise.io.files import write_atomic
+from stackwise.machine import run_machine
 from stackwise.train.checkpoint_manager import CheckpointContents
 from stackwise.train.state import TrainState
 
@@ -38,6 +42,13 @@ class RunFiles:
     logger_note: Callable[[str], None]
     call_hook: Callable[..., None]
     unwrapped: Callable[[], Any]
+
+    def write_machine(self) -> None:
+        """env.json: the machine and library versions this run trains on (its report shows
+        them); rewritten when a run resumes, perhaps elsewhere."""
+        if self.accelerator.is_main_process:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.output_dir / "env.json", json.dumps(run_machine(), indent=1))
 
     # -- checkpoints ----------------------------------------------------------------------------
 
