@@ -22,7 +22,14 @@ from stackwise.report.tables import config_differences, final_metrics, flatten
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PLOTS = ("plot-loss", "plot-bpc", "plot-lr", "plot-throughput", "plot-memory", "plot-noise")
-TABLES = ("table-final", "run-0-stages", "run-0-eval", "run-0-env", "run-0-samples")
+TABLES = (
+    "table-final",
+    "run-0-stages",
+    "run-0-eval",
+    "run-0-samplers",
+    "run-0-env",
+    "run-0-samples",
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +55,7 @@ def grown(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = root / "grown"
     flags = ["--samples", "2", "--t-points", "4", "--mc-num", "2", "--max-blocks", "4"]
     assert main(["eval", "--checkpoint", str(out), *flags]) == 0
+    assert main(["eval", "--checkpoint", str(out), *flags, "--sampler", "confidence"]) == 0
     assert main(["report", str(out)]) == 0  # again, now with eval.json
     return out
 
@@ -65,6 +73,9 @@ def test_run_is_read_back_stage_by_stage(grown: Path) -> None:
     assert total == pytest.approx(run.eval["likelihood"]["nelbo_per_token"], rel=1e-9)
     rates = [p["mask_rate"] for p in by_noise]
     assert rates == sorted(rates) and 0 < rates[0] < rates[-1] <= 1
+    # two evals with two samplers: one row each; the last eval.json is the confidence one
+    assert [r["sampling"]["sampler"] for r in run.samplers] == ["ancestral", "confidence"]
+    assert run.eval["sampling"]["sampler"] == "confidence"
 
 
 def test_train_writes_the_report_and_names_the_command(grown: Path) -> None:

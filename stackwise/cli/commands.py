@@ -144,7 +144,6 @@ def cmd_export_hf(ns: argparse.Namespace) -> int:
 def cmd_eval(ns: argparse.Namespace) -> int:
     """Score the run in --checkpoint on its validation split with fixed noise (the numbers of
     two runs are comparable), sample from it, and write eval.json there."""
-    import json
 
     from stackwise.cli.hf_commands import is_finetuned, trained_on_chat
     from stackwise.evaluate import EvalSettings, render, run_eval
@@ -171,9 +170,26 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     report = run_eval(ns.checkpoint, settings, ns.reference, **sampling)
     out = Path(ns.checkpoint).expanduser() / "eval.json"
     out.write_text(json.dumps(report, indent=1))
+    keep_sampler_row(out.parent, report)
     print(render(report))
     print(f"wrote {out}")
     return 0
+
+
+def keep_sampler_row(folder: Path, report: dict[str, Any]) -> None:
+    """eval_samplers.json: one row per sampler setting evaluated on this run (a later eval of
+    the same setting replaces its row), the report's samplers table."""
+    from stackwise.io.files import read_json, write_atomic
+
+    path = folder / "eval_samplers.json"
+    rows = (
+        read_json(path, "Delete it; the next `stackwise eval` starts it again.")
+        if path.is_file()
+        else []
+    )
+    rows = [r for r in rows if r.get("sampling") != report["sampling"]]
+    rows.append({"sampling": report["sampling"], "samples": report["samples"]})
+    write_atomic(path, json.dumps(rows, indent=1))
 
 
 def generate_help_defaults(argv: list[str]) -> dict[str, Any] | None:

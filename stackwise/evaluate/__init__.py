@@ -77,6 +77,18 @@ def reference_rack(reference: str | Path) -> tuple[Plan, Any, Any]:
     return loaded
 
 
+# what tells one sampler's eval from another's (eval_samplers.json keeps one row per setting)
+SAMPLER_SETTINGS = (
+    "sampler",
+    "steps",
+    "remasking",
+    "block_length",
+    "temperature",
+    "confidence_threshold",
+    "remask_budget",
+)
+
+
 def run_eval(
     folder: str | Path,
     settings: EvalSettings,
@@ -90,8 +102,9 @@ def run_eval(
     ref = reference_rack(reference) if reference is not None else None  # first: fails fast
     config, rack, tokenizer = load_trained(folder)
     changes = {f"sample.{k}": v for k, v in sampling.items() if v is not None}
+    sample = config.sample
     if changes:  # checked by every rule before any scoring (generate takes them as checked)
-        derive(config_of(config), changes, "the sampling settings")
+        sample = derive(config_of(config), changes, "the sampling settings").sample
     data = build_data(config.data)
     if len(data.tokenizer) != len(tokenizer) or data.tokenizer.get_vocab() != tokenizer.get_vocab():
         raise StackWiseError(
@@ -110,6 +123,7 @@ def run_eval(
         "likelihood": likelihood(config, rack, data, settings),
         "conditional": conditional_likelihood(config, rack, data, settings),
         "samples": sample_quality(config, rack, data, vocabulary, settings, ref, **sampling),
+        "sampling": {k: getattr(sample, k) for k in SAMPLER_SETTINGS},
         "reference": str(reference) if reference is not None else None,
     }
 

@@ -18,6 +18,7 @@ from stackwise.report.tables import (
     eval_table,
     final_metrics,
     flatten,
+    samplers_table,
     stage_table,
 )
 
@@ -126,6 +127,11 @@ def run_section(index: int, run: Run) -> str:
         out += ["<h3>Stages</h3>", table(f"{rid}-stages", stage_table(run))]
     if run.eval:
         out += ["<h3>stackwise eval</h3>", table(f"{rid}-eval", eval_table(run))]
+    if run.samplers:
+        out += [
+            "<h3>Samplers (one row per setting `stackwise eval` scored)</h3>",
+            table(f"{rid}-samplers", samplers_table(run)),
+        ]
     if run.samples:
         texts = "".join(f"<pre>{_e(t.strip())}</pre>" for t in run.samples)
         out += [f'<h3>Samples at the end of training</h3><div id="{rid}-samples">{texts}</div>']

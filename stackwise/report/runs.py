@@ -43,6 +43,7 @@ class Run:
     summary: dict[str, Any]  # history.json or progressive_history.json, as written
     env: dict[str, Any] | None = None
     eval: dict[str, Any] | None = None
+    samplers: list[dict[str, Any]] = field(default_factory=list)  # eval_samplers.json's rows
     samples: list[str] = field(default_factory=list)
     adapter: dict[str, Any] | None = None
     complete: bool = False
@@ -181,6 +182,13 @@ def _optional(path: Path) -> Any:
     return read_json(path, DAMAGED) if path.is_file() else None
 
 
+def _listed(path: Path) -> list[dict[str, Any]]:
+    rows = _optional(path) or []
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise StackWiseError(f"'{path}' is not a list of sampler rows. {DAMAGED}")
+    return rows
+
+
 def _samples(path: Path) -> list[str]:
     kept = _optional(path / SAMPLES_FILE) or {}
     texts = kept.get("samples", []) if isinstance(kept, dict) else None
@@ -217,6 +225,7 @@ def load_run(folder: str | Path) -> Run:
         summary=summary,
         env=_optional(env) if env else None,
         eval=_optional(path / "eval.json"),
+        samplers=_listed(path / "eval_samplers.json"),
         samples=_samples(path),
         adapter=_optional(adapter if adapter.is_file() else path / "adapter_config.json"),
         complete=(path / "run_complete.json").is_file(),

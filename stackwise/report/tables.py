@@ -149,3 +149,25 @@ def eval_table(run: Run) -> Table:
 
 def env_table(env: dict[str, Any]) -> Table:
     return ["what", "value"], [[k, _num(v)] for k, v in flatten(env).items()]
+
+
+SAMPLER_FIGURES = (  # (eval's key, column, digits): how the samples read, and what they cost
+    ("gen_ppl", "gen PPL", 2),
+    ("entropy", "unigram entropy", 3),
+    ("distinct_2", "distinct-2", 3),
+    ("in_corpus", "words in corpus", 3),
+    ("longest_repeat_run", "longest repeat run", 0),
+    ("tokens_per_s", "tokens/s", 0),
+    ("forward_passes_per_sample", "forward passes", 0),
+)
+
+
+def samplers_table(run: Run) -> Table:
+    """One row per sampler setting `stackwise eval` scored on the run (eval_samplers.json)."""
+    header = ["sampler settings", *(column for _, column, _ in SAMPLER_FIGURES)]
+    rows = []
+    for row in run.samplers:
+        setting = ", ".join(f"{k} {v}" for k, v in (row.get("sampling") or {}).items())
+        figures = row.get("samples") or {}
+        rows.append([setting, *(_num(figures.get(key), d) for key, _, d in SAMPLER_FIGURES)])
+    return header, rows

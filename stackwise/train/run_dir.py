@@ -146,7 +146,7 @@ def refuse_inputs(path: Path, config: Plan) -> None:
 
 
 # what the CLI and the report add to a finished run: gone with it when it is written over
-FINISHED_RUN_EXTRAS = ("eval.json", "samples.json", "report.html")
+FINISHED_RUN_EXTRAS = ("eval.json", "eval_samplers.json", "samples.json", "report.html")
 
 
 def _check_and_clear(path: Path, overwrite: bool, resuming: bool) -> None:
