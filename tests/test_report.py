@@ -161,6 +161,31 @@ def test_a_run_stopped_before_its_final_save_is_reported(grown: Path, tmp_path: 
     assert "not finished" in page and "no (stopped or running)" in page
 
 
+def test_a_stack_stopped_midway_is_drawn_and_its_last_eval_shown(grown: Path, tmp_path: Path):
+    folder = tmp_path / "midway"
+    shutil.copytree(grown, folder)
+    history = json.loads((folder / "progressive_history.json").read_text())
+    history["stacks"], history["final_eval"] = history["stacks"][:1], None
+    (folder / "progressive_history.json").write_text(json.dumps(history))
+    (folder / "run_complete.json").unlink()
+    rows = (folder / "stack_1" / "metrics.jsonl").read_bytes()
+    (folder / "stack_1" / "metrics.jsonl").write_bytes(rows + b"\xff\xfe not text\n")
+    run = load_run(folder)
+    assert [s.name for s in run.stages] == ["stack 0", "stack 1"]
+    last = [r for r in run.stages[1].rows if "val/loss" in r][-1]
+    assert run.final_eval()["loss"] == last["val/loss"]
+
+
+def test_a_damaged_optional_file_leaves_its_section_out(grown: Path, tmp_path: Path, capsys):
+    folder = tmp_path / "damaged"
+    shutil.copytree(grown, folder)
+    (folder / "eval.json").write_text("{not json")
+    page = write_report([folder, folder / ".." / "damaged"]).read_text(encoding="utf-8")
+    assert 'id="run-0-eval"' not in page and "eval.json left out" in page
+    assert 'id="run-1-samples"' not in page  # the same folder twice is one run
+    assert "eval.json left out" in capsys.readouterr().err
+
+
 def test_text_from_the_run_is_escaped(grown: Path, tmp_path: Path) -> None:
     folder = tmp_path / "<b>run"
     shutil.copytree(grown, folder)

@@ -99,9 +99,11 @@ class LoraConfig(Section):
 class QuantConfig(Section):
     """How frozen weights are stored; adapters (LoRA) stay trainable on top."""
 
-    enabled: bool = Field(False, description="quantization_enabled")
+    enabled: bool = Field(
+        False, description="Store frozen stacks quantized (the seeds' quantization_enabled)."
+    )
     type: QuantType = Field(
-        "nf4", description="quantization_type; 'nf_fp8' is accepted as an alias of fp8."
+        "nf4", description="The storage format (nf4, fp8, ...); 'nf_fp8' is read as fp8."
     )
     double_quant: bool = Field(False, description="nf4: quantize the block scales too.")
     backbone_quantized: bool = Field(

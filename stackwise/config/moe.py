@@ -12,9 +12,15 @@ from stackwise.config.base import Section
 class RouterLosses(Section):
     """The weights of the router losses (stackwise.model.routing), per routed layer."""
 
-    load_balance_coef: float = Field(0.01, ge=0.0, description="C * sum(f_i * P_i), per layer.")
-    auxiliary_coef: float = Field(0.0, ge=0.0, description="sum((f_i - 1/C)^2), per layer.")
-    z_loss_coef: float = Field(0.001, ge=0.0, description="mean(logsumexp(logits)^2).")
+    load_balance_coef: float = Field(
+        0.01, ge=0.0, description="Weight of the load-balancing loss C * sum(f_i * P_i), per layer."
+    )
+    auxiliary_coef: float = Field(
+        0.0, ge=0.0, description="Weight of the spread loss sum((f_i - 1/C)^2), per layer."
+    )
+    z_loss_coef: float = Field(
+        0.001, ge=0.0, description="Weight of the router z-loss mean(logsumexp(logits)^2)."
+    )
 
     def coefs(self) -> tuple[float, float, float]:
         return self.load_balance_coef, self.auxiliary_coef, self.z_loss_coef

@@ -101,7 +101,9 @@ class TrainConfig(Section):
         "adamw",
         description="adamw: decoupled weight decay; adam: weight decay as L2 in the gradient.",
     )
-    max_grad_norm: NonNegativeFloat = Field(1.0, description="0 disables clipping.")
+    max_grad_norm: NonNegativeFloat = Field(
+        1.0, description="Clip the gradients' global norm to this; 0 disables clipping."
+    )
     scheduler: SchedulerName = Field(
         "cosine",
         description="The LR's shape: linear, cosine or polynomial decay to min_lr_ratio x lr "

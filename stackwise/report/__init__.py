@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,9 +24,12 @@ def write_report(runs: Sequence[str | Path], out: str | Path | None = None) -> P
 
     if not runs:
         raise StackWiseError("No run given: pass one or more run folders to report.")
-    folders = [Path(r).expanduser() for r in runs]
+    folders = list(dict.fromkeys(Path(r).expanduser().resolve() for r in runs))  # each once
     loaded = [load_run(f) for f in folders]
     unique_names(loaded)
+    for run in loaded:
+        for note in run.notes:
+            print(f"stackwise: note: {run.name}: {note}", file=sys.stderr)
     page = Path(out).expanduser() if out else default_page(folders)
     if page.suffix.lower() not in (".html", ".htm"):
         raise StackWiseError(

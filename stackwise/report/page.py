@@ -148,6 +148,7 @@ def run_section(index: int, run: Run) -> str:
             "StackWise wrote env.json, or with logging.jsonl off).</p>"
         )
     lines = "\n".join(f"{k}: {v!r}" for k, v in sorted(flatten(run.config).items()))
+    out += [f'<p class="note">{_e(note)}</p>' for note in run.notes]
     if run.config_from != "config.yaml":
         out.append(
             f'<p class="note">Config read from {_e(run.config_from)}: the run has no '

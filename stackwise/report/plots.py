@@ -98,9 +98,10 @@ def _colour(runs: Sequence[Run], run_index: int, stage_index: int) -> str:
 
 
 def _label(runs: Sequence[Run], run: Run, stage: Stage, suffix: str) -> str | None:
+    if len(runs) == 1 and len(run.stages) == 1:
+        return "validation" if suffix else "train"
     if len(runs) == 1:
-        named = len(run.stages) > 1 or suffix
-        return legend_text(f"{stage.name}{suffix}") if named else None
+        return legend_text(f"{stage.name}{suffix}")
     return legend_text(f"{run.name}{suffix}") if stage is run.stages[0] else None
 
 
@@ -137,7 +138,7 @@ def _finish(ax: Any, axis: str, ylabel: str) -> None:
 def loss_figure(runs: Sequence[Run], val_key: str, train_key: str | None, ylabel: str) -> Figure:
     """`train_key` (solid) and `val_key` (dashed) against steps, tokens and FLOPs."""
     axes_shown = [a for a in AXES if a != "flops" or any(r.rows("train/flops") for r in runs)]
-    fig = Figure(figsize=(4.2 * len(axes_shown), 3.2))
+    fig = Figure(layout="constrained", figsize=(4.2 * len(axes_shown), 3.2))
     for n, axis in enumerate(axes_shown):
         ax = fig.add_subplot(1, len(axes_shown), n + 1)
         if train_key:
@@ -150,7 +151,7 @@ def loss_figure(runs: Sequence[Run], val_key: str, train_key: str | None, ylabel
 @styled
 def metric_figure(runs: Sequence[Run], keys: Sequence[str], ylabel: str) -> Figure:
     """One panel per key against the run's step."""
-    fig = Figure(figsize=(4.6 * len(keys), 3.0))
+    fig = Figure(layout="constrained", figsize=(4.6 * len(keys), 3.0))
     for n, key in enumerate(keys):
         ax = fig.add_subplot(1, len(keys), n + 1)
         draw(ax, runs, key, "step")
@@ -162,7 +163,7 @@ def metric_figure(runs: Sequence[Run], keys: Sequence[str], ylabel: str) -> Figu
 @styled
 def noise_figure(runs: Sequence[Run]) -> Figure:
     """The eval's loss per masked token at each noise level, and its share of the NELBO."""
-    fig = Figure(figsize=(8.4, 3.2))
+    fig = Figure(layout="constrained", figsize=(8.4, 3.2))
     left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     for i, run in enumerate(runs):
         levels = (run.eval or {}).get("likelihood", {}).get("by_noise") or []

@@ -48,6 +48,7 @@ class Run:
     adapter: dict[str, Any] | None = None
     complete: bool = False
     config_from: str = "config.yaml"
+    notes: list[str] = field(default_factory=list)  # optional files skipped, and why
 
     @property
     def objective(self) -> str:
@@ -66,7 +67,10 @@ class Run:
         if final:
             return final
         history = self.summary.get("history") or []
-        return history[-1] if history else None
+        if history:
+            return history[-1]
+        rows = [r for s in self.stages for r in s.rows if "val/loss" in r]  # a stopped run
+        return {k[4:]: v for k, v in rows[-1].items() if k.startswith("val/")} if rows else None
 
     def totals(self) -> dict[str, float]:
         """Steps, tokens and FLOPs of the whole run: the summary's, else the last rows'."""
@@ -89,11 +93,12 @@ class Run:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl's rows; a line torn by a crash is skipped, as resume does."""
+    """metrics.jsonl's rows; a line torn by a crash (or otherwise unreadable) is skipped, as
+    resume does."""
     if not path.is_file():
         return []
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             row = json.loads(line)
         except ValueError:
@@ -125,10 +130,10 @@ def summary_rows(stage: Stage) -> list[dict[str, Any]]:
 def _stacks(path: Path, summary: dict[str, Any]) -> list[Stage]:
     """A progressive run's stages: each stack's folder (as its record lists them, else as the
     folders a stopped run left), then joint tuning."""
-    records = summary.get("stacks")
-    if records is None:
-        found = sorted(path.glob("stack_*/"), key=lambda p: int(p.name[6:] or 0))
-        records = [{"index": int(p.name[6:])} for p in found if p.name[6:].isdigit()]
+    records = list(summary.get("stacks") or [])
+    done = {rec.get("index") for rec in records}
+    folders = sorted(int(p.name[6:]) for p in path.glob("stack_*/") if p.name[6:].isdigit())
+    records += [{"index": k} for k in folders if k not in done]  # a stage stopped midway
     stages: list[Stage] = []
     step = tokens = flops = 0.0
     for rec in records:
@@ -178,23 +183,38 @@ def _config(path: Path) -> tuple[dict[str, Any], str]:
     return config, str(found.relative_to(path))
 
 
-def _optional(path: Path) -> Any:
-    return read_json(path, DAMAGED) if path.is_file() else None
+class RunExtras:
+    """The run's optional files (eval, samples, machine, adapter): a damaged one leaves its
+    section out of the page with a note, rather than stopping the report."""
 
+    def __init__(self, path: Path) -> None:
+        self.path, self.notes = path, []
 
-def _listed(path: Path) -> list[dict[str, Any]]:
-    rows = _optional(path) or []
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise StackWiseError(f"'{path}' is not a list of sampler rows. {DAMAGED}")
-    return rows
+    def read(self, name: str | Path, kind: type = dict) -> Any:
+        path = self.path / name
+        if not path.is_file():
+            return None
+        fix = "Delete it or write it again (`stackwise eval` writes the eval files)."
+        try:
+            value = read_json(path, fix)
+            if not isinstance(value, kind):
+                raise StackWiseError(f"'{path}' does not hold a {kind.__name__}. {fix}")
+        except StackWiseError as err:
+            self.notes.append(f"{path.name} left out: {err}")
+            return None
+        return value
 
+    def samples(self) -> list[str]:
+        kept = self.read(SAMPLES_FILE) or {}
+        texts = kept.get("samples", [])
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            self.notes.append(f"{SAMPLES_FILE} left out: it does not hold a list of texts.")
+            return []
+        return texts
 
-def _samples(path: Path) -> list[str]:
-    kept = _optional(path / SAMPLES_FILE) or {}
-    texts = kept.get("samples", []) if isinstance(kept, dict) else None
-    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-        raise StackWiseError(f"'{path / SAMPLES_FILE}' is not a list of samples. {DAMAGED}")
-    return texts
+    def samplers(self) -> list[dict[str, Any]]:
+        rows = self.read("eval_samplers.json", list) or []
+        return [r for r in rows if isinstance(r, dict)]
 
 
 def load_run(folder: str | Path) -> Run:
@@ -206,7 +226,7 @@ def load_run(folder: str | Path) -> Run:
     config, config_from = _config(path)
     progressive = (config.get("progressive") or {}).get("strategy") == "progressive"
     summary_file = path / ("progressive_history.json" if progressive else "history.json")
-    summary = _optional(summary_file) or {}
+    summary = read_json(summary_file, DAMAGED) if summary_file.is_file() else {}
     stages = _stages(path, config, summary if isinstance(summary, dict) else {})
     if not any(s.rows for s in stages):
         raise StackWiseError(
@@ -215,21 +235,22 @@ def load_run(folder: str | Path) -> Run:
             "stopped before its first log row. Turn logging.jsonl on (the default) and train "
             "again to report it."
         )
-    env = next((p for p in (path / ENV_FILE, path / "stack_0" / ENV_FILE) if p.is_file()), None)
-    adapter = path / "final" / "adapter_config.json"
+    extra = RunExtras(path)
+    adapter = "final/adapter_config.json"
     return Run(
         path=path,
         name=path.name,
         config=config,
         stages=stages,
         summary=summary,
-        env=_optional(env) if env else None,
-        eval=_optional(path / "eval.json"),
-        samplers=_listed(path / "eval_samplers.json"),
-        samples=_samples(path),
-        adapter=_optional(adapter if adapter.is_file() else path / "adapter_config.json"),
+        env=extra.read(ENV_FILE) or extra.read(f"stack_0/{ENV_FILE}"),
+        eval=extra.read("eval.json"),
+        samplers=extra.samplers(),
+        samples=extra.samples(),
+        adapter=extra.read(adapter if (path / adapter).is_file() else "adapter_config.json"),
         complete=(path / "run_complete.json").is_file(),
         config_from=config_from,
+        notes=extra.notes,
     )
 
 

@@ -124,12 +124,19 @@ def stage_table(run: Run) -> Table:
     return header, rows
 
 
+def _setting(value: Any) -> str:
+    """A config value as written in YAML: null, true, 3e-05 (not rounded to a width)."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
 def config_differences(runs: Sequence[Run]) -> Table:
     """The keys whose values differ between the runs (a key one run lacks counts as differing)."""
     flat = [flatten(r.config) for r in runs]
     keys = sorted(set().union(*flat))
     rows = [
-        [key, *(_num(f.get(key, "(not set)")) for f in flat)]
+        [key, *(_setting(f[key]) if key in f else "(not set)" for f in flat)]
         for key in keys
         if len({repr(f.get(key, "(not set)")) for f in flat}) > 1
     ]
@@ -143,7 +150,8 @@ def eval_table(run: Run) -> Table:
     for part in ("likelihood", "conditional", "samples"):
         for key, value in (report.get(part) or {}).items():
             if key != "by_noise" and not isinstance(value, list | dict):
-                rows.append([part, key, _num(value)])
+                whole = isinstance(value, float) and value.is_integer()
+                rows.append([part, key.replace("_", " "), _num(int(value) if whole else value)])
     return ["part", "figure", "value"], rows
 
 
