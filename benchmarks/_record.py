@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import platform
 import re
 import shlex
 import subprocess
@@ -89,14 +88,9 @@ def commit(root: Path = HERE.parent) -> str:
 
 def machine() -> str:
     """The CPU's model name and core count (and the GPU, where torch sees one)."""
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            models = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        name = models[0] if models else name
-    except OSError:
-        pass
-    text = f"{name}, {os.cpu_count()} cores"
+    from stackwise.hwprobe import cpu_description
+
+    text = f"{cpu_description()[0]}, {os.cpu_count()} cores"
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         text += f", GPU {torch.cuda.get_device_name(0)}"

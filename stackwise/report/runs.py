@@ -33,6 +33,15 @@ class Stage:
     flops_before: float = 0.0
     record: dict[str, Any] = field(default_factory=dict)  # its progressive_history entry
 
+    def after(self) -> tuple[int, float, float]:
+        """The run's steps, tokens and FLOPs once this stage ended: its record's, else its last
+        logged row's (a stage stopped midway)."""
+        rec, last = self.record, self.rows[-1] if self.rows else {}
+        steps = self.step_offset + rec.get("steps", last.get("step", 0))
+        tokens = self.tokens_before + rec.get("tokens", last.get("train/tokens", 0))
+        flops = max(self.flops_before + rec.get("flops", 0), last.get("train/flops", 0))
+        return int(steps), tokens, flops
+
 
 @dataclass
 class Run:
@@ -81,15 +90,8 @@ class Run:
                 "tokens": s.get("tokens_seen", 0),
                 "flops": s.get("training_flops", 0),
             }
-        out = {"steps": 0.0, "tokens": 0.0, "flops": 0.0}
-        for stage in self.stages:
-            rec, last = stage.record, stage.rows[-1] if stage.rows else {}
-            out["steps"] += rec.get("steps", last.get("step", 0))
-            out["tokens"] += rec.get("tokens", last.get("train/tokens", 0))
-            out["flops"] = max(
-                out["flops"], stage.flops_before + rec.get("flops", 0), last.get("train/flops", 0)
-            )
-        return out
+        steps, tokens, flops = self.stages[-1].after() if self.stages else (0, 0.0, 0.0)
+        return {"steps": steps, "tokens": tokens, "flops": flops}
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -135,21 +137,16 @@ def _stacks(path: Path, summary: dict[str, Any]) -> list[Stage]:
     folders = sorted(int(p.name[6:]) for p in path.glob("stack_*/") if p.name[6:].isdigit())
     records += [{"index": k} for k in folders if k not in done]  # a stage stopped midway
     stages: list[Stage] = []
-    step = tokens = flops = 0.0
     for rec in records:
         index = rec.get("index", len(stages))
-        stage = Stage(f"stack {index}", [], int(step), tokens, flops, rec)
+        began = stages[-1].after() if stages else (0, 0.0, 0.0)
+        stage = Stage(f"stack {index}", [], *began, rec)
         stage.rows = read_rows(path / f"stack_{index}" / METRICS_FILE) or summary_rows(stage)
         stages.append(stage)
-        last = stage.rows[-1] if stage.rows else {}
-        step += rec.get("steps", last.get("step", 0))
-        tokens += rec.get("tokens", last.get("train/tokens", 0))
-        flops = max(flops + rec.get("flops", 0), last.get("train/flops", 0))
     joint = path / "joint" / METRICS_FILE
     if joint.is_file():
-        stages.append(
-            Stage("joint", read_rows(joint), int(step), tokens, flops, summary.get("joint") or {})
-        )
+        began = stages[-1].after() if stages else (0, 0.0, 0.0)
+        stages.append(Stage("joint", read_rows(joint), *began, summary.get("joint") or {}))
     return stages
 
 
