@@ -85,11 +85,20 @@ def prepare(work: Path, nanogpt: Path) -> None:
     write_dataset(work / "data" / "vocab4096", rng.integers(0, 4096, 1_100_000, np.uint16), 4096)
 
 
-def nanogpt_args(shape: tp.Shape, plan: tp.Plan, precision: str, out: Path) -> list[str]:
+def nanogpt_args(
+    shape: tp.Shape,
+    plan: tp.Plan,
+    precision: str,
+    out: Path,
+    device: str = "cpu",
+    compile: bool = False,
+) -> list[str]:
+    """train.py's command line for one run of `shape` (benchmarks/gpu_throughput.py passes a
+    CUDA device and compile)."""
     return [
         f"--dataset=vocab{shape.vocab_size}",
-        "--device=cpu",
-        "--compile=False",
+        f"--device={device}",
+        f"--compile={compile}",
         f"--dtype={'bfloat16' if precision == 'bf16' else 'float32'}",
         f"--n_layer={shape.n_stacks * shape.blocks_per_stack}",
         f"--n_head={shape.n_heads}",
