@@ -34,7 +34,7 @@ train: $(STAMP)
 	$(BIN)/stackwise train $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(BIN)/python -m pytest -n 2 --dist loadfile tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 lint: $(STAMP)
 	$(BIN)/ruff check stackwise tests benchmarks tools

@@ -26,16 +26,48 @@ def old_runs(tmp_path, monkeypatch) -> Path:
     return tmp_path / "old"
 
 
+# The logits were recorded on an AMD Zen 4 (AVX-512). The clm run is plain fp32 and matches them
+# to 1e-5 on both CPUs seen. The prog run's trunk is NF4, and bitsandbytes' CPU kernels for it
+# differ by CPU family: on an AVX2-only EPYC its logits differ from the recording by up to 3.2e-3,
+# while there every NF4 layer computes what its dequantized weight does, to 1e-6 (asserted
+# below): the recording carries the other machine's kernel, not a loading difference.
+ATOL = {"clm": 1e-5, "prog": 5e-3}
+
+
+def logits(rack: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    t = torch.tensor([0.5, 0.5]) if getattr(rack, "uses_time", False) else None
+    with torch.no_grad():
+        return (rack(ids, None, t) if t is not None else rack(ids)).float()
+
+
+def with_exact_linears(rack: torch.nn.Module) -> torch.nn.Module:
+    """`rack` with each bitsandbytes 4-bit linear replaced by an fp32 nn.Linear holding the
+    weight that layer dequantizes to."""
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as bnbf
+
+    for module in list(rack.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, bnb.nn.Linear4bit):
+                exact = torch.nn.Linear(child.in_features, child.out_features, bias=False)
+                weight = bnbf.dequantize_4bit(child.weight.data, child.weight.quant_state)
+                exact.weight.data = weight.float()
+                assert child.bias is None
+                setattr(module, name, exact)
+    return rack
+
+
 @pytest.mark.parametrize("kind", ["clm", "prog"])
 def test_an_old_run_loads_and_computes_what_it_computed(old_runs, kind):
     expected = load_file(str(old_runs / "expected_logits.safetensors"))
     plan, rack, tok = load_trained(old_runs / f"run-{kind}")
     assert plan.model.d_model == 16 and len(tok) == 300
     rack.eval()
-    t = torch.tensor([0.5, 0.5]) if getattr(rack, "uses_time", False) else None
-    with torch.no_grad():
-        got = rack(expected["ids"], None, t) if t is not None else rack(expected["ids"])
-    assert torch.allclose(got.float(), expected[kind], atol=1e-5), kind
+    got = logits(rack, expected["ids"])
+    assert torch.allclose(got, expected[kind], atol=ATOL[kind]), kind
+    if kind == "prog":  # what the 4-bit trunk computes here is its weights' product, exactly
+        exact = logits(with_exact_linears(rack), expected["ids"])
+        assert torch.allclose(got, exact, atol=1e-6, rtol=0)
 
 
 def test_an_old_qlora_stack_keeps_its_adapters(old_runs):
