@@ -166,7 +166,7 @@ def trainer_drive(
 
 def main() -> None:
     p = bench.benchmark_parser(__doc__)
-    p.add_argument("--nanogpt", type=Path, required=True, help="a karpathy/nanoGPT checkout")
+    p.add_argument("--nanogpt", type=Path, help="a karpathy/nanoGPT checkout (for --runs nanogpt)")
     p.add_argument("--shape", default="gpt2-124M", choices=[s.name for s in gt.SHAPES])
     p.add_argument("--rows", type=int, default=18)
     p.add_argument("--runs", default="trainer,rack,nanogpt")
@@ -179,6 +179,12 @@ def main() -> None:
     runs = args.runs.split(",")
     if not set(runs) <= {"trainer", "rack", "nanogpt"}:
         p.error(f"--runs {args.runs}: choose from trainer, rack, nanogpt")
+    if "nanogpt" in runs and not (args.nanogpt and (args.nanogpt / "model.py").is_file()):
+        p.error(
+            f"--runs nanogpt needs --nanogpt DIR, a karpathy/nanoGPT checkout (got {args.nanogpt})"
+        )
+    if args.rows < 1:
+        p.error("--rows must be at least 1")
     rec = record.start("gpu_step_profile", args.record)
     if DEVICE != "cuda" and not args.quick:
         p.error("no CUDA GPU here: this profile is of GPU steps (--quick tries it on the CPU)")

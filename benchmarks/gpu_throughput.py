@@ -16,15 +16,18 @@ compiled, ours compiled, ...):
             --dtype=bfloat16 --compile=False|True` (compile: `torch.compile` of the whole model);
   ours      throughput.py's run_ours: the stackwise Trainer on a clm rack of the same depth, width
             and heads, mixed_precision bf16, train.compile false|true (regional: each block).
-Both time the same span: the iterations after `--warmup` (compiling happens before it), each
-ended by a device synchronisation (nanoGPT's loss.item() every step; our clock synchronises).
+Both time the iterations after `--warmup` (compiling and nanoGPT's one evaluation happen before):
+our clock synchronises the device at the end of every step; nanoGPT reads its clock just before
+its loss.item(), so its span ends up to one step's queued work early (within 1/--steps).
 
 MFU, one formula for both: tokens/s x (6 x the weights of every matmul, the head included, +
 12 x layers x d_model x seq, the attention scores and their weighted sum counted whole as
 nanoGPT counts them) / the GPU's dense bf16 peak (989 TFLOP/s for an H100/H200 SXM). nanoGPT's
-own MFU print (against an A100's 312 TFLOP/s) is rescaled to the same peak as a check of the
-formula. Attention: both call SDPA with a causal flag; each of our runs checks, outside the
-timed window, that one forward and backward of the rack runs under the flash backend alone.
+own MFU print (a moving average, against an A100's 312 TFLOP/s) is rescaled to the same peak
+as a check of the formula. Attention: both call SDPA with a causal flag (on an H200 with torch
+2.11 both ran its cuDNN backend: gpu_step_profile.py); each of our runs also checks, outside the
+timed window, that one eager forward and backward of its rack runs under the flash backend alone
+("flash-capable").
 The table gives medians and ranges; the last line the ours/nanoGPT ratios of tokens/s and MFU.
 `--budget-s` skips the runs that would start after that many seconds, keeping what finished; a
 failed run skips all the rest.
@@ -58,7 +61,8 @@ SHAPES = (
 )
 QUICK_SHAPE = tp.Shape("tiny", 65)  # --quick: the CPU shape, to try the script anywhere
 METHODS = (("nanogpt", False), ("ours", False), ("nanogpt", True), ("ours", True))
-PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}  # dense, SXM
+# dense bf16 peaks of the SXM parts; PCIe and NVL cards differ, and get no MFU
+PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
 NANOGPT_PEAK = 312e12  # what nanoGPT's estimate_mfu divides by
 
 # nanoGPT's train.py run by nanogpt_reference's launcher, then its peak GPU memory
@@ -98,6 +102,8 @@ def peak_flops(device: str) -> float | None:
     if not device.startswith("cuda"):
         return None
     name = torch.cuda.get_device_name()
+    if "PCIe" in name or "NVL" in name:
+        return None
     return next((v for k, v in PEAK_BF16.items() if k in name), None)
 
 
@@ -165,9 +171,10 @@ def ours_child(shape_name: str, warmup: str, steps: str, compile: str) -> dict:
 
 
 def flash_check(shape: tp.Shape) -> str:
-    """Does one forward and backward of a fresh rack run with SDPA's flash backend alone?"""
+    """Does one forward and backward of a fresh (eager) rack run with SDPA's flash backend
+    alone? Which backend the timed runs used is gpu_step_profile's to show."""
     if not torch.cuda.is_available():
-        return "flash: no GPU"
+        return "flash-capable: no GPU"
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with tempfile.TemporaryDirectory() as folder:
@@ -178,8 +185,8 @@ def flash_check(shape: tp.Shape) -> str:
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), torch.autocast("cuda", torch.bfloat16):
             rack(ids).float().sum().backward()
     except RuntimeError as err:
-        return f"flash: refused ({str(err).splitlines()[0][:80]})"
-    return "flash: ok"
+        return f"flash-capable: no ({str(err).splitlines()[0][:80]})"
+    return "flash-capable: yes"
 
 
 def run_ours(shape: tp.Shape, plan: tp.Plan, compile: bool) -> Result:
@@ -255,6 +262,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=1e9, help="start no run after this long")
     p.add_argument("--shapes", default=",".join(s.name for s in SHAPES), help="comma-separated")
     args = p.parse_args(argv)
+    if min(args.reps, args.warmup, args.steps) < 1:
+        p.error("--reps, --warmup and --steps must each be at least 1")
     args.nanogpt = args.nanogpt.resolve()
     if not (args.nanogpt / "train.py").is_file():
         p.error(f"--nanogpt {args.nanogpt}: no train.py there; clone karpathy/nanoGPT first")
@@ -304,8 +313,9 @@ def measure(args: argparse.Namespace, shapes: tuple[tp.Shape, ...], plan: tp.Pla
                     r = run_nanogpt(args.nanogpt, Path(tmp), shape, plan, compile, device)
                 else:
                     r = run_ours(shape, plan, compile)
-            except RuntimeError as err:
-                print(f"  {name} FAILED: {err}", flush=True)
+            except (RuntimeError, KeyError, StopIteration, ValueError) as err:
+                detail = str(err).strip().splitlines()[-1:] or [type(err).__name__]
+                print(f"  {name} FAILED: {type(err).__name__}: {detail[0][:300]}", flush=True)
                 budget = 0.0
                 continue
             rows[(shape.name, method, compile)].append(r)
@@ -343,6 +353,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     met = bool(ratios) and all(use >= 1.0 for _, _, use in ratios)
     rec.finish("MFU ours ≥ nanoGPT's at each shape, eager and compiled", met)
+    if not ratios:
+        sys.exit("no shape finished on both sides: nothing to compare (see the FAILED lines)")
 
 
 if __name__ == "__main__":

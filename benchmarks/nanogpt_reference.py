@@ -112,7 +112,7 @@ def nanogpt_args(
         f"--beta2={tp.BETAS[1]}",
         f"--max_iters={plan.total_steps - 1}",  # iterations 0 .. max_iters
         "--lr_decay_iters=2000",
-        "--eval_interval=1000000",  # evaluates once, before iteration 0's clock starts
+        "--eval_interval=1000000",  # evaluates once, inside iteration 0 (a warm-up one)
         "--eval_iters=1",
         "--log_interval=1",
         "--always_save_checkpoint=False",

@@ -208,7 +208,7 @@ class StepClock:
         self.faults: list[int] = []
 
     def tick(self) -> None:
-        if torch.cuda.is_available():  # a GPU step is over when its kernels are
+        if torch.cuda.is_initialized():  # a GPU step is over when its kernels are
             torch.cuda.synchronize()
         self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
         self.times.append(time.perf_counter())

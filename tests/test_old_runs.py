@@ -49,6 +49,10 @@ def with_exact_linears(rack: torch.nn.Module) -> torch.nn.Module:
     for module in list(rack.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, bnb.nn.Linear4bit):
+                # pinned to the dequantize-and-matmul path (stackwise.quant.layers), so its
+                # weight was never repacked for bitsandbytes' bf16 CPU kernel
+                assert not child.support_avx512bf16_for_cpu
+                assert not getattr(child.weight.quant_state, "packing_format_for_cpu", False)
                 exact = torch.nn.Linear(child.in_features, child.out_features, bias=False)
                 weight = bnbf.dequantize_4bit(child.weight.data, child.weight.quant_state)
                 exact.weight.data = weight.float()
