@@ -66,16 +66,13 @@ def measure(
     # an op's self device time: the kernels it launched itself (each kernel counted once)
     events = [e for e in averages if e.device_type == DeviceType.CPU and e.self_device_time_total]
     gpu_ms = sum(e.self_device_time_total for e in events) / 1000 / plan.steps
-    lines = [f"  wall {wall:.2f} ms/step, GPU {gpu_ms:.2f} ms/step"]
-    lines.append(f"  {'op':<60} {'GPU ms/step':>11} {'calls/step':>10}")
-    for e in sorted(events, key=lambda e: e.self_device_time_total, reverse=True)[:rows]:
-        per = e.self_device_time_total / 1000 / plan.steps
-        lines.append(f"  {e.key[:60]:<60} {per:11.3f} {e.count // plan.steps:>10}")
     kernels = [e for e in averages if e.device_type == DeviceType.CUDA]  # compiled: fused ones
-    lines.append(f"  {'kernel':<60} {'GPU ms/step':>11} {'calls/step':>10}")
-    for e in sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:rows]:
-        per = e.self_device_time_total / 1000 / plan.steps
-        lines.append(f"  {e.key[:60]:<60} {per:11.3f} {e.count // plan.steps:>10}")
+    lines = [f"  wall {wall:.2f} ms/step, GPU {gpu_ms:.2f} ms/step"]
+    for title, found in (("op", events), ("kernel", kernels)):
+        lines.append(f"  {title:<60} {'GPU ms/step':>11} {'calls/step':>10}")
+        for e in sorted(found, key=lambda e: e.self_device_time_total, reverse=True)[:rows]:
+            per = e.self_device_time_total / 1000 / plan.steps
+            lines.append(f"  {e.key[:60]:<60} {per:11.3f} {e.count // plan.steps:>10}")
     return wall, "\n".join(lines)
 
 
