@@ -19,8 +19,9 @@ import torch
 from torch import nn
 
 from stackwise.errors import StackWiseError
-from stackwise.parallel.fsdp import autocast_forward, one_process_group
+from stackwise.parallel.fsdp import one_process_group
 from stackwise.registry import register_parallelizer
+from stackwise.train.autocast import autocast_forward
 
 
 class EngineOptimizer:

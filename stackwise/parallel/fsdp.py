@@ -21,6 +21,7 @@ from stackwise.model.layers import Block
 from stackwise.precision import torch_dtype
 from stackwise.quant.layers import place_quant_states
 from stackwise.registry import register_parallelizer
+from stackwise.train.autocast import autocast_forward
 from stackwise.train.hardware import release_at_exit
 
 RESHARD_AFTER_FORWARD = {
@@ -95,20 +96,6 @@ def one_process_group(device: torch.device) -> None:
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         release_at_exit()
-
-
-def autocast_forward(model: nn.Module, accelerator: Any) -> None:
-    """What Accelerate does to a model it prepares: forward under its autocast, floating
-    outputs back in fp32 (the loss is computed in fp32)."""
-    from accelerate.utils import convert_outputs_to_fp32
-
-    forward = model.forward
-
-    def autocast(*args: Any, **kwargs: Any) -> Any:
-        with accelerator.autocast():
-            return forward(*args, **kwargs)
-
-    model.forward = convert_outputs_to_fp32(autocast)  # type: ignore[method-assign]
 
 
 @register_parallelizer("fsdp", wraps_model=True, shards=True)

@@ -147,8 +147,10 @@ def build_trainer(
     parallelizer = parallelizer_for(plan, strategy)
     strategy.prepare_model(model, adapter)
     placement = place_model(model, adapter, tc, acc, parallelizer, param_groups, scheduler)
-    bind_step(strategy, placement, adapter, objective, plan)
     scored = eval_objective or objective
+    if placement.compiling.on and acc.device.type == "cuda":
+        objective = objective.fused()  # the loss compiled too (measured on GPUs only)
+    bind_step(strategy, placement, adapter, objective, plan)
     data = run_data(plan, acc, adapter, train_data, val_data, scored, eval_seed)
     checkpoints = CheckpointManager(acc, out, tc.save_total_limit)
     metrics = MetricsLogger.from_plan(plan)

@@ -10,7 +10,9 @@ from accelerate import Accelerator
 from torch import nn
 
 from stackwise.model.compiled import eager_on_compile_failure
+from stackwise.objectives.base import stackwise_code
 from stackwise.registry import PARALLELIZERS
+from stackwise.train.autocast import autocast_outputs
 from stackwise.train.compile_policy import EAGER, CompileDecision, compile_decision
 from stackwise.train.optim import build_optimizer, build_param_groups, build_scheduler
 
@@ -88,7 +90,10 @@ def place_model(
     placed = adapter.compile(model) if compiling.on else model
     if compiling.on and train.compile is None:  # auto: a compiler failing here is not fatal
         eager_on_compile_failure(model)
+    prepared = placed
     placed, optimizer = parallelizer.place(placed, optimizer, accelerator)
+    if stackwise_code(type(adapter).loss):  # it upcasts the logits itself: no fp32 copy
+        autocast_outputs(prepared, accelerator)
     inner = optimizer.optimizer
     schedule = scheduler(inner) if scheduler else build_scheduler(inner, train)
     return Placement(accelerator, parallelizer, model, placed, optimizer, schedule, compiling)

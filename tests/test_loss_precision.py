@@ -1,0 +1,111 @@
+"""The logits' way into the loss under autocast: stackwise's own losses take them in the
+autocast dtype and upcast inside their kernel; a loss written outside stackwise gets fp32 ones
+(Accelerate's contract). Both train to the same weights, bit for bit."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pytest
+import torch
+
+from stackwise.model import Rack
+from stackwise.objectives import CLM, build_objective
+from stackwise.objectives.base import compiled_ce_sum, weighted_ce_sum
+from stackwise.pipeline import trainer_for
+from stackwise.train.adapters import RackAdapter
+from stackwise.train.compile_policy import c_compiler
+from tests.test_trainer import SP, blocks
+
+
+class UsersAdapter(RackAdapter):
+    """An adapter with its own loss (here: the same one), defined outside stackwise."""
+
+    def loss(self, *args, **kwargs):
+        return super().loss(*args, **kwargs)
+
+
+class UsersObjective(CLM):
+    seen: ClassVar[list[torch.dtype]] = []
+
+    def loss(self, logits, prep):
+        UsersObjective.seen.append(logits.dtype)
+        return super().loss(logits, prep)
+
+
+def trained(cfg, adapter=None, objective=None):
+    torch.manual_seed(0)
+    rack = Rack(cfg.model, SP.vocab_size, cfg.objective.causal, cfg.masking.num_time_steps)
+    parts = {"adapter": adapter} if adapter else {}
+    trainer = trainer_for(
+        cfg, rack, objective or build_objective(cfg, SP), blocks(32), None, **parts
+    )
+    return trainer
+
+
+def bf16_config(tiny, name: str):
+    return tiny(
+        train={
+            "mixed_precision": "bf16",
+            "max_steps": 2,
+            "output_dir": str(tiny().train.output_dir) + name,
+        }
+    )
+
+
+def test_own_loss_reads_bf16_logits_and_trains_as_the_fp32_path_does(tiny, bf16_autocast):
+    seen: dict[str, torch.dtype] = {}
+    runs = {}
+    for name, adapter in (("own", None), ("users", UsersAdapter())):
+        trainer = trained(bf16_config(tiny, name), adapter)
+        objective = trainer.strategy.context.objective
+
+        def record(logits, targets, weights, name=name):
+            seen[name] = logits.dtype
+            return weighted_ce_sum(logits, targets, weights)
+
+        objective.ce_sum = record
+        trainer.train()
+        runs[name] = trainer.raw_model.state_dict()
+    assert seen == {"own": torch.bfloat16, "users": torch.float32}
+    for key, value in runs["own"].items():
+        assert torch.equal(value, runs["users"][key]), key
+
+
+def test_an_objective_loss_written_outside_stackwise_gets_fp32_logits(tiny, bf16_autocast):
+    cfg = bf16_config(tiny, "users-objective")
+    UsersObjective.seen.clear()
+    trained(cfg, objective=UsersObjective(SP)).train()
+    assert UsersObjective.seen and set(UsersObjective.seen) == {torch.float32}
+
+
+def test_fused_copies_the_objective_with_the_compiled_loss_and_leaves_a_users_alone():
+    own = CLM(SP)
+    fused = own.fused()
+    assert fused is not own and fused.ce_sum is compiled_ce_sum()
+    assert own.ce_sum is weighted_ce_sum  # the original is untouched (evaluation keeps it)
+    users = UsersObjective(SP)
+    assert users.fused() is users
+
+
+@pytest.mark.skipif(c_compiler() is None, reason="torch.compile on a CPU needs a C++ compiler")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_compiled_loss_equals_the_eager_one(dtype):
+    g = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(2, 9, 37, generator=g)).to(dtype)
+    targets = torch.randint(0, 37, (2, 9), generator=g)
+    targets[0, :3] = -100
+    weights = torch.rand(2, 9, generator=g) * (targets != -100)
+    grads = []
+    values = []
+    for fn in (weighted_ce_sum, compiled_ce_sum()):
+        x = logits.clone().requires_grad_(True)
+        value = fn(x, targets, weights)
+        value.backward()
+        values.append(value)
+        grads.append(x.grad)
+    assert values[0].dtype == values[1].dtype == torch.float32
+    torch.testing.assert_close(values[1], values[0], rtol=1e-6, atol=1e-5)
+    # a bf16 gradient is rounded once, from fp32 values that may differ in the last bits
+    close = {"rtol": 1e-6, "atol": 1e-7} if dtype == torch.float32 else {"rtol": 8e-3, "atol": 0}
+    torch.testing.assert_close(grads[1], grads[0], **close)
