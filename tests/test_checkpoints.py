@@ -22,6 +22,7 @@ from stackwise.objectives import build_objective
 from stackwise.pipeline import resolve_vocab, train_from_config, trainer_for
 from stackwise.train import Trainer
 from stackwise.train.extensions import REGISTRY, Extension
+from stackwise.train.finite import device_skips
 
 CKPT_FILES = {
     "model.safetensors",
@@ -332,9 +333,16 @@ def poison_step(trainer: Trainer, step: int) -> Trainer:
     return trainer
 
 
-def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tiny, tmp_path):
-    cfg = tiny(train={"max_steps": 6, "save_steps": 2})
+# fused AdamW skips a NaN step on a device flag, read a step later; the per-tensor one is
+# decided on the host at once (stackwise.train.finite)
+FUSED = pytest.mark.parametrize("fused", [True, False], ids=["device-verdict", "host-verdict"])
+
+
+@FUSED
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tiny, tmp_path, fused):
+    cfg = tiny(train={"max_steps": 6, "save_steps": 2, "fused_adamw": fused})
     trainer = poison_step(make_trainer(cfg)[0], 3)
+    assert device_skips(trainer.optimizer) is fused
     with pytest.raises(StackWiseError, match="NaN/inf at step 3"):
         trainer.train()
     out = tmp_path / "run"
@@ -343,12 +351,48 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tiny, tmp_
     assert all(torch.isfinite(t).all() for t in saved.values())
 
 
-def test_skip_nonfinite_steps_skips_the_update(tiny):
-    cfg = tiny(train={"max_steps": 6, "skip_nonfinite_steps": True}, logging={"log_every": 1})
-    trainer = poison_step(make_trainer(cfg)[0], 3)
+def weights_and_moments(trainer: Trainer) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, p in trainer.raw_model.named_parameters():
+        out[name] = p.detach().clone()
+        out.update({f"{name}.{k}": v.clone() for k, v in trainer.optimizer.state[p].items()})
+    return out
+
+
+@FUSED
+@pytest.mark.parametrize("log_every", [1, 4])
+def test_skip_nonfinite_steps_skips_the_update(tiny, fused, log_every):
+    """The skipped step changes no weight and no optimizer moment, is counted by the next log
+    line (read late, with log_every 4), and is left out of that line's mean loss."""
+    train = {"max_steps": 6, "skip_nonfinite_steps": True, "fused_adamw": fused}
+    trainer = poison_step(make_trainer(tiny(train=train, logging={"log_every": log_every}))[0], 3)
+    before: dict[str, torch.Tensor] = {}
+    after: dict[str, torch.Tensor] = {}
+    poisoned, real_step = trainer.strategy.compute_loss, trainer.optimizer_step
+
+    def snapshot(model, batch):
+        if trainer.state.step == 2:  # step 3 is about to run: what it must leave alone
+            before.update(weights_and_moments(trainer))
+        return poisoned(model, batch)
+
+    def step(batches):
+        loss = real_step(batches)
+        if trainer.state.step == 3:
+            after.update(weights_and_moments(trainer))
+        return loss
+
+    trainer.strategy.compute_loss = snapshot  # type: ignore[method-assign]
+    trainer.optimizer_step = step  # type: ignore[method-assign]
     state = trainer.train()
     assert state.step == 6 and trainer.skipped_steps == 1
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     assert all(torch.isfinite(p).all() for p in trainer.unwrapped().parameters())
+    rows = [
+        json.loads(line) for line in (trainer.output_dir / "metrics.jsonl").read_text().splitlines()
+    ]
+    losses = [r["train/loss"] for r in rows if "train/loss" in r]
+    assert losses and all(math.isfinite(v) for v in losses)
+    assert [r.get("train/skipped_steps", 0) for r in rows if "train/loss" in r][-1] == 1
 
 
 # -- extensions -----------------------------------------------------------------------------

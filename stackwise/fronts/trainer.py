@@ -18,7 +18,7 @@ from stackwise.io.trained import save_tokenizer
 from stackwise.objectives import objective_from
 from stackwise.pipeline import prepared
 from stackwise.strategies.standard import save_trained
-from stackwise.train import trainer as trainer_module
+from stackwise.train import settings_call
 from stackwise.train.builders import build_trainer
 from stackwise.train.checkpoint_manager import on_main
 from stackwise.train.trainer import EnhancedTrainer, Trainer
@@ -121,5 +121,5 @@ def saved_and_released(trainer: EnhancedTrainer, data: Any, adapter: Any) -> Non
     release_run_folder(trainer.output_dir)
 
 
-if not trainer_module.SEED_FRONT:
-    trainer_module.SEED_FRONT.append(trainer_from_settings)
+if not settings_call.SEED_FRONT:
+    settings_call.SEED_FRONT.append(trainer_from_settings)

@@ -1,12 +1,13 @@
 """A training forward under the run's autocast, and the dtype its outputs leave in.
 
 Accelerate's prepare (and our FSDP2/DeepSpeed placement, which does what it does) also casts a
-model's floating outputs to fp32. stackwise's own losses upcast the logits inside their kernel
-(`objectives.base.token_ce`), so for them that cast is one more full pass over the largest
-tensor of the step, forward and backward, and it feeds the loss fp32 logits, on which CUDA's
-log-softmax is 2.8x slower than on bf16 ones (benchmarks/RESULTS.md, gpu_step_profile: 4.9 of
-a 36 ms GPT-2 step). Their outputs therefore stay in the autocast dtype. A loss written outside
-stackwise (a user's adapter or objective) keeps Accelerate's contract: fp32 outputs.
+model's floating outputs to fp32. stackwise's own losses upcast the logits themselves
+(`objectives.base.token_ce`), eagerly or, with train.compile on a GPU, inside one compiled
+kernel that never writes an fp32 copy: there the output cast was a full extra pass over the
+step's largest tensor, forward and backward, and it fed the loss fp32 logits, whose CUDA
+log-softmax is 2.8x slower (benchmarks/RESULTS.md, gpu_loss_paths and gpu_step_profile). So
+their outputs stay in the autocast dtype. A loss written outside stackwise (a user's adapter or
+objective) keeps Accelerate's contract: fp32 outputs.
 """
 
 from __future__ import annotations

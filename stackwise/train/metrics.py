@@ -271,19 +271,23 @@ class LossWindow:
 
     def __init__(self, accelerator: Any, tokens: int) -> None:
         self.acc = accelerator
-        self.total = torch.zeros((), device=accelerator.device)
+        self.sums = torch.zeros(2, device=accelerator.device)  # finite losses, their count
         self.steps, self.tokens, self.start = 0, tokens, time.perf_counter()
 
     def add(self, loss: torch.Tensor | None) -> None:
-        """None: a skipped (non-finite) step, left out of the mean."""
+        """None, or a NaN/inf loss (a step skipped with its verdict on the device): left out
+        of the mean, without asking the device which."""
         if loss is not None:
-            self.total += loss
+            finite = torch.isfinite(loss)
+            self.sums += torch.stack([torch.where(finite, loss, 0.0), finite.float()])
             self.steps += 1
 
-    def close(self, tokens: int) -> tuple[float, float]:
-        """(mean loss over every rank, tokens/s), and a fresh window."""
-        mean = float(self.acc.reduce(self.total, "mean")) / self.steps
+    def close(self, tokens: int) -> tuple[float | None, float]:
+        """(mean loss over every rank, None if every step was skipped; tokens/s), and a fresh
+        window."""
+        total, count = self.acc.reduce(self.sums, "sum").tolist()
+        mean = total / count if count else None
         tps = (tokens - self.tokens) / max(time.perf_counter() - self.start, 1e-9)
-        self.total.zero_()
+        self.sums.zero_()
         self.steps, self.tokens, self.start = 0, tokens, time.perf_counter()
         return mean, tps

@@ -23,6 +23,7 @@ from torch import nn
 from stackwise.errors import StackWiseError
 from stackwise.objectives.base import Objective, random_lengths
 from stackwise.registry import Registry
+from stackwise.train.finite import PendingVerdicts, device_skips
 
 Batch = dict[str, torch.Tensor]
 
@@ -45,12 +46,20 @@ class StepContext:
     step: int = 0
     step_loss: torch.Tensor | None = field(default=None, repr=False)
     # set by `TrainingStrategy.update`: False when a non-finite step was skipped; a step
-    # function that updates on its own may leave it None (counted as an update)
+    # function that updates on its own may leave it None (counted as an update), as does an
+    # update whose verdict stays on the device (`nonfinite`, read later by `settle`)
     updated: bool | None = None
+    nonfinite: torch.Tensor | None = field(default=None, repr=False)
+    verdicts: PendingVerdicts = field(default_factory=PendingVerdicts, repr=False)
+    late_skips: int = 0  # steps `settle` found skipped, not yet counted by the Trainer
 
     def begin_step(self, step: int) -> None:
-        self.step, self.updated = step, None
+        self.step, self.updated, self.nonfinite = step, None, None
         self.step_loss = torch.zeros((), device=self.accelerator.device)
+
+    def take_late_skips(self) -> int:
+        count, self.late_skips = self.late_skips, 0
+        return count
 
 
 class TrainingStrategy:
@@ -124,17 +133,20 @@ class TrainingStrategy:
         loss = ctx.step_loss if ctx.step_loss is not None else torch.zeros((), device=acc.device)
         # NaN/inf in the loss or the gradient norm (inf * 0 is NaN) poisons this sum
         check = loss.detach().float() + (norm.detach().float() * 0 if norm is not None else 0)
+        if acc.scaler is None and not steps_itself(ctx) and device_skips(optimizer):
+            bad = ~torch.isfinite(acc.reduce(check, "sum"))  # every rank decides alike
+            self.settle()  # the previous step's verdict, long computed by now
+            ctx.verdicts.step(optimizer, bad, ctx.step)  # a NaN/inf step changes nothing
+            ctx.nonfinite = bad
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            return
         # fp16 (GPU): the GradScaler skips overflowing steps itself and adapts its scale
         finite = acc.scaler is not None or bool(torch.isfinite(acc.reduce(check, "sum")))
         if not finite:  # every rank decides alike
             optimizer.zero_grad(set_to_none=True)
             if not tc.skip_nonfinite_steps:
-                raise StackWiseError(
-                    f"The training loss or gradient became NaN/inf at step {ctx.step + 1}; "
-                    "no update was applied and nothing after the last checkpoint was saved. "
-                    "Lower train.lr, keep train.max_grad_norm > 0, use mixed_precision bf16/no, "
-                    "or set train.skip_nonfinite_steps: true to skip such steps."
-                )
+                raise nonfinite_error(ctx.step)
             scheduler.step()  # keep the schedule aligned with the step count
             ctx.updated = False
             return
@@ -149,11 +161,31 @@ class TrainingStrategy:
         optimizer.zero_grad(set_to_none=True)
         ctx.updated = True
 
+    def settle(self) -> None:
+        """Read the verdicts the device still holds (`update` with a fused optimizer): each
+        NaN/inf step, whose update the optimizer skipped, is counted in `late_skips`, or stops
+        the run unless train.skip_nonfinite_steps."""
+        ctx = self.context
+        skipped = ctx.verdicts.read()
+        if skipped and not ctx.train.skip_nonfinite_steps:
+            raise nonfinite_error(skipped[0])
+        ctx.late_skips += len(skipped)
+
     def run(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(
             f"strategy '{self.name}' defines a step but no run; register a recipe in "
             "stackwise.strategies to train whole configs with it"
         )
+
+
+def nonfinite_error(step: int) -> StackWiseError:
+    """The run stops at a NaN/inf step (0-based `step`), whose update was not applied."""
+    return StackWiseError(
+        f"The training loss or gradient became NaN/inf at step {step + 1}; no update was "
+        "applied and nothing after the last checkpoint was saved. Lower train.lr, keep "
+        "train.max_grad_norm > 0, use mixed_precision bf16/no, or set "
+        "train.skip_nonfinite_steps: true to skip such steps."
+    )
 
 
 def steps_itself(ctx: StepContext) -> bool:

@@ -22,7 +22,6 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from stackwise import seeds
-from stackwise.errors import StackWiseError
 from stackwise.io import checkpoints as ckpt
 from stackwise.model.compiled import compile_blocks
 from stackwise.train import interrupts
@@ -35,6 +34,7 @@ from stackwise.train.metrics import LossWindow, MetricsLogger, peak_memory
 from stackwise.train.optim import logged_lrs
 from stackwise.train.placement import Placement
 from stackwise.train.sampler import TrainingData
+from stackwise.train.settings_call import FromSettings
 from stackwise.train.state import Control, Live, RunInfo, Stage, TrainState
 from stackwise.train.strategy import TrainingStrategy
 from stackwise.train.trainer_files import RunFiles
@@ -50,33 +50,10 @@ class RunData:
     evaluator: Evaluator
 
 
-# The seeds' ways to make a Trainer from settings (`Trainer(config)`, `Trainer(config,
-# model=m)`, `EnhancedTrainer(model_config=..., training_config=..., data_config=...)`) need
-# the config door, a layer above this one: stackwise.fronts.trainer registers the function that
-# builds them (importing it from `stackwise` does).
-SEED_FRONT: list[Callable[..., EnhancedTrainer]] = []
-
-
-def _from_settings(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """A call without the built parts (placement and data) is a seed's call from settings."""
-    return len(args) < 4 and "placement" not in kwargs
-
-
-class EnhancedTrainer(RunFiles):
+class EnhancedTrainer(FromSettings, RunFiles):
     # what a finished train() saves, when the Trainer saves its own run (one built from
     # settings: stackwise.fronts.trainer); recipes that save themselves leave it None
     save_when_trained: Callable[[], Any] | None = None
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> EnhancedTrainer:
-        if not _from_settings(args, kwargs):
-            return super().__new__(cls)
-        if not SEED_FRONT:
-            raise StackWiseError(
-                "Trainer(config) and EnhancedTrainer(model_config=..., training_config=...) "
-                "are built by stackwise.fronts.trainer: import the class from stackwise "
-                "(`from stackwise import Trainer`), which loads it."
-            )
-        return SEED_FRONT[0](*args, **kwargs)
 
     def __init__(
         self,
@@ -93,7 +70,7 @@ class EnhancedTrainer(RunFiles):
     ) -> None:
         """`plan`: the run's specs; `stage` labels a progressive stage (defer_finish keeps its
         loggers open until `finish()`, after its stack's own report). A call from settings
-        (see SEED_FRONT) was built whole by `__new__`: nothing is left to do here."""
+        (stackwise.train.settings_call) was built whole by `__new__`: nothing is left to do."""
         if placement is None:
             return
         if settings:
@@ -179,10 +156,19 @@ class EnhancedTrainer(RunFiles):
                 total += s.train_step(p.model, batch, p.optimizer, acc.scaler, p.scheduler, last)
         self.state.flops += (self.flop_meter.total - spent) * acc.num_processes
         self.state.step += 1
+        self.state.skipped_steps += ctx.take_late_skips()  # earlier steps, read in this one
         if ctx.updated is False:  # the strategy skipped a non-finite step
             self.state.skipped_steps += 1
             return None
+        if ctx.nonfinite is not None:  # a skip the device decided, not read yet: NaN
+            return torch.where(ctx.nonfinite, torch.nan, total)
         return total
+
+    def settle_steps(self) -> None:
+        """Count the skipped steps whose verdict the device still held (or stop at one, see
+        TrainingStrategy.settle): before anything is logged, evaluated or saved."""
+        self.strategy.settle()
+        self.state.skipped_steps += self.strategy.context.take_late_skips()
 
     def evaluate(self) -> dict[str, float]:
         """Loss, perplexity (or the NELBO bound) and masked-token accuracy on fixed batches."""
@@ -236,6 +222,7 @@ class EnhancedTrainer(RunFiles):
                 if self.state.resumed_from is None:
                     self._eval_and_log()
                 self._loop(batches, LossWindow(self.accelerator, self.state.tokens_seen), signals)
+                self.settle_steps()  # a run stopped early may end on an unread step
                 if self.state.last_eval_step != self.state.step:
                     self._eval_and_log()
             except BaseException:
@@ -256,20 +243,30 @@ class EnhancedTrainer(RunFiles):
             self.metrics.step_done()
             self.call_hook("on_step_end")
             step = self.state.step
-            if (step % self.plan.logging.log_every == 0 or step == tc.max_steps) and window.steps:
-                self.log(self._train_row(window))
-            if step % tc.eval_every == 0 and step != tc.max_steps:
+            logs = step % self.plan.logging.log_every == 0 or step == tc.max_steps
+            evaluates = step % tc.eval_every == 0 and step != tc.max_steps
+            saves = bool(tc.save_steps) and step % tc.save_steps == 0
+            if logs or evaluates or saves:
+                self.settle_steps()
+            row = self._train_row(window) if logs and window.steps else None
+            if row is not None:
+                self.log(row)
+            if evaluates:
                 self._eval_and_log()
-            if tc.save_steps and step % tc.save_steps == 0:
+            if saves:
                 self.save_checkpoint()
             if interrupts.any_rank_signalled(self.accelerator, signals) and step < tc.max_steps:
+                self.settle_steps()
                 name = signals.received or "SIGTERM"  # a peer rank's signal
                 path = self.save_checkpoint()
                 raise TrainingInterrupted(name, step, path, self.output_dir)
 
-    def _train_row(self, window: LossWindow) -> dict[str, Any]:
-        """The logging window's row: mean loss, tokens seen, LRs, tokens/s, adapter metrics."""
+    def _train_row(self, window: LossWindow) -> dict[str, Any] | None:
+        """The logging window's row: mean loss, tokens seen, LRs, tokens/s, adapter metrics;
+        None when every step of the window was skipped (NaN/inf)."""
         mean, tps = window.close(self.state.tokens_seen)
+        if mean is None:
+            return None
         self.state.last_train_loss = mean
         row = {"train/loss": mean, "train/tokens": self.state.tokens_seen} | run_compute(
             self.stage, self.state

@@ -1,0 +1,114 @@
+"""The training loss's forward and backward on GPT-2-sized logits (12 x 1024 rows, vocab 50304,
+bf16, as the rack returns them under autocast), by way of each path a trainer can take to it.
+
+    .venv/bin/python benchmarks/gpu_loss_paths.py            # on a CUDA GPU
+    .venv/bin/python benchmarks/gpu_loss_paths.py --quick    # small logits on the CPU, to try it
+
+Paths (each weighted by per-position weights, as stackwise's objectives are, except nanoGPT's):
+  fp32 copy, then CE   the logits cast to fp32 first (what Accelerate's output cast did before
+                       stackwise's loss), then cross entropy: stackwise before 2026-11-26;
+  stackwise eager      objectives.base.weighted_ce_sum on the bf16 logits (it upcasts inside):
+                       stackwise with train.compile off;
+  stackwise compiled   objectives.base.compiled_ce_sum: the same, torch.compile'd into fused
+                       kernels: stackwise with train.compile on a GPU;
+  autocast CE          F.cross_entropy(logits) under CUDA autocast, as nanoGPT's eager loop
+                       computes it. Autocast runs this log-softmax on the bf16 input with bf16
+                       output, so its loss differs from the fp32 one (the |diff| column).
+Timing: CUDA events around forward + backward, median (min..max) of --reps after 3 warm-up
+calls (the compiled path compiles there). `loss/token` and `|diff|`: the mean loss, and its
+distance from the fp32 path's.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import _common as bench
+import _record as record
+import torch
+import torch.nn.functional as F
+
+from stackwise.objectives.base import compiled_ce_sum, weighted_ce_sum
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def fp32_copy_first(logits: torch.Tensor, targets: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return weighted_ce_sum(logits.float(), targets, w)
+
+
+def autocast_ce(logits: torch.Tensor, targets: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        flat = logits.view(-1, logits.shape[-1])
+        return F.cross_entropy(flat, targets.view(-1), reduction="sum")
+
+
+def timed(loss: Loss, logits: torch.Tensor, targets: torch.Tensor, w: torch.Tensor, reps: int):
+    """(ms per forward + backward, each rep; the loss value)."""
+    times = []
+    for i in range(reps + 3):
+        x = logits.detach().requires_grad_(True)
+        if DEVICE == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            value = loss(x, targets, w)
+            value.backward()
+            end.record()
+            torch.cuda.synchronize()
+            ms = start.elapsed_time(end)
+        else:
+            t0 = time.perf_counter()
+            value = loss(x, targets, w)
+            value.backward()
+            ms = 1000 * (time.perf_counter() - t0)
+        if i >= 3:
+            times.append(ms)
+    return times, float(value.detach())
+
+
+def main() -> None:
+    p = bench.benchmark_parser(__doc__, "small logits (2 x 64 x 512) on the CPU")
+    p.add_argument("--reps", type=int, default=10)
+    args = p.parse_args()
+    if args.reps < 1:
+        p.error("--reps must be at least 1")
+    if DEVICE != "cuda" and not args.quick:
+        p.error("no CUDA GPU here: this measures GPU kernels (--quick tries it on the CPU)")
+    rec = record.start("gpu_loss_paths", args.record)
+    rows, vocab = (2 * 64, 512) if args.quick else (12 * 1024, 50304)
+    gen = torch.Generator(DEVICE).manual_seed(0)
+    logits = torch.randn(rows, vocab, device=DEVICE, generator=gen).to(torch.bfloat16)
+    targets = torch.randint(0, vocab, (rows,), device=DEVICE, generator=gen)
+    ones = torch.ones(rows, device=DEVICE)
+    gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else "no GPU"
+    print(f"{bench.machine_line('bf16 logits')}; {gpu}; logits {rows} x {vocab}")
+    paths: dict[str, Loss] = {
+        "fp32 copy, then CE": fp32_copy_first,
+        "stackwise eager": weighted_ce_sum,
+        "stackwise compiled": compiled_ce_sum(),
+        "autocast CE": autocast_ce,
+    }
+    head = f"{'path':<20} {'ms fwd+bwd':>10} {'min..max':>15} {'loss/token':>11} {'|diff|':>9}"
+    print(head)
+    print("-" * len(head))
+    medians, reference = {}, None
+    for name, loss in paths.items():
+        times, total = timed(loss, logits, targets, ones, args.reps)
+        value = total / rows
+        reference = value if reference is None else reference
+        medians[name] = statistics.median(times)
+        span = f"{min(times):.3f}..{max(times):.3f}"
+        print(
+            f"{name:<20} {medians[name]:>10.3f} {span:>15} {value:>11.6f} "
+            f"{abs(value - reference):>9.2e}"
+        )
+    ratio = medians["fp32 copy, then CE"] / medians["stackwise compiled"]
+    print(f"headline: loss time, fp32-copy path / stackwise compiled: {ratio:.2f}x")
+    rec.finish()
+
+
+if __name__ == "__main__":
+    main()
