@@ -8,13 +8,17 @@ from typing import ClassVar
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from stackwise.compiling import CompiledOrEager
 from stackwise.model import Rack
 from stackwise.objectives import CLM, build_objective
 from stackwise.objectives.base import compiled_ce_sum, weighted_ce_sum
 from stackwise.pipeline import trainer_for
+from stackwise.train import builders
 from stackwise.train.adapters import RackAdapter
 from stackwise.train.compile_policy import c_compiler
+from stackwise.train.strategy import TrainingStrategy
 from tests.test_trainer import SP, blocks
 
 
@@ -25,6 +29,19 @@ class UsersAdapter(RackAdapter):
         return super().loss(*args, **kwargs)
 
 
+class UsersStrategy(TrainingStrategy):
+    """A step of one's own that reads the model's output itself."""
+
+    seen: ClassVar[list[torch.dtype]] = []
+
+    def compute_loss(self, model, batch):
+        ctx = self.context
+        prep = ctx.objective.prepare(batch, ctx.gen)
+        logits = model(prep.inputs, prep.attention_mask)
+        UsersStrategy.seen.append(logits.dtype)
+        return F.cross_entropy(logits.flatten(0, 1), prep.targets.flatten(), ignore_index=-100)
+
+
 class UsersObjective(CLM):
     seen: ClassVar[list[torch.dtype]] = []
 
@@ -33,10 +50,11 @@ class UsersObjective(CLM):
         return super().loss(logits, prep)
 
 
-def trained(cfg, adapter=None, objective=None):
+def trained(cfg, adapter=None, objective=None, strategy=None):
     torch.manual_seed(0)
     rack = Rack(cfg.model, SP.vocab_size, cfg.objective.causal, cfg.masking.num_time_steps)
     parts = {"adapter": adapter} if adapter else {}
+    parts |= {"strategy": strategy} if strategy else {}
     trainer = trainer_for(
         cfg, rack, objective or build_objective(cfg, SP), blocks(32), None, **parts
     )
@@ -64,7 +82,7 @@ def test_own_loss_reads_bf16_logits_and_trains_as_the_fp32_path_does(tiny, bf16_
             seen[name] = logits.dtype
             return weighted_ce_sum(logits, targets, weights)
 
-        objective.ce_sum = record
+        objective._ce_sum = record
         trainer.train()
         runs[name] = trainer.raw_model.state_dict()
     assert seen == {"own": torch.bfloat16, "users": torch.float32}
@@ -79,11 +97,45 @@ def test_an_objective_loss_written_outside_stackwise_gets_fp32_logits(tiny, bf16
     assert UsersObjective.seen and set(UsersObjective.seen) == {torch.float32}
 
 
+def test_a_step_of_ones_own_gets_fp32_logits_and_so_does_the_trained_model(tiny, bf16_autocast):
+    UsersStrategy.seen.clear()
+    trainer = trained(bf16_config(tiny, "users-step"), strategy=UsersStrategy())
+    trainer.train()
+    assert UsersStrategy.seen and set(UsersStrategy.seen) == {torch.float32}
+    own = trained(bf16_config(tiny, "own-after"))
+    own.train()  # its outputs were bf16 while it trained (above); after, fp32 as before
+    assert own.unwrapped()(torch.randint(4, 40, (1, 8))).dtype == torch.float32
+
+
+@pytest.mark.skipif(c_compiler() is None, reason="torch.compile on a CPU needs a C++ compiler")
+def test_a_run_with_the_compiled_loss_trains_as_the_eager_one(tiny, monkeypatch):
+    """The compiled loss inside a Trainer (on GPUs only by default; forced here), with
+    gradient accumulation and evaluation: the same weights as the eager loss, to rounding."""
+    weights = {}
+    for name, compiled in (("eager", False), ("compiled", True)):
+        monkeypatch.setattr(builders, "loss_compiles", lambda on, device, c=compiled: c)
+        cfg = tiny(
+            train={
+                "max_steps": 3,
+                "grad_accum_steps": 2,
+                "eval_every": 2,
+                "output_dir": str(tiny().train.output_dir) + name,
+            }
+        )
+        trainer = trained(cfg)
+        uses = trainer.strategy.context.objective._ce_sum
+        assert isinstance(uses, CompiledOrEager) is compiled
+        trainer.train()
+        weights[name] = trainer.raw_model.state_dict()
+    for key, value in weights["eager"].items():
+        torch.testing.assert_close(weights["compiled"][key], value, rtol=1e-4, atol=1e-5)
+
+
 def test_fused_copies_the_objective_with_the_compiled_loss_and_leaves_a_users_alone():
     own = CLM(SP)
     fused = own.fused()
-    assert fused is not own and fused.ce_sum is compiled_ce_sum()
-    assert own.ce_sum is weighted_ce_sum  # the original is untouched (evaluation keeps it)
+    assert fused is not own and fused._ce_sum is compiled_ce_sum(False)
+    assert own._ce_sum is weighted_ce_sum  # the original is untouched (evaluation keeps it)
     users = UsersObjective(SP)
     assert users.fused() is users
 
@@ -109,3 +161,16 @@ def test_the_compiled_loss_equals_the_eager_one(dtype):
     # a bf16 gradient is rounded once, from fp32 values that may differ in the last bits
     close = {"rtol": 1e-6, "atol": 1e-7} if dtype == torch.float32 else {"rtol": 8e-3, "atol": 0}
     torch.testing.assert_close(grads[1], grads[0], **close)
+
+
+def test_under_auto_a_compiler_failing_in_the_loss_falls_back_to_eager(capsys):
+    from tests.test_auto_speed import failing_compiler
+
+    assert compiled_ce_sum(True).fallback and not compiled_ce_sum(False).fallback
+    assert CLM(SP).fused(fallback=True)._ce_sum is compiled_ce_sum(True)
+    loss = CompiledOrEager(weighted_ce_sum, fallback=True)
+    loss.fn = failing_compiler  # what inductor raises without OpenMP
+    logits, targets = torch.randn(2, 5, 11), torch.randint(0, 11, (2, 5))
+    weights = torch.ones(2, 5)
+    assert torch.equal(loss(logits, targets, weights), weighted_ce_sum(logits, targets, weights))
+    assert loss.failed and "omp.h: not found" in capsys.readouterr().err

@@ -49,6 +49,8 @@ LAYERS = {  # first dotted parts -> layer, higher is further up
     "config": 1,
     "spec": 1,
     "errors": 1,
+    "origin": 1,
+    "compiling": 1,
     "launcher": 1,
     "paths": 1,
     "precision": 1,

@@ -3,11 +3,9 @@ function, compiled once per input shape (blocks share their code)."""
 
 from __future__ import annotations
 
-import sys
-
-import torch
 from torch import Tensor, nn
 
+from stackwise.compiling import CompiledOrEager
 from stackwise.model.layers import Block, Stack
 from stackwise.model.rope import Rope
 
@@ -16,30 +14,11 @@ def run_block(block: Block, x: Tensor, rope: Rope, mask: Tensor | None) -> Tenso
     return block(x, rope, mask)
 
 
-class CompiledBlock:
-    """run_block through one torch.compile'd function. With `fallback` (train.compile auto),
-    a compiler that cannot build here (no OpenMP, no Python headers, ...) puts every block
-    back to eager once, with a note, instead of ending the run."""
+class CompiledBlock(CompiledOrEager):
+    """run_block through one torch.compile'd function, shared by every block."""
 
     def __init__(self, fallback: bool = False) -> None:
-        self.fn = torch.compile(run_block)
-        self.fallback, self.failed = fallback, False
-
-    def __call__(self, block: Block, x: Tensor, rope: Rope, mask: Tensor | None) -> Tensor:
-        if not self.failed:
-            try:
-                return self.fn(block, x, rope, mask)
-            except torch._dynamo.exc.BackendCompilerFailed as err:
-                if not self.fallback:
-                    raise
-                self.failed = True
-                reason = str(err.inner_exception).strip().splitlines()[0][:200]
-                print(
-                    f"stackwise: note: train.compile (auto) could not compile here ({reason}); "
-                    "the run goes on eager. Set train.compile: false to skip the attempt.",
-                    file=sys.stderr,
-                )
-        return run_block(block, x, rope, mask)
+        super().__init__(run_block, fallback)
 
 
 def eager_on_compile_failure(model: nn.Module) -> None:

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from stackwise.origin import stackwise_code
+
 IGNORE = -100
 Batch = dict[str, torch.Tensor]  # a collated batch: input_ids, labels, masks, cache keys
 
@@ -73,17 +75,14 @@ def weighted_ce_sum(
 
 
 @functools.cache
-def compiled_ce_sum() -> Callable[..., torch.Tensor]:
-    """weighted_ce_sum as one compiled kernel per pass: the upcast, log-softmax, pick and
-    weighting fused, with no fp32 copy of the logits. On an H200 at GPT-2's 12x1024x50304
-    logits, forward and backward take 1.8 ms against 8.0 eager (benchmarks/RESULTS.md)."""
-    return torch.compile(weighted_ce_sum)
+def compiled_ce_sum(fallback: bool = False) -> Callable[..., torch.Tensor]:
+    """weighted_ce_sum compiled: the upcast, log-softmax, pick and weighting fused into a
+    few kernels that read the logits in their own dtype and never write an fp32 copy. On an
+    H200 at GPT-2's 12x1024x50304 bf16 logits, forward and backward take 1.8 ms against 8.0
+    eager (benchmarks/RESULTS.md, gpu_loss_paths). `fallback`: eager if the compiler fails."""
+    from stackwise.compiling import CompiledOrEager
 
-
-def stackwise_code(method: Any) -> bool:
-    """Whether a (class's) method is stackwise's own, whose handling of low-precision logits
-    is known: it upcasts before it reduces (stackwise.train.autocast)."""
-    return getattr(method, "__module__", "").startswith("stackwise.")
+    return CompiledOrEager(weighted_ce_sum, fallback)
 
 
 def fp32_logits(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -102,8 +101,8 @@ class Objective:
 
     name = "base"
     causal = False
-    # the loss's numerator; `fused()` puts in the compiled one
-    ce_sum: Callable[..., torch.Tensor] = staticmethod(weighted_ce_sum)
+    # the training loss's numerator, private: `fused()` swaps in the compiled one
+    _ce_sum: Callable[..., torch.Tensor] = staticmethod(weighted_ce_sum)
 
     def __init__(self, specials: Specials) -> None:
         self.specials = specials
@@ -116,13 +115,14 @@ class Objective:
             if method is not None and not stackwise_code(method):
                 setattr(cls, name, fp32_logits(method))
 
-    def fused(self) -> Objective:
-        """This objective with its training loss compiled into one kernel (train.compile on
-        a GPU); an objective whose loss is not stackwise's own is returned as it is."""
+    def fused(self, fallback: bool = False) -> Objective:
+        """This objective with its training loss compiled (train.compile on a GPU; with
+        `fallback`, auto's, eager again if the compiler fails). An objective whose loss is
+        not stackwise's own is returned as it is."""
         if type(self).loss is not Objective.loss:
             return self
         twin = copy.copy(self)
-        twin.ce_sum = compiled_ce_sum()
+        twin._ce_sum = compiled_ce_sum(fallback)
         return twin
 
     @classmethod
@@ -136,7 +136,7 @@ class Objective:
 
     def loss(self, logits: torch.Tensor, prep: Prepared) -> torch.Tensor:
         """sum(weights * CE) / normalizer, in fp32; the logits may be in the autocast dtype."""
-        return self.ce_sum(logits, prep.targets, prep.weights) / prep.normalizer.clamp_min(1)
+        return self._ce_sum(logits, prep.targets, prep.weights) / prep.normalizer.clamp_min(1)
 
     @torch.no_grad()
     def eval_sums(self, logits: torch.Tensor, prep: Prepared) -> dict[str, float]:

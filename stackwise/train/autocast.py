@@ -2,19 +2,22 @@
 
 Accelerate's prepare (and our FSDP2/DeepSpeed placement, which does what it does) also casts a
 model's floating outputs to fp32. stackwise's own losses upcast the logits themselves
-(`objectives.base.token_ce`), eagerly or, with train.compile on a GPU, inside one compiled
-kernel that never writes an fp32 copy: there the output cast was a full extra pass over the
-step's largest tensor, forward and backward, and it fed the loss fp32 logits, whose CUDA
-log-softmax is 2.8x slower (benchmarks/RESULTS.md, gpu_loss_paths and gpu_step_profile). So
-their outputs stay in the autocast dtype. A loss written outside stackwise (a user's adapter or
-objective) keeps Accelerate's contract: fp32 outputs.
+(`objectives.base.token_ce`); with train.compile on a GPU they do it inside one compiled loss
+that reads the bf16 logits and never writes an fp32 copy, which the output cast would put back
+in front of it (a full extra pass over the step's largest tensor, forward and backward). So
+while a run's every reader of the outputs is stackwise's own, they stay in the autocast dtype;
+a loss, evaluation or step written outside stackwise keeps Accelerate's contract (fp32
+outputs), and so does the model once training is over.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
+
+from stackwise.origin import stackwise_code
 
 
 def autocast_forward(model: nn.Module, accelerator: Any) -> None:
@@ -30,16 +33,32 @@ def autocast_forward(model: nn.Module, accelerator: Any) -> None:
         with accelerator.autocast():
             return forward(*args, **kwargs)
 
+    autocast.__wrapped__ = getattr(forward, "__func__", forward)  # type: ignore[attr-defined]
     model.forward = convert_outputs_to_fp32(autocast)  # type: ignore[method-assign]
 
 
-def autocast_outputs(model: nn.Module, accelerator: Any) -> bool:
+def readers_upcast(adapter: Any, strategy: Any) -> bool:
+    """Whether everything that reads the training forward's outputs is stackwise's own code,
+    which upcasts logits before it reduces them: the adapter's loss and evaluation and the
+    strategy's step (an objective's own loss is upcast for it: Objective.__init_subclass__)."""
+    methods = (
+        type(adapter).loss,
+        type(adapter).evaluate,
+        type(strategy).compute_loss,
+        type(strategy).train_step,
+    )
+    return all(stackwise_code(m) for m in methods)
+
+
+def autocast_outputs(model: nn.Module, accelerator: Any) -> Callable[[], None] | None:
     """Undo the fp32 cast of outputs on a model prepared with autocast (by Accelerate or
     `autocast_forward`): its forward still runs under the autocast, its outputs stay in the
-    autocast dtype. False (nothing changed) for a model run without autocast."""
+    autocast dtype. Returns what puts the fp32 cast back (after training), or None where the
+    model runs without autocast."""
     original = model.__dict__.get("_original_forward")
     if original is None or accelerator.mixed_precision == "no":
-        return False
+        return None
+    converting = model.forward
 
     def autocast(*args: Any, **kwargs: Any) -> Any:
         with accelerator.autocast():
@@ -47,4 +66,8 @@ def autocast_outputs(model: nn.Module, accelerator: Any) -> bool:
 
     autocast.__wrapped__ = getattr(original, "__func__", original)  # type: ignore[attr-defined]
     model.forward = autocast  # type: ignore[method-assign]
-    return True
+
+    def restore() -> None:
+        model.forward = converting  # type: ignore[method-assign]
+
+    return restore

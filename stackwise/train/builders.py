@@ -22,6 +22,7 @@ from stackwise.objectives.base import Objective
 from stackwise.registry import PARALLELIZERS
 from stackwise.train import best
 from stackwise.train.adapters import ModelAdapter, RackAdapter
+from stackwise.train.autocast import readers_upcast
 from stackwise.train.checkpoint_manager import CheckpointManager
 from stackwise.train.evaluation import Evaluator
 from stackwise.train.extensions import Extension, ExtensionManager, build_extensions
@@ -75,6 +76,12 @@ def parallelizer_for(plan: Any, strategy: TrainingStrategy) -> Any:
     if hasattr(parallelizer, "configure"):
         parallelizer.configure(plan.parallel)
     return parallelizer
+
+
+def loss_compiles(compiling: bool, device: str) -> bool:
+    """Whether the training loss is compiled with the model: on GPUs, where it was measured
+    (benchmarks/RESULTS.md, gpu_loss_paths); a CPU run keeps it eager."""
+    return compiling and device == "cuda"
 
 
 def bind_step(
@@ -146,10 +153,13 @@ def build_trainer(
     out = claim_output_dir(acc, plan, run_dir_of(plan, output_dir))
     parallelizer = parallelizer_for(plan, strategy)
     strategy.prepare_model(model, adapter)
-    placement = place_model(model, adapter, tc, acc, parallelizer, param_groups, scheduler)
+    upcast = readers_upcast(adapter, strategy)
+    placement = place_model(
+        model, adapter, tc, acc, parallelizer, param_groups, scheduler, outputs_upcast=upcast
+    )
     scored = eval_objective or objective
-    if placement.compiling.on and acc.device.type == "cuda":
-        objective = objective.fused()  # the loss compiled too (measured on GPUs only)
+    if loss_compiles(placement.compiling.on, acc.device.type):
+        objective = objective.fused(fallback=tc.compile is None)
     bind_step(strategy, placement, adapter, objective, plan)
     data = run_data(plan, acc, adapter, train_data, val_data, scored, eval_seed)
     checkpoints = CheckpointManager(acc, out, tc.save_total_limit)

@@ -5,6 +5,10 @@ launched: a stall every step. torch's fused Adam(W) skips its update itself when
 says so (`found_inf`, as the GradScaler drives it), so with it the verdict stays on the device;
 the host reads it at its next decision point (the next update, a log line, an evaluation, a
 checkpoint, the end), when it is long computed, and counts the step skipped or stops the run.
+
+So a NaN/inf step is noticed one step late: with train.skip_nonfinite_steps off the run stops
+during the next step's update (that step's forward and backward ran, its update does not), and
+`skipped_steps` counts a step skipped from the next decision point on.
 """
 
 from __future__ import annotations
@@ -21,6 +25,12 @@ def device_skips(optimizer: Any) -> bool:
     groups = getattr(inner, "param_groups", [])  # a loaded state may have changed `fused`
     fused = bool(groups) and all(group.get("fused") for group in groups)
     return fused and bool(getattr(inner, "_step_supports_amp_scaling", False))
+
+
+def verdict_stays_on_device(optimizer: Any, device: torch.device) -> bool:
+    """On a GPU, with an optimizer that skips on a device flag. On a CPU reading the verdict
+    waits for nothing, so it is read at once there, as without this module."""
+    return device.type == "cuda" and device_skips(optimizer)
 
 
 @dataclass

@@ -271,16 +271,19 @@ class LossWindow:
 
     def __init__(self, accelerator: Any, tokens: int) -> None:
         self.acc = accelerator
-        self.sums = torch.zeros(2, device=accelerator.device)  # finite losses, their count
+        self.sums = torch.zeros(2, device=accelerator.device)  # kept losses, their count
         self.steps, self.tokens, self.start = 0, tokens, time.perf_counter()
 
-    def add(self, loss: torch.Tensor | None) -> None:
-        """None, or a NaN/inf loss (a step skipped with its verdict on the device): left out
-        of the mean, without asking the device which."""
-        if loss is not None:
-            finite = torch.isfinite(loss)
-            self.sums += torch.stack([torch.where(finite, loss, 0.0), finite.float()])
-            self.steps += 1
+    def add(self, loss: torch.Tensor | None, skipped: torch.Tensor | None = None) -> None:
+        """None, or a step the device found NaN/inf and skipped (`skipped`, a 0-d bool
+        there): left out of the mean without asking the device which. Any other loss counts,
+        a non-finite one included."""
+        if loss is None:
+            return
+        counts = torch.ones((), device=loss.device) if skipped is None else (~skipped).float()
+        kept = loss if skipped is None else torch.where(skipped, 0.0, loss)
+        self.sums += torch.stack([kept.float(), counts])
+        self.steps += 1
 
     def close(self, tokens: int) -> tuple[float | None, float]:
         """(mean loss over every rank, None if every step was skipped; tokens/s), and a fresh

@@ -10,7 +10,6 @@ from accelerate import Accelerator
 from torch import nn
 
 from stackwise.model.compiled import eager_on_compile_failure
-from stackwise.objectives.base import stackwise_code
 from stackwise.registry import PARALLELIZERS
 from stackwise.train.autocast import autocast_outputs
 from stackwise.train.compile_policy import EAGER, CompileDecision, compile_decision
@@ -31,6 +30,8 @@ class Placement:
     optimizer: Any
     scheduler: Any
     compiling: CompileDecision = EAGER
+    # puts the model's fp32 output cast back after training (train.autocast.autocast_outputs)
+    restore_outputs: Callable[[], None] | None = None
 
     def unwrapped(self) -> nn.Module:
         """The model itself, out of its DDP/FSDP wrapper and compiled form: what is saved."""
@@ -69,10 +70,12 @@ def place_model(
     parallelizer: Any,
     param_groups: ParamGroups | None = None,
     scheduler: Callable[[Any], Any] | None = None,
+    outputs_upcast: bool = False,
 ) -> Placement:
     """The optimizer over the parameter groups (the adapter's, or `param_groups`), the model
     and optimizer placed by `parallelizer`, and the LR schedule (`scheduler(optimizer)`
-    replaces the train spec's)."""
+    replaces the train spec's). `outputs_upcast`: every reader of the model's outputs upcasts
+    them itself, so they stay in the autocast dtype while training."""
     if hasattr(parallelizer, "shard"):  # sharding replaces the parameters: before the optimizer
         model, param_groups = sharded(parallelizer, model, accelerator, param_groups)
     groups = param_groups if param_groups is not None else adapter.named_groups(model)
@@ -92,8 +95,10 @@ def place_model(
         eager_on_compile_failure(model)
     prepared = placed
     placed, optimizer = parallelizer.place(placed, optimizer, accelerator)
-    if stackwise_code(type(adapter).loss):  # it upcasts the logits itself: no fp32 copy
-        autocast_outputs(prepared, accelerator)
+    # readers that upcast the logits themselves: no fp32 copy of them (train.autocast)
+    restore = autocast_outputs(prepared, accelerator) if outputs_upcast else None
     inner = optimizer.optimizer
     schedule = scheduler(inner) if scheduler else build_scheduler(inner, train)
-    return Placement(accelerator, parallelizer, model, placed, optimizer, schedule, compiling)
+    return Placement(
+        accelerator, parallelizer, model, placed, optimizer, schedule, compiling, restore
+    )

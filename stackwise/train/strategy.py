@@ -23,7 +23,8 @@ from torch import nn
 from stackwise.errors import StackWiseError
 from stackwise.objectives.base import Objective, random_lengths
 from stackwise.registry import Registry
-from stackwise.train.finite import PendingVerdicts, device_skips
+from stackwise.train import finite
+from stackwise.train.finite import PendingVerdicts
 
 Batch = dict[str, torch.Tensor]
 
@@ -47,7 +48,8 @@ class StepContext:
     step_loss: torch.Tensor | None = field(default=None, repr=False)
     # set by `TrainingStrategy.update`: False when a non-finite step was skipped; a step
     # function that updates on its own may leave it None (counted as an update), as does an
-    # update whose verdict stays on the device (`nonfinite`, read later by `settle`)
+    # update whose verdict stays on the device: then `nonfinite` holds it (a 0-d bool tensor,
+    # true for a skipped step), which `settle` reads later
     updated: bool | None = None
     nonfinite: torch.Tensor | None = field(default=None, repr=False)
     verdicts: PendingVerdicts = field(default_factory=PendingVerdicts, repr=False)
@@ -133,7 +135,11 @@ class TrainingStrategy:
         loss = ctx.step_loss if ctx.step_loss is not None else torch.zeros((), device=acc.device)
         # NaN/inf in the loss or the gradient norm (inf * 0 is NaN) poisons this sum
         check = loss.detach().float() + (norm.detach().float() * 0 if norm is not None else 0)
-        if acc.scaler is None and not steps_itself(ctx) and device_skips(optimizer):
+        if (
+            acc.scaler is None
+            and not steps_itself(ctx)
+            and finite.verdict_stays_on_device(optimizer, acc.device)
+        ):
             bad = ~torch.isfinite(acc.reduce(check, "sum"))  # every rank decides alike
             self.settle()  # the previous step's verdict, long computed by now
             ctx.verdicts.step(optimizer, bad, ctx.step)  # a NaN/inf step changes nothing
@@ -142,8 +148,8 @@ class TrainingStrategy:
             optimizer.zero_grad(set_to_none=True)
             return
         # fp16 (GPU): the GradScaler skips overflowing steps itself and adapts its scale
-        finite = acc.scaler is not None or bool(torch.isfinite(acc.reduce(check, "sum")))
-        if not finite:  # every rank decides alike
+        sound = acc.scaler is not None or bool(torch.isfinite(acc.reduce(check, "sum")))
+        if not sound:  # every rank decides alike
             optimizer.zero_grad(set_to_none=True)
             if not tc.skip_nonfinite_steps:
                 raise nonfinite_error(ctx.step)

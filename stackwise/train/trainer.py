@@ -137,7 +137,9 @@ class EnhancedTrainer(FromSettings, RunFiles):
 
     def optimizer_step(self, batches: Batches) -> torch.Tensor | None:
         """One optimizer step over train.grad_accum_steps micro-batches, each through the
-        strategy's train_step; None when a non-finite loss/gradient was skipped."""
+        strategy's train_step: the step's loss, or None when a non-finite loss/gradient was
+        skipped. On a GPU with the fused AdamW that verdict stays on the device: the loss
+        comes back as computed and `strategy.context.nonfinite` holds the verdict."""
         acc, p, ctx = self.accelerator, self.placement, self.strategy.context
         if not p.model.training:
             p.model.train()
@@ -160,8 +162,6 @@ class EnhancedTrainer(FromSettings, RunFiles):
         if ctx.updated is False:  # the strategy skipped a non-finite step
             self.state.skipped_steps += 1
             return None
-        if ctx.nonfinite is not None:  # a skip the device decided, not read yet: NaN
-            return torch.where(ctx.nonfinite, torch.nan, total)
         return total
 
     def settle_steps(self) -> None:
@@ -239,7 +239,7 @@ class EnhancedTrainer(FromSettings, RunFiles):
         tc = self.plan.train
         while self.state.step < tc.max_steps and not self.control.should_stop:
             self.call_hook("on_step_begin")
-            window.add(self.optimizer_step(batches))
+            window.add(self.optimizer_step(batches), self.strategy.context.nonfinite)
             self.metrics.step_done()
             self.call_hook("on_step_end")
             step = self.state.step
@@ -284,6 +284,8 @@ class EnhancedTrainer(FromSettings, RunFiles):
             self._finished = True
             if self.placement.compiling.on:  # the trained model runs eager from here on
                 compile_blocks(self.raw_model, on=False)
+            if self.placement.restore_outputs is not None:  # and gives fp32 outputs again
+                self.placement.restore_outputs()
             self.call_hook("on_train_end")
             self.metrics.close()
             self.flop_meter.detach()
