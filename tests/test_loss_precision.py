@@ -18,6 +18,7 @@ from stackwise.pipeline import trainer_for
 from stackwise.train import builders
 from stackwise.train.adapters import RackAdapter
 from stackwise.train.compile_policy import c_compiler
+from stackwise.train.extensions import Extension
 from stackwise.train.strategy import TrainingStrategy
 from tests.test_trainer import SP, blocks
 
@@ -42,6 +43,16 @@ class UsersStrategy(TrainingStrategy):
         return F.cross_entropy(logits.flatten(0, 1), prep.targets.flatten(), ignore_index=-100)
 
 
+class UsersProbe(Extension):
+    """An extension of one's own that runs the model in a hook."""
+
+    seen: ClassVar[list[torch.dtype]] = []
+
+    def on_eval(self, run, metrics):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            UsersProbe.seen.append(run.model(torch.randint(4, 40, (1, 8))).dtype)
+
+
 class UsersObjective(CLM):
     seen: ClassVar[list[torch.dtype]] = []
 
@@ -50,14 +61,13 @@ class UsersObjective(CLM):
         return super().loss(logits, prep)
 
 
-def trained(cfg, adapter=None, objective=None, strategy=None):
+def trained(cfg, adapter=None, objective=None, strategy=None, extensions=()):
     torch.manual_seed(0)
     rack = Rack(cfg.model, SP.vocab_size, cfg.objective.causal, cfg.masking.num_time_steps)
     parts = {"adapter": adapter} if adapter else {}
     parts |= {"strategy": strategy} if strategy else {}
-    trainer = trainer_for(
-        cfg, rack, objective or build_objective(cfg, SP), blocks(32), None, **parts
-    )
+    objective = objective or build_objective(cfg, SP)
+    trainer = trainer_for(cfg, rack, objective, blocks(32), blocks(8), extensions, **parts)
     return trainer
 
 
@@ -95,6 +105,12 @@ def test_an_objective_loss_written_outside_stackwise_gets_fp32_logits(tiny, bf16
     UsersObjective.seen.clear()
     trained(cfg, objective=UsersObjective(SP)).train()
     assert UsersObjective.seen and set(UsersObjective.seen) == {torch.float32}
+
+
+def test_an_extension_of_ones_own_that_runs_the_model_gets_fp32(tiny, bf16_autocast):
+    UsersProbe.seen.clear()
+    trained(bf16_config(tiny, "users-probe"), extensions=[UsersProbe()]).train()
+    assert UsersProbe.seen and set(UsersProbe.seen) == {torch.float32}
 
 
 def test_a_step_of_ones_own_gets_fp32_logits_and_so_does_the_trained_model(tiny, bf16_autocast):

@@ -6,13 +6,13 @@ model's floating outputs to fp32. stackwise's own losses upcast the logits thems
 that reads the bf16 logits and never writes an fp32 copy, which the output cast would put back
 in front of it (a full extra pass over the step's largest tensor, forward and backward). So
 while a run's every reader of the outputs is stackwise's own, they stay in the autocast dtype;
-a loss, evaluation or step written outside stackwise keeps Accelerate's contract (fp32
-outputs), and so does the model once training is over.
+a loss, evaluation, step or extension written outside stackwise keeps Accelerate's contract
+(fp32 outputs), and so does the model once training is over.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import nn
@@ -37,17 +37,18 @@ def autocast_forward(model: nn.Module, accelerator: Any) -> None:
     model.forward = convert_outputs_to_fp32(autocast)  # type: ignore[method-assign]
 
 
-def readers_upcast(adapter: Any, strategy: Any) -> bool:
-    """Whether everything that reads the training forward's outputs is stackwise's own code,
-    which upcasts logits before it reduces them: the adapter's loss and evaluation and the
-    strategy's step (an objective's own loss is upcast for it: Objective.__init_subclass__)."""
-    methods = (
+def readers_upcast(adapter: Any, strategy: Any, extensions: Sequence[Any] = ()) -> bool:
+    """Whether everything that may read the training forward's outputs is stackwise's own
+    code, which upcasts logits before it reduces them: the adapter's loss and evaluation, the
+    strategy's step and the extensions (whose hooks see the model). An objective's own loss
+    is upcast for it (Objective.__init_subclass__)."""
+    methods = [
         type(adapter).loss,
         type(adapter).evaluate,
         type(strategy).compute_loss,
         type(strategy).train_step,
-    )
-    return all(stackwise_code(m) for m in methods)
+    ]
+    return all(stackwise_code(m) for m in methods + [type(e) for e in extensions])
 
 
 def autocast_outputs(model: nn.Module, accelerator: Any) -> Callable[[], None] | None:

@@ -153,7 +153,7 @@ def build_trainer(
     out = claim_output_dir(acc, plan, run_dir_of(plan, output_dir))
     parallelizer = parallelizer_for(plan, strategy)
     strategy.prepare_model(model, adapter)
-    upcast = readers_upcast(adapter, strategy)
+    upcast = readers_upcast(adapter, strategy, ext.extensions)
     placement = place_model(
         model, adapter, tc, acc, parallelizer, param_groups, scheduler, outputs_upcast=upcast
     )
