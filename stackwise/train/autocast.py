@@ -28,13 +28,19 @@ def autocast_forward(model: nn.Module, accelerator: Any) -> None:
 
     forward = model.forward
     model._original_forward = forward  # type: ignore[assignment]
+    model.forward = convert_outputs_to_fp32(under_autocast(forward, accelerator))  # type: ignore[method-assign]
+
+
+def under_autocast(forward: Callable[..., Any], accelerator: Any) -> Callable[..., Any]:
+    """`forward` run under the accelerator's autocast; `__wrapped__` names the function under
+    it, as Accelerate's unwrap_model(keep_fp32_wrapper=False) follows it back."""
 
     def autocast(*args: Any, **kwargs: Any) -> Any:
         with accelerator.autocast():
             return forward(*args, **kwargs)
 
     autocast.__wrapped__ = getattr(forward, "__func__", forward)  # type: ignore[attr-defined]
-    model.forward = convert_outputs_to_fp32(autocast)  # type: ignore[method-assign]
+    return autocast
 
 
 def readers_upcast(adapter: Any, strategy: Any, extensions: Sequence[Any] = ()) -> bool:
@@ -60,13 +66,7 @@ def autocast_outputs(model: nn.Module, accelerator: Any) -> Callable[[], None] |
     if original is None or accelerator.mixed_precision == "no":
         return None
     converting = model.forward
-
-    def autocast(*args: Any, **kwargs: Any) -> Any:
-        with accelerator.autocast():
-            return original(*args, **kwargs)
-
-    autocast.__wrapped__ = getattr(original, "__func__", original)  # type: ignore[attr-defined]
-    model.forward = autocast  # type: ignore[method-assign]
+    model.forward = under_autocast(original, accelerator)  # type: ignore[method-assign]
 
     def restore() -> None:
         model.forward = converting  # type: ignore[method-assign]

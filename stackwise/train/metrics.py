@@ -271,7 +271,8 @@ class LossWindow:
 
     def __init__(self, accelerator: Any, tokens: int) -> None:
         self.acc = accelerator
-        self.sums = torch.zeros(2, device=accelerator.device)  # kept losses, their count
+        self.total = torch.zeros((), device=accelerator.device)
+        self.dropped = torch.zeros((), device=accelerator.device)  # device-skipped steps
         self.steps, self.tokens, self.start = 0, tokens, time.perf_counter()
 
     def add(self, loss: torch.Tensor | None, skipped: torch.Tensor | None = None) -> None:
@@ -280,17 +281,20 @@ class LossWindow:
         a non-finite one included."""
         if loss is None:
             return
-        counts = torch.ones((), device=loss.device) if skipped is None else (~skipped).float()
-        kept = loss if skipped is None else torch.where(skipped, 0.0, loss)
-        self.sums += torch.stack([kept.float(), counts])
         self.steps += 1
+        if skipped is None:
+            self.total += loss
+        else:
+            self.total += torch.where(skipped, 0.0, loss)
+            self.dropped += skipped
 
     def close(self, tokens: int) -> tuple[float | None, float]:
         """(mean loss over every rank, None if every step was skipped; tokens/s), and a fresh
         window."""
-        total, count = self.acc.reduce(self.sums, "sum").tolist()
+        total, dropped = self.acc.reduce(torch.stack([self.total, self.dropped]), "sum").tolist()
+        count = self.steps * self.acc.num_processes - dropped
         mean = total / count if count else None
         tps = (tokens - self.tokens) / max(time.perf_counter() - self.start, 1e-9)
-        self.sums.zero_()
+        torch._foreach_zero_([self.total, self.dropped])
         self.steps, self.tokens, self.start = 0, tokens, time.perf_counter()
         return mean, tps
