@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -233,6 +235,44 @@ def test_bpe_is_cached_by_corpus_hash_and_vocab_size(tmp_path, monkeypatch):
     corpus_tokenizer(texts, 320, str(cache))
     names = sorted(p.name for p in (cache / "tokenizers").iterdir())
     assert len(names) == 2 and {n.rsplit("-", 1)[1] for n in names} == {"300", "320"}
+
+
+@pytest.mark.parametrize("name", [None, "char", "byte"])
+def test_a_built_tokenizer_reloads_without_the_auto_registry(tmp_path, name):
+    """Our tokenizers reload as the plain fast class, not through AutoTokenizer (whose model
+    registry costs every process seconds): the same tokenizer, chat template included."""
+    from transformers import AutoTokenizer
+
+    built = tokmod.make_tokenizer(name, [*DOCS, ODD_TEXT], 300, str(tmp_path))
+    built.chat_template = "{% for m in messages %}{{ m['content'] }}{{ eos_token }}{% endfor %}"
+    folder = tmp_path / "saved"
+    built.save_pretrained(str(folder))
+    assert tokmod._loader(folder) is PreTrainedTokenizerFast
+    fast, auto = tokmod.load_tokenizer_dir(folder), AutoTokenizer.from_pretrained(str(folder))
+    assert type(fast) is type(auto)
+    assert fast.get_vocab() == auto.get_vocab() and fast.all_special_ids == auto.all_special_ids
+    for text in (ODD_TEXT, DOCS[0][:300]):
+        assert fast(text)["input_ids"] == auto(text)["input_ids"]
+    chat = [{"role": "user", "content": "Hail"}]
+    assert fast.apply_chat_template(chat, tokenize=False) == "Hail<eos>"
+    # a folder saved as another class (or with no readable config) still goes through Auto
+    config = folder / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "tokenizer_class": "X"}))
+    assert tokmod._loader(folder) is AutoTokenizer
+    config.write_text("[1, 2]")
+    assert tokmod._loader(folder) is AutoTokenizer
+
+
+def test_loading_our_tokenizer_leaves_the_auto_registry_unimported(tmp_path):
+    folder = tmp_path / "char"
+    tokmod.char_tokenizer(DOCS).save_pretrained(str(folder))
+    code = (
+        "import sys; from stackwise.data.tokenizer import load_tokenizer_dir; "
+        f"load_tokenizer_dir({str(folder)!r}); "
+        "print(sorted(m for m in sys.modules if m.startswith('transformers.models.auto')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_build_data_uses_the_cache_dir_for_its_tokenizer(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ id and packing needs eos.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shutil
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from stackwise.data.tokenize import text_pieces
 from stackwise.errors import StackWiseError
@@ -73,7 +74,7 @@ def load_tokenizer_dir(path: str | Path) -> PreTrainedTokenizerBase:
             f"data.tokenizer at {SAVED_WITH}."
         )
     try:
-        tok = AutoTokenizer.from_pretrained(
+        tok = _loader(path).from_pretrained(
             str(path), local_files_only=True, trust_remote_code=False
         )
     except Exception as err:  # a damaged file raises KeyError, TypeError, JSON errors, ...
@@ -83,6 +84,26 @@ def load_tokenizer_dir(path: str | Path) -> PreTrainedTokenizerBase:
             f"its files are damaged or not a tokenizer's. Use {SAVED_WITH}."
         ) from None
     return ensure_specials(tok)
+
+
+# the classes our own tokenizers are saved as (transformers 5 and 4 names)
+PLAIN_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _loader(path: Path) -> Any:
+    """The plain fast class for a tokenizer.json saved as one (every tokenizer we build), else
+    AutoTokenizer: its model registry costs seconds of start-up and some 6 MB per process, and
+    it would pick the same class."""
+    config = path / "tokenizer_config.json"
+    try:
+        saved_as = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        saved_as = None  # no or damaged config: AutoTokenizer decides (and names the problem)
+    if saved_as in PLAIN_FAST and (path / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
