@@ -73,6 +73,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from stackwise.config import Config, from_dict
+from stackwise.io.lock import release_run_folder
 from stackwise.io.trained import build_rack
 from stackwise.model.hf import llama_config, llama_state_dict
 from stackwise.model.rack import Rack
@@ -247,6 +248,7 @@ def run_ours(
 
     trainer.optimizer_step = timed_step  # type: ignore[method-assign]
     trainer.train()
+    release_run_folder(trainer.output_dir)  # the forked child skips atexit: free it as a run does
     return clock.result(shape, plan)
 
 
