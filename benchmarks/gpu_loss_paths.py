@@ -3,6 +3,7 @@ bf16, as the rack returns them under autocast), by way of each path a trainer ca
 
     .venv/bin/python benchmarks/gpu_loss_paths.py            # on a CUDA GPU
     .venv/bin/python benchmarks/gpu_loss_paths.py --quick    # small logits on the CPU, to try it
+    .venv/bin/python benchmarks/gpu_loss_paths.py --cpu      # why a CPU run keeps the loss eager
 
 Paths (each weighted by per-position weights, as stackwise's objectives are, except nanoGPT's):
   fp32 copy, then CE   the logits cast to fp32 first (what Accelerate's output cast did before
@@ -17,6 +18,10 @@ Paths (each weighted by per-position weights, as stackwise's objectives are, exc
 Timing: CUDA events around forward + backward, median (min..max) of --reps after 3 warm-up
 calls (the compiled path compiles there). `loss/token` and `|diff|`: the mean loss, and its
 distance from the fp32 path's.
+
+--cpu: stackwise eager against stackwise compiled on the CPU, one thread, at throughput.py's
+shapes (12 x 64 rows, vocab 65 and 4096, fp32 and bf16 logits), timed by the wall clock:
+train.compile leaves the loss eager on a CPU (train.builders.loss_compiles) because of it.
 """
 
 from __future__ import annotations
@@ -69,12 +74,44 @@ def timed(loss: Loss, logits: torch.Tensor, targets: torch.Tensor, w: torch.Tens
     return times, float(value.detach())
 
 
+def cpu_paths(reps: int) -> None:
+    """Eager against compiled on the CPU at the tiny training shapes, one thread."""
+    torch.set_num_threads(1)
+    print(f"{bench.machine_line('fp32 and bf16 logits')}; eager against compiled")
+    head = f"{'vocab':>6} {'logits':>8} {'eager ms':>9} {'compiled ms':>12} {'compiled speed':>15}"
+    print(head)
+    print("-" * len(head))
+    compiled, speeds = compiled_ce_sum(), []
+    rows = 12 * 64
+    for vocab in (65, 4096):
+        for dtype in (torch.float32, torch.bfloat16):
+            gen = torch.Generator().manual_seed(0)
+            logits = torch.randn(rows, vocab, generator=gen).to(dtype)
+            targets = torch.randint(0, vocab, (rows,), generator=gen)
+            ones = torch.ones(rows)
+            eager = statistics.median(timed(weighted_ce_sum, logits, targets, ones, reps)[0])
+            fused = statistics.median(timed(compiled, logits, targets, ones, reps)[0])
+            speeds.append(eager / fused)
+            name = str(dtype).removeprefix("torch.")
+            print(f"{vocab:>6} {name:>8} {eager:>9.3f} {fused:>12.3f} {eager / fused:>14.2f}x")
+    print(
+        f"headline: compiled/eager loss speed on this CPU, median of the four: "
+        f"{statistics.median(speeds):.2f}x"
+    )
+
+
 def main() -> None:
     p = bench.benchmark_parser(__doc__, "small logits (2 x 64 x 512) on the CPU")
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--cpu", action="store_true", help="eager against compiled on the CPU")
     args = p.parse_args()
     if args.reps < 1:
         p.error("--reps must be at least 1")
+    if args.cpu:
+        if args.record:  # the section holds the GPU run; a CPU run is added to it by hand
+            p.error("--record is for the GPU run; --cpu prints its table only")
+        cpu_paths(args.reps)
+        return
     if DEVICE != "cuda" and not args.quick:
         p.error("no CUDA GPU here: this measures GPU kernels (--quick tries it on the CPU)")
     rec = record.start("gpu_loss_paths", args.record)
