@@ -37,7 +37,7 @@ __all__ = [
 
 def run(argv: list[str] | None = None) -> NoReturn:
     """The `stackwise` command as a process: main(), then exit with its code (see leave)."""
-    from stackwise.train.hardware import leave
+    from stackwise.launcher import leave
 
     leave(main(argv))
 

@@ -16,11 +16,11 @@ def cmd_train(ns: argparse.Namespace) -> int:
     default DEFAULT_PRESET) with dotted overrides such as train.max_steps=100. Several
     processes: `torchrun --nproc_per_node N -m stackwise train ...` or `accelerate launch
     --num_processes N -m stackwise train ...` (with --multi_gpu where there is no GPU)."""
+    start = time.monotonic()
+    config = load_args(with_config_flag(ns))  # a bad config is refused before torch loads
     from stackwise.generate import sample_texts
     from stackwise.pipeline import train_from_config
 
-    start = time.monotonic()
-    config = load_args(with_config_flag(ns))
     result = train_from_config(config)
     if not result.trainer.accelerator.is_main_process:  # under torchrun, rank 0 reports
         return 0
@@ -71,9 +71,6 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
     swept on the whole rack."""
     from datetime import datetime
 
-    from stackwise.pipeline import trainer_of
-    from stackwise.train.lr_find import lr_find
-
     if not (0 < ns.min_lr < ns.max_lr) or ns.steps < 2:
         raise StackWiseError(
             f"lr-find needs 0 < --min-lr < --max-lr and --steps >= 2 (got {ns.min_lr}, "
@@ -94,6 +91,9 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
                 f"Cannot create the folder of --plot '{plot_path}': {err.strerror or err}. "
                 "Pick a writable path."
             ) from None
+    from stackwise.pipeline import trainer_of  # after every check: torch takes seconds to load
+    from stackwise.train.lr_find import lr_find
+
     trainer = trainer_of(config)
     result = lr_find(trainer, ns.min_lr, ns.max_lr, ns.steps)
     plot = result.plot(plot_path or trainer.output_dir / "lr_find.png")

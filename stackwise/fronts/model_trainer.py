@@ -201,6 +201,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from stackwise.train.hardware import leave
+    from stackwise.launcher import leave
 
     leave(main())  # a launched process exits without gloo's teardown abort

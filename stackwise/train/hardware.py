@@ -18,7 +18,7 @@ import ctypes
 import ctypes.util
 import os
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -273,19 +273,3 @@ def training_device(device: Any, who: str) -> torch.device:
         f"the model), so a model built on {wanted} would be moved away from it. Pass "
         f"device='{here}' or leave it out; or {how}."
     )
-
-
-def leave(code: int) -> NoReturn:
-    """Exit with `code`. A process of a multi-process launch ends with os._exit once its output
-    is flushed: gloo's threads, torn down with the interpreter, now and then abort a finished
-    process ("terminate called without an active exception", SIGABRT) even after its process
-    group was destroyed (about 1 run in 8 of two FSDP processes here), and torchrun then
-    reports the whole run as failed."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "torch.distributed" in sys.modules:
-        import logging
-
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
