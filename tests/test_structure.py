@@ -44,11 +44,15 @@ def test_a_module_imported_from_its_package_counts_as_that_module():
         ["train", "tiny-clm", "train.lr=abc"],
         ["train", "no-such-config.yaml"],
         ["lr-find", "tiny-clm", "--min-lr", "1", "--max-lr", "0.1"],
+        ["generate", "--checkpoint", "no-such-run", "--prompt", "a"],
+        ["eval", "--checkpoint", "no-such-run"],
+        ["finetune", "not-a-flag"],
     ],
 )
 def test_the_command_answers_help_and_refuses_a_bad_config_without_loading_torch(args, tmp_path):
     """The `stackwise` process itself (its entry point, as a user runs it): help, config
-    commands and a refused config must not import torch, which costs seconds and 200 MB."""
+    commands, a refused config and a mistyped run folder must not import torch, which costs
+    seconds and 200 MB."""
     import subprocess
     import sys
 

@@ -43,18 +43,29 @@ def check_sampling(config: Any, overrides: dict[str, Any]) -> None:
 
 def cmd_generate(ns: argparse.Namespace) -> int:
     from stackwise.cli.hf_commands import generate_chat, is_finetuned
-    from stackwise.generate import generate
-    from stackwise.runs import config_of, load_trained
+    from stackwise.io.run_folder import run_paths
 
     overrides = {name: getattr(ns, name) for name in SAMPLE_OVERRIDES}
     if is_finetuned(ns.checkpoint):
         return generate_chat(ns, overrides)
+    run_paths(ns.checkpoint)  # a wrong folder is refused before torch loads
+    from stackwise.runs import config_of, load_trained
+
     plan, rack, tok = load_trained(ns.checkpoint)
     config = config_of(plan)  # the run's validated config: the flags are checked against it
     if ns.chat is not None:
         from stackwise.cli.hf_commands import rack_chat
 
         return rack_chat(ns, config, rack, tok, overrides)
+    return print_samples(ns, plan, rack, tok, config, overrides)
+
+
+def print_samples(
+    ns: argparse.Namespace, plan: Any, rack: Any, tok: Any, config: Any, overrides: dict
+) -> int:
+    """`generate` on a rack run: its samples, one streamed as it is made, or several."""
+    from stackwise.generate import generate
+
     stream = None
     if ns.num_samples == 1:  # one sample is shown as it is made
 
@@ -146,7 +157,7 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     two runs are comparable), sample from it, and write eval.json there."""
 
     from stackwise.cli.hf_commands import is_finetuned, trained_on_chat
-    from stackwise.evaluate import EvalSettings, render, run_eval
+    from stackwise.io.run_folder import run_paths
 
     if is_finetuned(ns.checkpoint) or trained_on_chat(ns.checkpoint):
         raise StackWiseError(
@@ -164,6 +175,14 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     for name in ("t_points", "mc_num", "samples", "max_blocks"):
         if getattr(ns, name) < 1:
             raise StackWiseError(f"--{name.replace('_', '-')} must be at least 1.")
+    run_paths(ns.checkpoint)  # a wrong folder is refused before torch loads
+    if ns.reference is not None:
+        try:
+            run_paths(ns.reference)
+        except StackWiseError as err:
+            raise StackWiseError(f"--reference: {err}") from None
+    from stackwise.evaluate import EvalSettings, render, run_eval
+
     settings = EvalSettings(ns.t_points, ns.mc_num, ns.samples, ns.max_blocks, ns.seed)
     names = ("sampler", "remasking", "steps", "confidence_threshold", "remask_budget")
     sampling = {name: getattr(ns, name) for name in names}

@@ -22,11 +22,12 @@ def cmd_finetune(ns: argparse.Namespace) -> int:
     same flat names or our sections)."""
     from stackwise.cli.common import run_summary
     from stackwise.cli.finetune import finetune_config
-    from stackwise.pipeline import train_from_config
 
     start = time.monotonic()
     try:
-        config = finetune_config(ns.args)
+        config = finetune_config(ns.args)  # bad flags are refused before torch loads
+        from stackwise.pipeline import train_from_config
+
         result = train_from_config(config)
     except StackWiseError as err:
         if hasattr(err, "resume_command"):  # a stop signal: main() says how to resume

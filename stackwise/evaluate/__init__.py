@@ -38,7 +38,8 @@ from stackwise.evaluate.samples import (
     word_stats,
 )
 from stackwise.evaluate.settings import EvalSettings
-from stackwise.io.trained import run_folder_of, training_compute
+from stackwise.io.run_folder import run_folder_of
+from stackwise.io.trained import training_compute
 from stackwise.runs import config_of, load_trained
 from stackwise.spec import Plan
 

@@ -30,6 +30,7 @@ import torch
 
 from stackwise.errors import StackWiseError
 from stackwise.io.files import read_json, read_tensors, read_torch
+from stackwise.io.run_folder import LATEST, STATE
 from stackwise.io.saved_config import (
     RESUME_ELSEWHERE,
     check_stream,
@@ -39,8 +40,6 @@ from stackwise.io.saved_config import (
     value,
 )
 
-LATEST = "latest"
-STATE = "trainer_state.json"
 CONSOLIDATED = "model.pt"
 PATTERN = re.compile(r"^checkpoint-(\d+)$")
 

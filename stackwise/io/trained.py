@@ -8,7 +8,6 @@ and compiled into its Plan; what is here builds the rack from that Plan.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,18 +18,15 @@ from transformers import PreTrainedTokenizerBase
 
 from stackwise.data.tokenizer import load_tokenizer_dir
 from stackwise.errors import StackWiseError
-from stackwise.io.checkpoints import LATEST, STATE
 from stackwise.io.files import read_tensors, save_tensors, staged, write_atomic, write_json
 from stackwise.io.final import move_into
+from stackwise.io.run_folder import run_paths
 from stackwise.io.stack_files import HISTORY, needs_structure, rack_from_stacks, read_manifest
 from stackwise.model.chain import CHAIN_INPUT_VERSION, DenoisingChain
 from stackwise.model.rack import Rack
 from stackwise.spec import Plan
 
 WEIGHTS = "model.safetensors"
-# what only a checkpoint folder holds (beside trainer_state.json)
-CHECKPOINT_FILES = {"optimizer.bin", "scheduler.bin", "rng_state_0.json"}
-STAGE_DIR = re.compile(r"^(stack_\d+|joint)$")  # where a progressive run keeps stage folders
 # a saved run's folder (the one holding config.yaml) -> its Plan: the door, stackwise.runs.read_plan
 PlanReader = Callable[[Path], Plan]
 
@@ -78,50 +74,6 @@ def save_tokenizer(run_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
     with staged(run_dir / ".tokenizer.tmp", failure) as tmp:
         tokenizer.save_pretrained(str(tmp))
         move_into(tmp, run_dir / "tokenizer")
-
-
-def run_folder_of(folder: Path) -> tuple[Path, Path]:
-    """(the folder holding config.yaml and weights, its tokenizer dir): a run folder, or one
-    of its checkpoint-<step> folders, whose tokenizer is the run's."""
-    if not (folder / STATE).is_file():
-        if CHECKPOINT_FILES & {p.name for p in folder.iterdir()}:
-            raise StackWiseError(
-                f"'{folder}' is an incomplete checkpoint: its {STATE} is missing (the save was "
-                "cut short, or the file was deleted). Use another checkpoint of the run "
-                f"('{LATEST}' names the newest complete one), or the finished run folder."
-            )
-        return folder, folder / "tokenizer"
-    if STAGE_DIR.match(folder.parent.name):
-        raise StackWiseError(
-            f"'{folder}' is a checkpoint of one progressive stage ({folder.parent.name}): it "
-            "holds that stage's training state, not a rack to sample from. Generate from the "
-            f"run folder '{folder.parent.parent}' once the run has finished (resume it with "
-            "train.resume_from_checkpoint=latest)."
-        )
-    return folder, folder.parent / "tokenizer"
-
-
-def not_a_run(folder: Path) -> str:
-    """Why `folder` cannot be loaded as a trained run, and what to pass instead."""
-    if not folder.exists():
-        return f"'{folder}' does not exist. Pass the folder that `stackwise train` wrote."
-    if not folder.is_dir():
-        return (
-            f"'{folder}' is a file, but a run is a folder (the output dir that `stackwise "
-            "train` or `finetune` wrote, or one of its checkpoint-<step> folders). Pass the folder."
-        )
-    latest = folder / LATEST
-    if latest.is_file() and not (folder / "run_complete.json").is_file():
-        name = latest.read_text(encoding="utf-8").strip()
-        return (
-            f"The run in '{folder}' has not finished (no config.yaml or run_complete.json yet), "
-            f"so it holds no final model. Sample its latest checkpoint, '{folder / name}', or "
-            "resume the run."
-        )
-    return (
-        f"'{folder}' is not a StackWise output dir (no config.yaml). Pass the folder that "
-        "`stackwise train` wrote."
-    )
 
 
 def build_rack(config: Plan | Any, vocab_size: int, memory: bool = True) -> Rack:
@@ -172,15 +124,6 @@ def chain_of(config: Plan | Any, tokenizer: PreTrainedTokenizerBase) -> Denoisin
     objective = build_objective(config, specials)
     assert isinstance(objective, Diffusion)
     return DenoisingChain(specials.mask_id, objective.schedule.mask_fraction)
-
-
-def run_paths(folder: str | Path) -> tuple[Path, Path]:
-    """(the folder holding config.yaml and weights, its tokenizer dir) of a saved run or one of
-    its checkpoints; a folder that is neither is refused with what to pass instead."""
-    folder = Path(folder).expanduser()
-    if not (folder / "config.yaml").is_file():
-        raise StackWiseError(not_a_run(folder))
-    return run_folder_of(folder)
 
 
 def load_rack(
