@@ -56,7 +56,7 @@ def timed(loss: Loss, logits: torch.Tensor, targets: torch.Tensor, w: torch.Tens
     times = []
     for i in range(reps + 3):
         x = logits.detach().requires_grad_(True)
-        if DEVICE == "cuda":
+        if logits.device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             value = loss(x, targets, w)
@@ -81,10 +81,14 @@ def cpu_paths(reps: int) -> None:
     head = f"{'vocab':>6} {'logits':>8} {'eager ms':>9} {'compiled ms':>12} {'compiled speed':>15}"
     print(head)
     print("-" * len(head))
-    compiled, speeds = compiled_ce_sum(), []
-    rows = 12 * 64
+    speeds, rows = [], 12 * 64
     for vocab in (65, 4096):
         for dtype in (torch.float32, torch.bfloat16):
+            # a fresh compile per case, as a training run (one shape) gets: a shared one would
+            # recompile for the second shape with dynamic sizes
+            torch._dynamo.reset()
+            compiled_ce_sum.cache_clear()
+            compiled = compiled_ce_sum()
             gen = torch.Generator().manual_seed(0)
             logits = torch.randn(rows, vocab, generator=gen).to(dtype)
             targets = torch.randint(0, vocab, (rows,), generator=gen)
@@ -108,6 +112,8 @@ def main() -> None:
     if args.reps < 1:
         p.error("--reps must be at least 1")
     if args.cpu:
+        if args.quick:
+            p.error("--cpu already runs the small training shapes; give it without --quick")
         if args.record:  # the section holds the GPU run; a CPU run is added to it by hand
             p.error("--record is for the GPU run; --cpu prints its table only")
         cpu_paths(args.reps)

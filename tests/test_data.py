@@ -249,13 +249,18 @@ def test_a_built_tokenizer_reloads_without_the_auto_registry(tmp_path, name):
     built.save_pretrained(str(folder))
     assert tokmod._loader(folder) is PreTrainedTokenizerFast
     fast, auto = tokmod.load_tokenizer_dir(folder), AutoTokenizer.from_pretrained(str(folder))
-    assert type(fast) is type(auto)
+    assert type(fast) is type(auto) and repr(fast) == repr(auto)  # specials, sides, lengths
     assert fast.get_vocab() == auto.get_vocab() and fast.all_special_ids == auto.all_special_ids
+    assert fast.chat_template == auto.chat_template == built.chat_template
     for text in (ODD_TEXT, DOCS[0][:300]):
         assert fast(text)["input_ids"] == auto(text)["input_ids"]
     chat = [{"role": "user", "content": "Hail"}]
     assert fast.apply_chat_template(chat, tokenize=False) == "Hail<eos>"
-    # a folder saved as another class (or with no readable config) still goes through Auto
+    # a model's folder (its config.json may choose the class), a folder saved as another
+    # class, or one with no readable config: AutoTokenizer decides
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    assert tokmod._loader(folder) is AutoTokenizer
+    (folder / "config.json").unlink()
     config = folder / "tokenizer_config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "tokenizer_class": "X"}))
     assert tokmod._loader(folder) is AutoTokenizer

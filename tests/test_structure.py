@@ -33,39 +33,42 @@ def test_a_module_imported_from_its_package_counts_as_that_module():
     assert structure.layer("stackwise.pipeline") > structure.layer("stackwise.model.rack")
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["--help"],
-        ["--version"],
-        ["train", "--help"],
-        ["config", "show", "tiny-clm"],
-        ["config", "validate", "tiny-clm"],
-        ["train", "tiny-clm", "train.lr=abc"],
-        ["train", "no-such-config.yaml"],
-        ["lr-find", "tiny-clm", "--min-lr", "1", "--max-lr", "0.1"],
-        ["generate", "--checkpoint", "no-such-run", "--prompt", "a"],
-        ["eval", "--checkpoint", "no-such-run"],
-        ["finetune", "not-a-flag"],
-    ],
-)
-def test_the_command_answers_help_and_refuses_a_bad_config_without_loading_torch(args, tmp_path):
+ENTRY_CASES = {  # command line -> what it prints (stdout for help, else the error)
+    "help": (["--help"], "usage: stackwise"),
+    "version": (["--version"], "stackwise"),
+    "train-help": (["train", "--help"], "usage: stackwise train"),
+    "config-show": (["config", "show", "tiny-clm"], "d_model"),
+    "config-validate": (["config", "validate", "tiny-clm"], "valid"),
+    "train-bad-value": (["train", "tiny-clm", "train.lr=abc"], "train.lr"),
+    "train-no-config": (["train", "no-such-config.yaml"], "no-such-config.yaml"),
+    "lr-find-bad-value": (["lr-find", "tiny-clm", "train.lr=abc"], "train.lr"),
+    "lr-find-bad-range": (["lr-find", "tiny-clm", "--min-lr", "1", "--max-lr", "0.1"], "--min-lr"),
+    "generate-no-run": (["generate", "--checkpoint", "no-such-run", "--prompt", "a"], "not exist"),
+    "eval-no-run": (["eval", "--checkpoint", "no-such-run"], "does not exist"),
+    "finetune-bad-flag": (["finetune", "not-a-flag"], "not-a-flag"),
+}
+
+
+@pytest.mark.parametrize("case", list(ENTRY_CASES))
+def test_the_command_answers_help_and_refuses_a_bad_config_without_loading_torch(case, tmp_path):
     """The `stackwise` process itself (its entry point, as a user runs it): help, config
     commands, a refused config and a mistyped run folder must not import torch, which costs
     seconds and 200 MB."""
     import subprocess
     import sys
 
+    args, said = ENTRY_CASES[case]
     code = (
         "import atexit, sys; from stackwise.cli import run; "
-        "atexit.register(lambda: print('torch' in sys.modules)); "
+        "atexit.register(lambda: print('torch loaded:', 'torch' in sys.modules)); "
         f"sys.argv = ['stackwise', *{args!r}]; run()"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120
     )
     assert out.returncode in (0, 2), out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "False", out.stdout[-300:] + out.stderr
+    assert said in out.stdout + out.stderr, out.stdout[-300:] + out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "torch loaded: False", out.stdout[-300:]
 
 
 def test_the_checker_finds_config_below_the_door_and_trainer_subclasses(tmp_path):

@@ -23,11 +23,11 @@ def cmd_finetune(ns: argparse.Namespace) -> int:
     from stackwise.cli.common import run_summary
     from stackwise.cli.finetune import finetune_config
 
-    start = time.monotonic()
     try:
         config = finetune_config(ns.args)  # bad flags are refused before torch loads
         from stackwise.pipeline import train_from_config
 
+        start = time.monotonic()
         result = train_from_config(config)
     except StackWiseError as err:
         if hasattr(err, "resume_command"):  # a stop signal: main() says how to resume
@@ -90,9 +90,6 @@ def trained_on_chat(folder: str | Path) -> bool:
 
 def generate_chat(ns: argparse.Namespace, overrides: dict[str, Any]) -> int:
     """`generate` on a fine-tuned run: a reply to --chat, rendered with the run's template."""
-    from stackwise.hf.chat import reply
-    from stackwise.runs import config_of, load_finetuned
-
     if ns.chat is None:
         raise StackWiseError(
             f"'{ns.checkpoint}' is a fine-tuned chat model: ask it with --chat \"question\" "
@@ -104,6 +101,9 @@ def generate_chat(ns: argparse.Namespace, overrides: dict[str, Any]) -> int:
         raise StackWiseError(f"{flag} applies to masked racks; a causal LM replies left to right.")
     if ns.prompt is not None:
         raise StackWiseError("Give --chat or --prompt, not both: --chat asks a fine-tuned model.")
+    from stackwise.hf.chat import reply  # after the flags' checks: torch takes seconds to load
+    from stackwise.runs import config_of, load_finetuned
+
     plan, model, tok = load_finetuned(Path(ns.checkpoint), ns.trust_remote_code)
     config = checked_sampling(config_of(plan), overrides)
     for i in range(ns.num_samples):

@@ -16,11 +16,11 @@ def cmd_train(ns: argparse.Namespace) -> int:
     default DEFAULT_PRESET) with dotted overrides such as train.max_steps=100. Several
     processes: `torchrun --nproc_per_node N -m stackwise train ...` or `accelerate launch
     --num_processes N -m stackwise train ...` (with --multi_gpu where there is no GPU)."""
-    start = time.monotonic()
     config = load_args(with_config_flag(ns))  # a bad config is refused before torch loads
     from stackwise.generate import sample_texts
     from stackwise.pipeline import train_from_config
 
+    start = time.monotonic()
     result = train_from_config(config)
     if not result.trainer.accelerator.is_main_process:  # under torchrun, rank 0 reports
         return 0

@@ -88,18 +88,22 @@ def load_tokenizer_dir(path: str | Path) -> PreTrainedTokenizerBase:
 
 # the classes our own tokenizers are saved as (transformers 5 and 4 names)
 PLAIN_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
+MODEL_FILES = ("config.json", "tekken.json")  # AutoTokenizer may read these to pick a class
 
 
 def _loader(path: Path) -> Any:
-    """The plain fast class for a tokenizer.json saved as one (every tokenizer we build), else
-    AutoTokenizer: its model registry costs seconds of start-up and some 6 MB per process, and
-    it would pick the same class."""
+    """The plain fast class for a folder that holds a tokenizer.json saved as one and no model
+    (every tokenizer we build, and run folders' tokenizer/), else AutoTokenizer: its model
+    registry costs seconds of start-up and some 6 MB per process. A model folder's config.json
+    can make AutoTokenizer pick the model's own class over the saved one (qwen2's, say), and
+    tekken.json Mistral's: those folders go to AutoTokenizer."""
     config = path / "tokenizer_config.json"
     try:
         saved_as = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class")
     except (OSError, ValueError, AttributeError):
         saved_as = None  # no or damaged config: AutoTokenizer decides (and names the problem)
-    if saved_as in PLAIN_FAST and (path / "tokenizer.json").is_file():
+    plain = saved_as in PLAIN_FAST and (path / "tokenizer.json").is_file()
+    if plain and not any((path / name).exists() for name in MODEL_FILES):
         return PreTrainedTokenizerFast
     from transformers import AutoTokenizer
 
