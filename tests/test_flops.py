@@ -23,7 +23,8 @@ from stackwise.progressive import ProgressiveRackBuilder, summary_table
 from stackwise.progressive.cache import ActivationCache
 from stackwise.progressive.stage import StageModel
 from stackwise.spec import AdapterSpec, ModelSpec
-from stackwise.train.flops import FlopMeter, format_flops
+from stackwise.train.flops import FlopMeter
+from stackwise.units import format_flops
 
 D, F, H, V, B, T = 32, 64, 4, 50, 3, 16  # width, FFN width, heads, vocab, batch, length
 

@@ -60,6 +60,25 @@ def grown(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def test_the_report_command_reads_a_run_without_loading_torch(grown, tmp_path):
+    """A report is the run's logs drawn: the `stackwise report` process loads neither torch nor
+    transformers (seconds and some 250 MB, as measured in benchmarks/RESULTS.md)."""
+    import subprocess
+    import sys
+
+    page = tmp_path / "page.html"
+    code = (
+        "import atexit, sys; from stackwise.cli import run; "
+        "atexit.register(lambda: print('loaded:', 'torch' in sys.modules, "
+        "'transformers' in sys.modules)); "
+        f"sys.argv = ['stackwise', 'report', {str(grown)!r}, '--out', {str(page)!r}]; run()"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "loaded: False False", out.stdout + out.stderr
+    assert "plot-loss" in page.read_text(encoding="utf-8")
+
+
 def test_run_is_read_back_stage_by_stage(grown: Path) -> None:
     run = load_run(grown)
     assert [s.name for s in run.stages] == ["stack 0", "stack 1"]

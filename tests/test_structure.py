@@ -46,6 +46,7 @@ ENTRY_CASES = {  # command line -> what it prints (stdout for help, else the err
     "generate-no-run": (["generate", "--checkpoint", "no-such-run", "--prompt", "a"], "not exist"),
     "eval-no-run": (["eval", "--checkpoint", "no-such-run"], "does not exist"),
     "finetune-bad-flag": (["finetune", "not-a-flag"], "not-a-flag"),
+    "report-no-run": (["report", "no-such-run"], "does not exist"),
 }
 
 

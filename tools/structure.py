@@ -59,6 +59,7 @@ LAYERS = {  # first dotted parts -> layer, higher is further up
     "hwprobe": 1,
     "machine": 1,
     "quiet": 1,
+    "units": 1,
 }
 
 

@@ -51,7 +51,7 @@ def load_args(args: list[str]) -> Any:
 def run_summary(result: Any, seconds: float) -> str:
     """The last lines of a run: how long it took, where it ended, and what to run next."""
     from stackwise.strategies.report import final_eval_line
-    from stackwise.train.flops import format_flops
+    from stackwise.units import format_flops
 
     final = result.progressive.final_eval if result.progressive is not None else None
     if final is None and result.state is not None and result.state.history:

@@ -16,14 +16,15 @@ import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import yaml
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
 from stackwise.errors import StackWiseError
+
+if TYPE_CHECKING:  # torch loads with the first tensor read or written: JSON and YAML need none
+    import torch
 
 METADATA = {"format": "pt", "library": "stackwise"}
 
@@ -136,6 +137,15 @@ def write_json(path: Path, data: Any) -> None:
     write_atomic(path, json.dumps(data, indent=1))
 
 
+def save_file(
+    tensors: dict[str, torch.Tensor], filename: str, metadata: dict | None = None
+) -> None:
+    """safetensors' save_file, imported with the first tensor written (it loads torch)."""
+    from safetensors.torch import save_file as save
+
+    save(tensors, filename, metadata)
+
+
 def save_tensors(state: dict[str, torch.Tensor], path: Path) -> Path:
     tmp = _tmp(path)
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp), METADATA)
@@ -173,6 +183,8 @@ def cast_weight_files(folder: Path, precision: str | None) -> None:
 def save_torch_weights(state: dict[str, torch.Tensor], path: Path) -> None:
     """A state dict as a torch file of plain CPU tensors, which torch.load reads back with
     weights_only=True (no pickled object: tensor subclasses are stored as plain tensors)."""
+    import torch
+
     plain = {k: v.detach().cpu().as_subclass(torch.Tensor) for k, v in state.items()}
     torch.save(plain, path)
 
@@ -187,6 +199,8 @@ def read_tensors(path: Path, fix: str) -> dict[str, torch.Tensor]:
     """`fix` ends the error: what the user can do about a missing or damaged file."""
     if not path.is_file():
         raise StackWiseError(f"'{path}' is missing. {fix}")
+    from safetensors.torch import load_file
+
     try:
         return load_file(str(path))
     except (SafetensorError, OSError) as err:
@@ -216,6 +230,8 @@ def read_torch(path: Path, fix: str) -> Any:
     """Tensors and plain containers only: anything else (a pickled object) is refused."""
     if not path.is_file():
         raise StackWiseError(f"'{path}' is missing. {fix}")
+    import torch
+
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for damaged or hostile files

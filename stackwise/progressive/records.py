@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from stackwise.model.rack import Rack
-from stackwise.train.flops import format_flops
+from stackwise.units import format_flops
 
 
 @dataclass

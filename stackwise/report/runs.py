@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from stackwise.errors import StackWiseError
-from stackwise.io.checkpoints import LATEST
 from stackwise.io.files import read_json, read_yaml
+from stackwise.io.run_folder import LATEST
 
 ENV_FILE = "env.json"
 SAMPLES_FILE = "samples.json"

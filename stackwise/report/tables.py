@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stackwise.report.runs import Run
-from stackwise.train.flops import format_flops
+from stackwise.units import format_flops
 
 Table = tuple[list[str], list[list[str]]]  # (header, rows)
 

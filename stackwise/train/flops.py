@@ -211,11 +211,3 @@ def run_compute(stage: Stage, state: TrainState) -> dict[str, float | int]:
     if stage.index is not None or stage.tokens_before:
         row["train/run_tokens"] = stage.tokens_before + state.tokens_seen
     return row
-
-
-def format_flops(value: float) -> str:
-    """3 significant figures with an SI prefix: 1.23e+12 -> '1.23T'."""
-    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g}{prefix}"
-    return f"{value:.3g}"
