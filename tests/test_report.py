@@ -60,9 +60,9 @@ def grown(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_the_report_command_reads_a_run_without_loading_torch(grown, tmp_path):
+def test_the_report_command_reads_a_run_without_loading_torch(grown: Path, tmp_path: Path) -> None:
     """A report is the run's logs drawn: the `stackwise report` process loads neither torch nor
-    transformers (seconds and some 250 MB, as measured in benchmarks/RESULTS.md)."""
+    transformers (seconds, and 302 against 87 MiB in benchmarks/RESULTS.md)."""
     import subprocess
     import sys
 
