@@ -23,6 +23,7 @@ PACKAGES = (
     "bitsandbytes",
     "datasets",
     "tokenizers",
+    "tiktoken",
     "safetensors",
     "pydantic",
 )

@@ -10,7 +10,7 @@ from packaging.requirements import Requirement
 from stackwise.envreport import collect, out_of_range, render
 
 PINNED = ("torch", "transformers", "peft", "accelerate", "bitsandbytes", "datasets", "tokenizers")
-PINNED += ("safetensors", "pydantic")
+PINNED += ("tiktoken", "safetensors", "pydantic")
 
 
 def test_versions_outside_the_declared_ranges_are_named():

@@ -74,13 +74,13 @@ def test_a_resumed_stream_goes_on_without_encoding_the_pieces_before_it(
     mid = next(i for i, b in enumerate(first) if b["stream_pos"][-1][0] == 2)
     position = first[mid]["stream_pos"][-1].tolist()
     encoded: list[str] = []
-    real = tokenize_mod._batch_encoder
+    real = tokenize_mod.batch_encoder
 
     def counting(tok):
         encode = real(tok)
         return lambda batch: (encoded.extend(batch), encode(batch))[1]
 
-    monkeypatch.setattr(tokenize_mod, "_batch_encoder", counting)
+    monkeypatch.setattr(tokenize_mod, "batch_encoder", counting)
     rest = batches(data, start=position)
     assert len(rest) == len(first) - mid - 1
     assert all(
@@ -217,13 +217,13 @@ def test_a_long_document_is_encoded_a_batch_at_a_time(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tokenize_mod, "BATCH_CHARS", 2_000)
     monkeypatch.setattr(tokenize_mod, "PIECE_CHARS", 500)
-    real, sizes = tokenize_mod._batch_encoder, []
+    real, sizes = tokenize_mod.batch_encoder, []
 
     def recording(tok):
         encode = real(tok)
         return lambda batch: (sizes.append(sum(map(len, batch))), encode(batch))[1]
 
-    monkeypatch.setattr(tokenize_mod, "_batch_encoder", recording)
+    monkeypatch.setattr(tokenize_mod, "batch_encoder", recording)
     tok = byte_tokenizer()
     text = make_corpus(600)
     assert len(text) > 10 * 2_000

@@ -10,7 +10,6 @@ a cut, one cut per 64k characters.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -23,16 +22,17 @@ PIECE_CHARS = 1 << 16
 BATCH_CHARS = 1 << 20
 
 
-BOUNDARY = re.compile(r"(?<=\S)[ \n]")  # a space or newline right after a non-space
-
-
 def word_cut(text: str, lo: int, hi: int) -> int:
     """The last index in [lo, hi) where a word starts (a space or newline that follows a
-    non-space: byte-level BPE, char and byte tokenizers split there anyway), or -1."""
-    last = -1
-    for match in BOUNDARY.finditer(text, lo, hi):
-        last = match.start()
-    return last
+    non-space: byte-level BPE, char and byte tokenizers split there anyway), or -1. Searched
+    from the end, so that the usual cut costs a character or two, not a scan of the window."""
+    while hi > lo:
+        hi = max(text.rfind(" ", lo, hi), text.rfind("\n", lo, hi))
+        if hi <= 0:
+            return -1
+        if not text[hi - 1].isspace():  # str.isspace is the \s of Python's re
+            return hi
+    return -1
 
 
 def text_pieces(text: str, size: int | None = None) -> Iterator[str]:
@@ -62,23 +62,26 @@ def plain_backend(tokenizer: PreTrainedTokenizerBase) -> Any:
     return plain
 
 
-def _batch_encoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[str]], list[list[int]]]:
-    """Token ids of a batch of texts, without special tokens: straight from the Rust tokenizer
-    when there is one (no offsets, no BatchEncoding: about 1.3x faster), else the usual call."""
+def batch_encoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[str]], list[Any]]:
+    """Token ids of a batch of texts, without special tokens. A byte-level BPE that tiktoken
+    reproduces goes through tiktoken (3-4x faster); another Rust tokenizer is called directly (no
+    offsets, no BatchEncoding: about 1.3x faster than the usual call); anything else the usual
+    way."""
     backend = plain_backend(tokenizer)
-    if backend is not None:
-        return lambda texts: [
-            e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)
-        ]
-    return lambda texts: tokenizer(texts, add_special_tokens=False)["input_ids"]
+    if backend is None:
+        return lambda texts: tokenizer(texts, add_special_tokens=False)["input_ids"]
+    from stackwise.data.fast_bpe import tiktoken_twin
+
+    twin = tiktoken_twin(backend)
+    if twin is not None:
+        return twin.encode_batch
+    return lambda texts: [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
 
 
 class _PieceEncoder:
     """Pieces queued for the encoder a batch at a time, and their tokens until each is whole."""
 
-    def __init__(
-        self, encode: Callable[[list[str]], list[list[int]]], eos_id: int, advance: Any
-    ) -> None:
+    def __init__(self, encode: Callable[[list[str]], list[Any]], eos_id: int, advance: Any) -> None:
         self.encode, self.advance = encode, advance  # advance: the progress bar's update
         self.batch: list[str] = []  # sub-pieces queued for the encoder (at most about BATCH_CHARS)
         self.owner: list[int] = []  # the index in `parts` of each one's piece
@@ -133,7 +136,7 @@ def piece_token_batches(
     bar = tqdm(
         total=total, unit="B", unit_scale=True, desc="tokenizing", leave=False, disable=quiet
     )
-    queue = _PieceEncoder(_batch_encoder(tokenizer), eos_id, bar.update)
+    queue = _PieceEncoder(batch_encoder(tokenizer), eos_id, bar.update)
     with bar:
         for text, end in pieces:
             yield from queue.add(text, end)
