@@ -113,6 +113,11 @@ def test_bad_values_name_the_field(data, needle):
         {"train": {"group_lr": {"time": 0.1}}},
         {"data": {"source": "shakespeare", "files": ["x.txt"]}},  # files with the built-in corpus
         {"data": {"tokenizer": "tok", "bpe_vocab_size": 1000}},
+        {"data": {"tokenizer": "byte", "bpe_sample_mb": 8}},
+        {
+            "model": {"source": "hf", "model_name_or_path": "x"},  # accepted without the key
+            "data": {"mode": "instruction", "files": ["chat.jsonl"], "bpe_sample_mb": 8},
+        },
         {"objective": {"name": "diffusion"}, "masking": {"num_time_steps": 8, "eps": 0.01}},
         {"objective": {"name": "diffusion"}, "masking": {"schedule": "table"}},
     ],

@@ -237,6 +237,27 @@ def test_bpe_is_cached_by_corpus_hash_and_vocab_size(tmp_path, monkeypatch):
     assert len(names) == 2 and {n.rsplit("-", 1)[1] for n in names} == {"300", "320"}
 
 
+def test_the_bpe_learns_from_one_piece_in_k_and_names_the_sample(tmp_path, capsys):
+    """Above data.bpe_sample_mb the BPE reads one piece in k: a word only the skipped pieces
+    hold gets no merge, the sample is said once, and it has its own cache entry. Below it the
+    corpus is read whole, under the key a whole-corpus BPE always had."""
+    texts = [make_corpus(30, seed=1), "qzqx " * 800, make_corpus(30, seed=2), "vwvw " * 800]
+    assert all(len(t) < tokmod.SAMPLE_CHARS for t in texts)  # a piece each
+    size = sum(len(t.encode()) for t in texts)
+    assert tokmod.sample_stride(texts, None) == 1 and tokmod.sample_stride(texts, 1.0) == 1
+    assert tokmod.sample_stride(texts, size / 2e6) == 2
+    cache = tmp_path / "cache"
+    whole = corpus_tokenizer(texts, 300, str(cache), sample_mb=1.0)
+    sampled = corpus_tokenizer(texts, 300, str(cache), sample_mb=size / 2e6)
+    assert "one piece in 2 of the corpus" in capsys.readouterr().err
+    names = sorted(p.name for p in (cache / "tokenizers").iterdir())
+    assert [n.endswith("-300") for n in names].count(True) == 1
+    assert [n.endswith("-300-every2") for n in names].count(True) == 1
+    for tok, merged in ((whole, True), (sampled, False)):
+        assert (len(tok.tokenize(" qzqx")) == 1) is merged  # only the skipped piece has qzqx
+        assert len(tok.tokenize(" vwvw")) > 1 or merged  # nor vwvw, the other skipped one
+
+
 @pytest.mark.parametrize("name", [None, "char", "byte"])
 def test_a_built_tokenizer_reloads_without_the_auto_registry(tmp_path, name):
     """Our tokenizers reload as the plain fast class, not through AutoTokenizer (whose model
@@ -443,9 +464,10 @@ def test_bytes_per_token_spells_the_text(tmp_path, name):
     assert table[tok.eos_token_id] == 1 and table[tok.mask_token_id] == 0
 
 
-def test_bpe_vocab_size_with_a_char_tokenizer_is_refused():
-    with pytest.raises(ValueError, match="bpe_vocab_size only applies"):
-        DataConfig(tokenizer="char", bpe_vocab_size=512)
+@pytest.mark.parametrize("key, value", [("bpe_vocab_size", 512), ("bpe_sample_mb", 8.0)])
+def test_bpe_keys_with_a_char_tokenizer_are_refused(key, value):
+    with pytest.raises(ValueError, match=f"{key} only applies"):
+        DataConfig(tokenizer="char", **{key: value})
 
 
 @pytest.mark.parametrize("objective", ["clm", "diffusion"])

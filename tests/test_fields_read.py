@@ -71,6 +71,7 @@ GENERIC: dict[str, tuple[Any, dict]] = {
     "data.val_fraction": (0.2, {}),
     "data.tokenizer": ("SAVED_TOKENIZER", {"data": {"bpe_vocab_size": 2048}}),
     "data.bpe_vocab_size": (320, {}),
+    "data.bpe_sample_mb": (0.004, {}),  # one piece in 4 or so of the tiny corpus
     "objective.name": ("mlm", {}),
     "objective.attention": ("bidirectional", {}),
     "objective.weighting": ("uniform", DIFF),

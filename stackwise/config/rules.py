@@ -89,11 +89,12 @@ def data_sources(s: DataConfig) -> Iterator[str]:
                     f"data.{name} only applies to source: files (the built-in corpus is "
                     "plain text); set data.source: files or remove it"
                 )
-    if s.tokenizer is not None and s.changed("bpe_vocab_size"):
-        yield (
-            "bpe_vocab_size only applies to the BPE trained when data.tokenizer is unset; "
-            "remove one of them"
-        )
+    for name in ("bpe_vocab_size", "bpe_sample_mb"):
+        if s.tokenizer is not None and s.changed(name):
+            yield (
+                f"{name} only applies to the BPE trained when data.tokenizer is unset; "
+                "remove one of them"
+            )
 
 
 @section_rule("MaskingConfig")

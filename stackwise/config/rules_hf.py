@@ -39,7 +39,7 @@ CHAT_ONLY = [
     "dataset_split",
 ]
 PRETRAIN_TOO = ("dataset_dir", "dataset_name", "dataset_subset", "dataset_split")
-PRETRAIN_ONLY = ("source", "mix", "format", "bpe_vocab_size", "cache_dir")
+PRETRAIN_ONLY = ("source", "mix", "format", "bpe_vocab_size", "bpe_sample_mb", "cache_dir")
 LORA_HF = [
     "target_modules",
     "use_dora",

@@ -90,6 +90,11 @@ class Corpus:
             return None
         return sum(path.stat().st_size for path, _ in self.files)
 
+    @property
+    def size_bytes(self) -> int:
+        """Its files' size on disk: the text's bytes for plain text, more for row files."""
+        return sum(part.stat().st_size for path, _ in self.files for part in _parts(path))
+
     def pieces(self) -> Iterator[tuple[str, bool]]:
         for path, fmt in self.files:
             yield from self._file_pieces(path, fmt)

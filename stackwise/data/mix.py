@@ -59,6 +59,10 @@ class Sources:
         key = "|".join(c.fingerprint for c in corpora)
         self.fingerprint = hashlib.sha256(key.encode()).hexdigest()[:20]
 
+    @property
+    def size_bytes(self) -> int:
+        return sum(c.size_bytes for c in self.corpora)
+
     def __iter__(self) -> Iterator[str]:
         for corpus in self.corpora:
             yield from corpus
@@ -67,7 +71,12 @@ class Sources:
 def build_mixed(cfg: DataSpec) -> PreparedData:
     sources = Sources([Corpus(cfg, m) for m in cfg.mix])
     tok = make_tokenizer(
-        cfg.tokenizer, sources, cfg.bpe_vocab_size, cfg.cache_dir, corpus_key=sources.fingerprint
+        cfg.tokenizer,
+        sources,
+        cfg.bpe_vocab_size,
+        cfg.cache_dir,
+        corpus_key=sources.fingerprint,
+        bpe_sample_mb=cfg.bpe_sample_mb,
     )
     stores = [token_store(c, tok, cfg.cache_dir) for c in sources.corpora]
     splits = [split_stream(s.tokens, c, cfg) for s, c in zip(stores, sources.corpora, strict=True)]

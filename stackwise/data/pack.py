@@ -30,7 +30,12 @@ def build_data(cfg: DataSpec) -> PreparedData:
         return build_streamed(cfg)
     corpus = Corpus(cfg)
     tok = make_tokenizer(
-        cfg.tokenizer, corpus, cfg.bpe_vocab_size, cfg.cache_dir, corpus_key=corpus.fingerprint
+        cfg.tokenizer,
+        corpus,
+        cfg.bpe_vocab_size,
+        cfg.cache_dir,
+        corpus_key=corpus.fingerprint,
+        bpe_sample_mb=cfg.bpe_sample_mb,
     )
     store = token_store(corpus, tok, cfg.cache_dir)
     train_blocks, val_blocks = split_stream(store.tokens, corpus, cfg)

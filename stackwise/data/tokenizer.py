@@ -8,7 +8,9 @@ id and packing needs eos.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import math
 import re
 import shutil
 import sys
@@ -34,6 +36,7 @@ BPE_VERSION = "bpe-v1"
 CHAR_VERSION = "char-v1"
 BYTE_VERSION = "byte-v1"
 UNK = "<unk>"
+SAMPLE_CHARS = 4096  # the grain of the BPE's sample of a large corpus
 BUILT_IN = ("char", "byte")
 
 
@@ -110,7 +113,21 @@ def _loader(path: Path) -> Any:
     return AutoTokenizer
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+def sample_stride(texts: Iterable[str], sample_mb: float | None) -> int:
+    """k such that every k-th piece of `texts` makes about `sample_mb` MB (1: all of it). A
+    corpus knows its size on disk (exact for text, an upper bound for row files); a list of
+    texts is measured."""
+    if sample_mb is None:
+        return 1
+    size = getattr(texts, "size_bytes", None)
+    if size is None:
+        size = sum(len(t.encode("utf-8")) for t in texts)
+    return max(1, math.ceil(size / (sample_mb * 1e6)))
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, every: int = 1) -> PreTrainedTokenizerFast:
+    """A byte-level BPE learnt from every `every`-th piece of the texts: when every > 1, a
+    sample spread over the whole corpus in pieces of SAMPLE_CHARS, fine enough for a small one."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -123,7 +140,9 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
         show_progress=sys.stderr.isatty(),  # a bar for people, nothing in logs and pipes
     )
     # in pieces cut at word starts: the word counts are the same, the memory is bounded
-    tok.train_from_iterator((p for t in texts for p in text_pieces(t)), trainer=trainer)
+    size = SAMPLE_CHARS if every > 1 else None
+    pieces = itertools.islice((p for t in texts for p in text_pieces(t, size)), 0, None, every)
+    tok.train_from_iterator(pieces, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIALS)
 
 
@@ -152,10 +171,24 @@ def corpus_tokenizer(
     vocab_size: int,
     cache_dir: str | None = None,
     corpus_key: str | None = None,
+    sample_mb: float | None = None,
 ) -> PreTrainedTokenizerBase:
-    """A BPE trained once per (corpus, vocab size)."""
+    """A BPE trained once per (corpus, vocab size, sample), on about `sample_mb` MB of it."""
+    every = sample_stride(texts, sample_mb)
     key = f"{BPE_VERSION}-{corpus_key or corpus_hash(texts)}-{vocab_size}"
-    return _cached(key, cache_dir, lambda: train_bpe(texts, vocab_size))
+    key += f"-every{every}" if every > 1 else ""  # the whole corpus keeps the key it had
+
+    def build() -> PreTrainedTokenizerFast:
+        if every > 1:
+            print(
+                f"the BPE learns its merges from one piece in {every} of the corpus (about "
+                f"{sample_mb:g} MB: data.bpe_sample_mb; null reads all of it)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return train_bpe(texts, vocab_size, every)
+
+    return _cached(key, cache_dir, build)
 
 
 def _unmerged(symbols: Sequence[str], extra: Sequence[str]) -> Any:
@@ -196,12 +229,13 @@ def make_tokenizer(
     bpe_vocab_size: int,
     cache_dir: str | None = None,
     corpus_key: str | None = None,
+    bpe_sample_mb: float | None = None,
 ) -> PreTrainedTokenizerBase:
     """`data.tokenizer`: None (BPE on the corpus), `char`, `byte`, or a tokenizer dir. Built
     ones are cached by `corpus_key` (e.g. the files' fingerprint: nothing is read) or else by
     a hash of the texts. `texts` may be re-iterable pieces of documents."""
     if name is None:
-        return corpus_tokenizer(texts, bpe_vocab_size, cache_dir, corpus_key)
+        return corpus_tokenizer(texts, bpe_vocab_size, cache_dir, corpus_key, bpe_sample_mb)
     if name == "char":
         key = f"{CHAR_VERSION}-{corpus_key or corpus_hash(texts)}"
         return _cached(key, cache_dir, lambda: char_tokenizer(texts))

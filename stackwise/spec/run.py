@@ -41,6 +41,7 @@ class DataSpec:
     val_fraction: float = 0.05
     tokenizer: str | None = None
     bpe_vocab_size: int = 2048
+    bpe_sample_mb: float | None = 64.0
     cache_dir: str | None = None
     num_workers: int = 0
     streaming: bool = False
