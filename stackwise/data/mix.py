@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 from stackwise.data.blocks import PreparedData, TokenBlocks, split_stream
 from stackwise.data.documents import Corpus
 from stackwise.data.store import token_store
-from stackwise.data.tokenizer import bytes_per_token, make_tokenizer
+from stackwise.data.tokenizer import bytes_per_token, corpus_data_tokenizer
 from stackwise.spec import DataSpec
 
 
@@ -70,14 +70,7 @@ class Sources:
 
 def build_mixed(cfg: DataSpec) -> PreparedData:
     sources = Sources([Corpus(cfg, m) for m in cfg.mix])
-    tok = make_tokenizer(
-        cfg.tokenizer,
-        sources,
-        cfg.bpe_vocab_size,
-        cfg.cache_dir,
-        corpus_key=sources.fingerprint,
-        bpe_sample_mb=cfg.bpe_sample_mb,
-    )
+    tok = corpus_data_tokenizer(cfg, sources)
     stores = [token_store(c, tok, cfg.cache_dir) for c in sources.corpora]
     splits = [split_stream(s.tokens, c, cfg) for s, c in zip(stores, sources.corpora, strict=True)]
     table = bytes_per_token(tok)

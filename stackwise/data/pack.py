@@ -13,7 +13,7 @@ from stackwise.data.blocks import (
 from stackwise.data.documents import Corpus
 from stackwise.data.mix import build_mixed
 from stackwise.data.store import token_store
-from stackwise.data.tokenizer import bytes_per_token, make_tokenizer
+from stackwise.data.tokenizer import bytes_per_token, corpus_data_tokenizer
 from stackwise.spec import DataSpec
 
 __all__ = ["PreparedData", "TokenBlocks", "build_data", "pack_stream", "specials_of", "to_blocks"]
@@ -29,14 +29,7 @@ def build_data(cfg: DataSpec) -> PreparedData:
 
         return build_streamed(cfg)
     corpus = Corpus(cfg)
-    tok = make_tokenizer(
-        cfg.tokenizer,
-        corpus,
-        cfg.bpe_vocab_size,
-        cfg.cache_dir,
-        corpus_key=corpus.fingerprint,
-        bpe_sample_mb=cfg.bpe_sample_mb,
-    )
+    tok = corpus_data_tokenizer(cfg, corpus)
     store = token_store(corpus, tok, cfg.cache_dir)
     train_blocks, val_blocks = split_stream(store.tokens, corpus, cfg)
     if cfg.num_samples is not None:

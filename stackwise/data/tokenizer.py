@@ -25,6 +25,7 @@ from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 from stackwise.data.tokenize import text_pieces
 from stackwise.errors import StackWiseError
 from stackwise.paths import build_lock, cache_root
+from stackwise.spec import DataSpec
 
 SPECIALS = {
     "pad_token": "<pad>",
@@ -242,6 +243,19 @@ def make_tokenizer(
     if name == "byte":
         return _cached(BYTE_VERSION, cache_dir, byte_tokenizer)
     return load_tokenizer_dir(name)
+
+
+def corpus_data_tokenizer(cfg: DataSpec, corpus: Any) -> PreTrainedTokenizerBase:
+    """The data section's tokenizer for a corpus or mixture (anything with a fingerprint that
+    iterates its texts): built from it when need be, cached under its fingerprint."""
+    return make_tokenizer(
+        cfg.tokenizer,
+        corpus,
+        cfg.bpe_vocab_size,
+        cfg.cache_dir,
+        corpus_key=corpus.fingerprint,
+        bpe_sample_mb=cfg.bpe_sample_mb,
+    )
 
 
 def bytes_per_token(tok: PreTrainedTokenizerBase) -> torch.Tensor:
