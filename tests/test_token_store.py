@@ -312,10 +312,10 @@ def test_processes_sharing_a_cache_train_one_bpe(tmp_path, monkeypatch):
 
     real, calls = tokenizer_mod.train_bpe, []
 
-    def slow(texts, vocab_size):
+    def slow(texts, vocab_size, every):
         calls.append(1)
         time.sleep(0.5)  # long enough for the other thread to reach the lock
-        return real(texts, vocab_size)
+        return real(texts, vocab_size, every)
 
     monkeypatch.setattr(tokenizer_mod, "train_bpe", slow)
     texts = [make_corpus(50)]
