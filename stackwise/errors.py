@@ -9,6 +9,14 @@ class StackWiseError(Exception):
     """A problem the user can fix: the message names it and says how."""
 
 
+LR_FIND_UNDER_DEEPSPEED = (
+    "lr-find changes the learning rate step by step and restores the model afterwards, which "
+    "DeepSpeed's engine (parallel.strategy: deepspeed) does not let it do. Run lr-find with "
+    "parallel.strategy: ddp or fsdp: the rate it finds holds for the same model and batch "
+    "under DeepSpeed."
+)
+
+
 def deepspeed_missing(asked: str) -> str:
     """Why a run that asks for DeepSpeed (`asked`: the key that does) cannot start here."""
     return (

@@ -274,6 +274,27 @@ def test_sampler_position_is_restored_without_reading_skipped_batches(tiny, tmp_
     assert counting.reads == 3 * 4  # only the 3 remaining batches were read
 
 
+def test_resuming_with_data_that_gives_another_tokenizer_is_refused(tiny, tmp_path):
+    """A resumed run whose data settings now build another BPE of the same size (here one
+    learnt from a sample: a corpus over data.bpe_sample_mb after that key's arrival) is refused
+    before it trains, and its folder keeps its tokenizer and checkpoints."""
+    train = {"max_steps": 8, "save_steps": 4, "output_dir": str(tmp_path / "crash")}
+    REGISTRY["crash_at_4"] = lambda: CrashAt(4)
+    try:
+        crashed = tiny(train={**train, "enabled_extensions": ["crash_at_4"]})
+        with pytest.raises(KeyboardInterrupt):
+            train_from_config(crashed, quiet=True)
+    finally:
+        del REGISTRY["crash_at_4"]
+    before = tree_bytes(tmp_path / "crash")
+    other = tiny(train={**train, "resume_from_checkpoint": "latest"}, data={"bpe_sample_mb": 0.003})
+    with pytest.raises(StackWiseError, match="is not the one its data settings give now"):
+        train_from_config(other, quiet=True)
+    assert tree_bytes(tmp_path / "crash") == before
+    same = tiny(train={**train, "resume_from_checkpoint": "latest"})
+    assert train_from_config(same, quiet=True).state.step == 8  # the same data resumes
+
+
 def test_resume_bad_inputs_touch_nothing(tiny, tmp_path, capsys):
     cfg = tiny(train={"max_steps": 4, "save_steps": 2})
     train_from_config(cfg, quiet=True)

@@ -457,7 +457,9 @@ def test_byte_tokenizer_covers_every_byte(tmp_path):
 @pytest.mark.parametrize("name", [None, "char", "byte"])
 def test_bytes_per_token_spells_the_text(tmp_path, name):
     tok = tokmod.make_tokenizer(name, [*DOCS, ODD_TEXT], 300, str(tmp_path))
-    table = tokmod.bytes_per_token(tok)
+    from stackwise.data.token_bytes import bytes_per_token
+
+    table = bytes_per_token(tok)
     for text in (ODD_TEXT, DOCS[0]):
         ids = tok(text, add_special_tokens=False)["input_ids"]
         assert float(table[ids].sum()) == len(text.encode("utf-8"))

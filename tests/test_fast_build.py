@@ -112,7 +112,19 @@ def test_consistent_merges_take_the_fast_path():
 
 @pytest.mark.parametrize(
     "change",
-    ["char", "byte", "dropout", "prefix", "normalizer", "out_of_order", "unmade_token"],
+    [
+        "char",
+        "byte",
+        "dropout",
+        "prefix",
+        "normalizer",
+        "out_of_order",
+        "unmade_token",
+        "ignore_merges",
+        "byte_fallback",
+        "continuing_subword_prefix",
+        "unknown_option",
+    ],
 )
 def test_tokenizers_tiktoken_cannot_reproduce_keep_the_library(change):
     if change == "char":
@@ -131,6 +143,14 @@ def test_tokenizers_tiktoken_cannot_reproduce_keep_the_library(change):
         spec = json.loads(_byte_level_bpe([("a", "b")]).to_str())
         spec["model"]["vocab"]["xyz"] = len(spec["model"]["vocab"])
         backend = Tokenizer.from_str(json.dumps(spec))
+    elif change in ("ignore_merges", "byte_fallback"):
+        backend = _byte_level_bpe([("a", "b")], **{change: True})
+    elif change in ("continuing_subword_prefix", "unknown_option"):
+        # the library would not build the first without "##"-tokens; the second is an option
+        # a later library may add, not assumed harmless
+        spec = json.loads(_byte_level_bpe([("a", "b")]).to_str())
+        spec["model"]["continuing_subword_prefix" if change[0] == "c" else "new_option"] = "##"
+        backend = _FromSpec(spec)
     else:
         backend = _byte_level_bpe([("a", "b")])
         if change == "prefix":
@@ -140,9 +160,57 @@ def test_tokenizers_tiktoken_cannot_reproduce_keep_the_library(change):
     assert tiktoken_twin(backend) is None
 
 
+class _FromSpec:
+    """A stand-in for a Rust tokenizer whose JSON the installed library would not load."""
+
+    def __init__(self, spec: dict) -> None:
+        self.spec = spec
+
+    def to_str(self) -> str:
+        return json.dumps(self.spec)
+
+
+def test_an_added_token_that_is_also_in_the_vocab_gives_the_same_ids():
+    tok = _byte_level_bpe([("a", "b"), ("ab", "c")])
+    tok.add_tokens(["abc", "zz"])  # one already a token, one new
+    twin = tiktoken_twin(tok)
+    assert twin is not None
+    for text in ["abc abcab", "zzabc", "a zz b", "plain"]:
+        assert twin.encode_batch([text])[0].tolist() == tok.encode(text).ids
+
+
+def test_letters_of_recent_unicode_split_as_the_library_splits_them():
+    """U+1C89 is a letter since Unicode 16: tokenizers before 0.21.4 split it off as a
+    non-letter while tiktoken keeps it in the word (pyproject requires tokenizers >= 0.22)."""
+    tok = _byte_level_bpe([("Ð", "¯"), ("Ð¯", "á")])
+    twin = tiktoken_twin(tok)
+    assert twin is not None
+    for text in ["Я\u1c89", "Я\U00010d4a x", "\U0002ebf0Я"]:
+        assert twin.encode_batch([text])[0].tolist() == tok.encode(text).ids
+
+
+@pytest.mark.parametrize("setting, threads", [("false", 1), ("0", 1), (None, None), ("true", None)])
+def test_the_encoder_threads_follow_tokenizers_parallelism(monkeypatch, setting, threads):
+    from stackwise.data.fast_bpe import encoder_threads
+
+    if setting is None:
+        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    else:
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", setting)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert encoder_threads() == (threads or 3)
+
+
 def test_the_store_stream_is_the_same_with_and_without_the_fast_path(bpe, monkeypatch):
+    from stackwise.data.fast_bpe import TiktokenTwin
+
     texts = [make_corpus(60, seed=2), "one <eos> inside", "", make_corpus(30, seed=3)]
+    real, calls = TiktokenTwin.encode_batch, []
+    monkeypatch.setattr(
+        TiktokenTwin, "encode_batch", lambda self, b: (calls.append(len(b)), real(self, b))[1]
+    )
     fast = tz.token_stream(bpe, texts, bpe.eos_token_id)
+    assert calls  # the fast path was taken
     monkeypatch.setattr("stackwise.data.fast_bpe.tiktoken_twin", lambda backend: None)
     slow = tz.token_stream(bpe, texts, bpe.eos_token_id)
     assert fast.tolist() == slow.tolist() and len(fast) > 500

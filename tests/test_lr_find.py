@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 import yaml
 
 from stackwise.cli import main
+from stackwise.errors import StackWiseError
 from stackwise.pipeline import trainer_of as build_trainer
 from stackwise.train.lr_find import lr_find, suggest
 
@@ -24,6 +26,18 @@ def test_lr_find_sweeps_suggests_and_restores_the_model(tiny):
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert [g["lr"] for g in trainer.optimizer.param_groups] == lrs_before
     assert not trainer.optimizer.state_dict()["state"]  # no Adam moments left behind
+
+
+def test_a_placement_that_steps_itself_is_refused_before_the_sweep(tiny):
+    """DeepSpeed's engine steps itself; the command refuses its config before building
+    anything (tests/test_structure.py), and lr_find refuses such a trainer handed to it."""
+    trainer = build_trainer(tiny(train={"lr": 1e-3}))
+    before = {k: v.clone() for k, v in trainer.unwrapped().state_dict().items()}
+    trainer.placement.parallelizer.steps_itself = True  # what the deepspeed parallelizer says
+    with pytest.raises(StackWiseError, match="ddp or fsdp"):
+        lr_find(trainer, 1e-5, 10.0, steps=5)
+    after = trainer.unwrapped().state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
 
 
 def test_suggestion_is_the_steepest_descent():

@@ -331,3 +331,23 @@ def test_processes_sharing_a_cache_train_one_bpe(tmp_path, monkeypatch):
         t.join()
     assert len(calls) == 1 and len(results) == 2
     assert results[0].get_vocab() == results[1].get_vocab()
+
+
+def test_a_corpus_and_a_mix_measure_their_files_for_the_bpe_sample(corpus_dir, tmp_path, capsys):
+    """The sample's stride comes from the files' size; a corpus above data.bpe_sample_mb says
+    how much of it the BPE reads, and caches that BPE apart from the whole corpus's."""
+    from stackwise.data.documents import Corpus
+    from stackwise.data.mix import Sources
+
+    files = sorted(corpus_dir.rglob("*.txt"))
+    cfg = files_cfg([corpus_dir / "**" / "*.txt"], tmp_path / "cache")
+    corpus = Corpus(cfg)
+    assert corpus.size_bytes == sum(f.stat().st_size for f in files) == corpus.total_bytes
+    assert Sources([corpus, Corpus(cfg)]).size_bytes == 2 * corpus.size_bytes
+    third = corpus.size_bytes / 3e6  # MB: one piece in 3
+    data = build_data(cfg.model_copy(update={"bpe_sample_mb": third}))
+    assert "one piece in 3 of the corpus" in capsys.readouterr().err
+    whole = build_data(cfg.model_copy(update={"bpe_sample_mb": None}))
+    names = sorted(p.name for p in (tmp_path / "cache" / "tokenizers").iterdir())
+    assert len(names) == 2 and {n.split("-300")[1] for n in names} == {"", "-every3"}
+    assert data.tokenizer.get_vocab() != whole.tokenizer.get_vocab()

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from stackwise.cli.common import load_args, printable, run_summary, split_args
-from stackwise.errors import StackWiseError
+from stackwise.errors import LR_FIND_UNDER_DEEPSPEED, StackWiseError
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
@@ -77,6 +77,9 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
             f"{ns.max_lr}, {ns.steps})."
         )
     config = load_args(ns.args)
+    p = config.parallel
+    if p.strategy == "deepspeed" or (p.strategy == "auto" and p.deepspeed_config):
+        raise StackWiseError(LR_FIND_UNDER_DEEPSPEED)  # now, not after the engine is built
     if config.train.output_dir is None:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         from stackwise.config import derive

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
@@ -22,13 +23,17 @@ from typing import Any
 import numpy as np
 
 GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-PLAIN_BPE = {  # the BPE options that change what tiktoken would give, at their neutral values
+PLAIN_BPE = {  # every option a BPE model may carry, at the value tiktoken's result needs
+    "type": "BPE",
     "dropout": None,
     "continuing_subword_prefix": None,
     "end_of_word_suffix": None,
     "byte_fallback": False,
     "ignore_merges": False,
 }
+FREE_BPE = {"vocab", "merges", "unk_token", "fuse_unk"}  # unk never fires: every byte is a token
+GPT2_PRE = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
+FREE_PRE = {"trim_offsets"}  # offsets only
 
 
 def byte_of_symbol() -> dict[str, int]:
@@ -65,13 +70,17 @@ def rank_merge(ranks: dict[bytes, int], word: bytes, below: int) -> list[bytes]:
 def _ranks(model: dict[str, Any], added: set[str]) -> dict[bytes, int] | None:
     """Each token's bytes and id when tiktoken's rank order gives this BPE's merges, else None."""
     to_byte = byte_of_symbol()
-    vocab: dict[str, int] = {s: i for s, i in model["vocab"].items() if s not in added}
+    pairs = _merge_pairs(model["merges"])
+    joined = {a + b for a, b in pairs}  # an added token a merge makes is an ordinary one too
+    vocab: dict[str, int] = {
+        s: i for s, i in model["vocab"].items() if s not in added or s in joined
+    }
     if any(c not in to_byte for s in vocab for c in s):  # a token outside the byte alphabet
         return None
     ranks = {bytes(to_byte[c] for c in s): i for s, i in vocab.items()}
     made = [
         (bytes(to_byte[c] for c in a), bytes(to_byte[c] for c in b), vocab.get(a + b))
-        for a, b in _merge_pairs(model["merges"])
+        for a, b in pairs
     ]
     ids = [i for _, _, i in made]
     if None in ids or any(x >= y for x, y in pairwise(ids)):  # new tokens, in id order
@@ -89,22 +98,45 @@ class TiktokenTwin:
     a text that contains a special token's string is encoded by the original tokenizer."""
 
     def __init__(self, encoding: Any, specials: Sequence[str], original: Any) -> None:
-        self.encoding, self.specials, self.original = encoding, tuple(specials), original
-        self.threads = max(
-            1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-        )
+        self.encoding, self.original = encoding, original
+        longest_first = sorted(specials, key=len, reverse=True)
+        self.specials = re.compile("|".join(map(re.escape, longest_first))) if specials else None
+        self.threads = encoder_threads()
 
     def _one(self, text: str) -> np.ndarray:
-        if any(s in text for s in self.specials):
+        if self.specials is not None and self.specials.search(text):
             ids = self.original.encode(text, add_special_tokens=False).ids
             return np.asarray(ids, dtype=np.int32)
         return self.encoding.encode_to_numpy(text).astype(np.int32, copy=False)
 
+    def _group(self, texts: list[str]) -> list[np.ndarray]:
+        return [self._one(t) for t in texts]
+
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """Each thread takes a contiguous share of the texts (many short rows cost a task
+        each otherwise); tiktoken releases the GIL while it encodes."""
         if self.threads == 1 or len(texts) < 2:
-            return [self._one(t) for t in texts]
-        with ThreadPoolExecutor(self.threads) as pool:  # tiktoken releases the GIL
-            return list(pool.map(self._one, texts))
+            return self._group(texts)
+        share = -(-len(texts) // self.threads)
+        groups = [texts[i : i + share] for i in range(0, len(texts), share)]
+        with ThreadPoolExecutor(len(groups)) as pool:
+            return [ids for group in pool.map(self._group, groups) for ids in group]
+
+
+def encoder_threads() -> int:
+    """The CPUs this process may use, or 1 where TOKENIZERS_PARALLELISM is off (as the
+    `tokenizers` library it stands in for would run)."""
+    if os.environ.get("TOKENIZERS_PARALLELISM", "").lower() in ("false", "0", "off", "no"):
+        return 1
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+
+
+def _only(part: dict[str, Any], fixed: dict[str, Any], free: set[str]) -> bool:
+    """`part` holds the `fixed` values (a missing optional one counts as its default) and no
+    key outside `fixed` and `free`: an option a later library adds is not assumed harmless."""
+    if not part or part.keys() - fixed.keys() - free:
+        return False
+    return all(part.get(key, value) == value for key, value in fixed.items())
 
 
 def tiktoken_twin(backend: Any) -> TiktokenTwin | None:
@@ -112,11 +144,9 @@ def tiktoken_twin(backend: Any) -> TiktokenTwin | None:
     it is not a plain byte-level BPE whose ids tiktoken reproduces."""
     spec = json.loads(backend.to_str())
     model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
-    if spec.get("normalizer") is not None or model.get("type") != "BPE":
+    if spec.get("normalizer") is not None:
         return None
-    if pre.get("type") != "ByteLevel" or pre.get("add_prefix_space") or not pre.get("use_regex"):
-        return None
-    if any(model.get(key, neutral) != neutral for key, neutral in PLAIN_BPE.items()):
+    if not _only(model, PLAIN_BPE, FREE_BPE) or not _only(pre, GPT2_PRE, FREE_PRE):
         return None
     added = {a["content"] for a in spec.get("added_tokens") or []}
     ranks = _ranks(model, added)

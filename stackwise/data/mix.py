@@ -22,7 +22,8 @@ from torch.utils.data import Dataset
 from stackwise.data.blocks import PreparedData, TokenBlocks, split_stream
 from stackwise.data.documents import Corpus
 from stackwise.data.store import token_store
-from stackwise.data.tokenizer import bytes_per_token, corpus_data_tokenizer
+from stackwise.data.token_bytes import bytes_per_token
+from stackwise.data.tokenizer import corpus_data_tokenizer
 from stackwise.spec import DataSpec
 
 

@@ -13,7 +13,8 @@ from stackwise.data.blocks import (
 from stackwise.data.documents import Corpus
 from stackwise.data.mix import build_mixed
 from stackwise.data.store import token_store
-from stackwise.data.tokenizer import bytes_per_token, corpus_data_tokenizer
+from stackwise.data.token_bytes import bytes_per_token
+from stackwise.data.tokenizer import corpus_data_tokenizer
 from stackwise.spec import DataSpec
 
 __all__ = ["PreparedData", "TokenBlocks", "build_data", "pack_stream", "specials_of", "to_blocks"]

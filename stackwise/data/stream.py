@@ -25,8 +25,9 @@ from torch.utils.data import IterableDataset
 from stackwise.data.blocks import PreparedData, TokenBlocks
 from stackwise.data.documents import Corpus
 from stackwise.data.sources import hub_rows
+from stackwise.data.token_bytes import bytes_per_token
 from stackwise.data.tokenize import piece_token_batches
-from stackwise.data.tokenizer import bytes_per_token, make_tokenizer
+from stackwise.data.tokenizer import make_tokenizer
 from stackwise.errors import StackWiseError
 from stackwise.spec import DataSpec
 

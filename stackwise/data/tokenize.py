@@ -32,6 +32,13 @@ def word_cut(text: str, lo: int, hi: int) -> int:
             return -1
         if not text[hi - 1].isspace():  # str.isspace is the \s of Python's re
             return hi
+        # inside a run of whitespace: only its first character can follow a non-space
+        run = lo + len(text[lo:hi].rstrip())
+        if run == lo:
+            return lo if lo > 0 and text[lo] in " \n" and not text[lo - 1].isspace() else -1
+        if text[run] in " \n":
+            return run
+        hi = run
     return -1
 
 

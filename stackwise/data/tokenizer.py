@@ -11,7 +11,6 @@ import hashlib
 import itertools
 import json
 import math
-import re
 import shutil
 import sys
 import tempfile
@@ -19,7 +18,6 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from stackwise.data.tokenize import text_pieces
@@ -114,16 +112,20 @@ def _loader(path: Path) -> Any:
     return AutoTokenizer
 
 
+def corpus_size(texts: Iterable[str]) -> int:
+    """Bytes of a corpus: its files' size on disk (the text itself for plain text; for row
+    files an estimate, as other columns count and parquet is compressed); a list of texts (a
+    re-iterable, not a one-shot iterator) is measured."""
+    size = getattr(texts, "size_bytes", None)
+    return size if size is not None else sum(len(t.encode("utf-8")) for t in texts)
+
+
 def sample_stride(texts: Iterable[str], sample_mb: float | None) -> int:
-    """k such that every k-th piece of `texts` makes about `sample_mb` MB (1: all of it). A
-    corpus knows its size on disk (exact for text, an upper bound for row files); a list of
-    texts is measured."""
+    """k such that one piece in k of `texts` makes at most `sample_mb` MB, and more than half
+    of it (1: all of it)."""
     if sample_mb is None:
         return 1
-    size = getattr(texts, "size_bytes", None)
-    if size is None:
-        size = sum(len(t.encode("utf-8")) for t in texts)
-    return max(1, math.ceil(size / (sample_mb * 1e6)))
+    return max(1, math.ceil(corpus_size(texts) / (sample_mb * 1e6)))
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, every: int = 1) -> PreTrainedTokenizerFast:
@@ -181,9 +183,11 @@ def corpus_tokenizer(
 
     def build() -> PreTrainedTokenizerFast:
         if every > 1:
+            mb = corpus_size(texts) / 1e6
             print(
-                f"the BPE learns its merges from one piece in {every} of the corpus (about "
-                f"{sample_mb:g} MB: data.bpe_sample_mb; null reads all of it)",
+                f"the BPE learns its merges from one piece in {every} of the corpus: about "
+                f"{mb / every:.3g} of its {mb:.3g} MB (data.bpe_sample_mb: {sample_mb:g}; null "
+                "reads all of it)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -256,43 +260,3 @@ def corpus_data_tokenizer(cfg: DataSpec, corpus: Any) -> PreTrainedTokenizerBase
         corpus_key=corpus.fingerprint,
         bpe_sample_mb=cfg.bpe_sample_mb,
     )
-
-
-def bytes_per_token(tok: PreTrainedTokenizerBase) -> torch.Tensor:
-    """(V,) UTF-8 bytes of text each token id spells: EOS counts 1 (it separates documents, like
-    a newline), other specials 0. Bytes rather than characters so that every tokenizer agrees;
-    for ASCII text, such as the default corpus, they are the same thing."""
-    specials = set(tok.all_special_ids)
-    table = torch.zeros(len(tok), dtype=torch.float64)
-    byte_level = _is_byte_level(tok)
-    for token, i in tok.get_vocab().items():
-        if i >= len(table) or i in specials:
-            continue
-        if byte_level:  # each symbol of the ByteLevel alphabet stands for one byte
-            table[i] = len(token)
-        else:
-            table[i] = _spelled_bytes(tok, token)
-    if tok.eos_token_id is not None:
-        table[tok.eos_token_id] = 1.0
-    return table
-
-
-def _is_byte_level(tok: PreTrainedTokenizerBase) -> bool:
-    backend = getattr(tok, "backend_tokenizer", None)
-    pre = getattr(backend, "pre_tokenizer", None)
-    return pre is not None and "ByteLevel" in type(pre).__name__
-
-
-BYTE_FALLBACK = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
-
-
-def _spelled_bytes(tok: PreTrainedTokenizerBase, token: str) -> int:
-    """Bytes one token spells in running text: SentencePiece's ▁ is a space, a byte-fallback
-    token <0xNN> one byte, WordPiece's ## continuation marker nothing; else its own decoding."""
-    if BYTE_FALLBACK.match(token):
-        return 1
-    if "▁" in token:
-        return len(token.replace("▁", " ").encode("utf-8"))
-    if token.startswith("##"):
-        return len(token[2:].encode("utf-8"))
-    return len(tok.convert_tokens_to_string([token]).encode("utf-8"))

@@ -180,8 +180,9 @@ def init_changes(config: Any) -> dict[str, Any]:
     tok = config.data.tokenizer
     if tok is not None and Path(tok).expanduser() != folder:
         clashes.append(f"data.tokenizer={tok} (the checkpoint's own is in {folder})")
-    if config.data.changed("bpe_vocab_size"):
-        clashes.append("data.bpe_vocab_size (the checkpoint brings its tokenizer)")
+    for name in ("bpe_vocab_size", "bpe_sample_mb"):
+        if config.data.changed(name):
+            clashes.append(f"data.{name} (the checkpoint brings its tokenizer)")
     if clashes:
         raise StackWiseError(
             "model.init_from_hf takes the model's shape and tokenizer from the checkpoint, but "

@@ -69,11 +69,43 @@ def training_compute(folder: Path) -> dict[str, float | int] | None:
 
 
 def save_tokenizer(run_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
-    """Written when a run starts, so that its checkpoints can be sampled before it ends."""
+    """Written when a run starts, so that its checkpoints can be sampled before it ends. A
+    resumed run's folder already has one: the data must give that same tokenizer."""
+    refuse_another_tokenizer(run_dir / "tokenizer", tokenizer)
     failure = f"Cannot write the tokenizer into '{run_dir}': {{reason}}."
     with staged(run_dir / ".tokenizer.tmp", failure) as tmp:
         tokenizer.save_pretrained(str(tmp))
         move_into(tmp, run_dir / "tokenizer")
+
+
+def same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:
+    """The same ids for the same text: vocabulary, added tokens, and the Rust model (merges)."""
+    if a.get_vocab() != b.get_vocab():
+        return False
+    rust_a, rust_b = getattr(a, "backend_tokenizer", None), getattr(b, "backend_tokenizer", None)
+    if rust_a is None or rust_b is None:
+        return rust_a is rust_b
+    return json.loads(rust_a.to_str())["model"] == json.loads(rust_b.to_str())["model"]
+
+
+def refuse_another_tokenizer(kept: Path, tokenizer: PreTrainedTokenizerBase) -> None:
+    """A run folder's tokenizer (a resumed run's) must be the one its data gives now: its
+    checkpoints learnt those ids."""
+    if not (kept / "tokenizer.json").is_file():
+        return
+    try:
+        before = load_tokenizer_dir(kept)
+    except StackWiseError:
+        return  # damaged: written again from the data, as a new run's would be
+    if same_tokenizer(before, tokenizer):
+        return
+    raise StackWiseError(
+        f"This run's tokenizer ({kept}) is not the one its data settings give now, so the "
+        "resumed model would read ids it never learnt. Resume with the data settings the run "
+        "began with (its config.yaml). If the corpus is larger than data.bpe_sample_mb (64 MB "
+        "by default) and the run began before that key existed, set data.bpe_sample_mb: null: "
+        "the BPE is then learnt from the whole corpus, as it was."
+    )
 
 
 def build_rack(config: Plan | Any, vocab_size: int, memory: bool = True) -> Rack:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from stackwise.errors import StackWiseError
+from stackwise.errors import LR_FIND_UNDER_DEEPSPEED, StackWiseError
 from stackwise.train.trainer import EnhancedTrainer as Trainer
 
 
@@ -81,12 +81,7 @@ def lr_find(
             f"{steps})."
         )
     if getattr(trainer.placement.parallelizer, "steps_itself", False):
-        raise StackWiseError(
-            "lr-find changes the learning rate step by step and restores the model afterwards, "
-            "which DeepSpeed's engine (parallel.strategy: deepspeed) does not let it do. Run "
-            "lr-find with parallel.strategy: ddp or fsdp: the rate it finds holds for the same "
-            "model and batch under DeepSpeed."
-        )
+        raise StackWiseError(LR_FIND_UNDER_DEEPSPEED)
     opt = trainer.optimizer
     saved_model = copy.deepcopy(trainer.unwrapped().state_dict())
     saved_opt = copy.deepcopy(opt.state_dict())
