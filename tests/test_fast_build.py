@@ -231,3 +231,14 @@ def _scanned_cut(text: str, lo: int, hi: int) -> int:
 def test_the_backward_word_cut_finds_the_cut_the_forward_scan_finds(text, lo, hi):
     lo, hi = min(lo, hi, len(text)), min(max(lo, hi), len(text))
     assert tz.word_cut(text, lo, hi) == _scanned_cut(text, lo, hi)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(alphabet="ab", max_size=30), max_size=20), st.integers(1, 40))
+def test_the_threads_runs_keep_the_order_and_gather_short_texts(texts, chars):
+    from stackwise.data.fast_bpe import runs_of
+
+    runs = runs_of(texts, chars)
+    assert [t for run in runs for t in run] == texts and all(runs)
+    assert all(sum(map(len, run)) >= chars for run in runs[:-1])  # only the last falls short
+    assert all(sum(map(len, run[:-1])) < chars for run in runs)  # none takes more than it needs

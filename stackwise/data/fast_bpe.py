@@ -34,6 +34,7 @@ PLAIN_BPE = {  # every option a BPE model may carry, at the value tiktoken's res
 FREE_BPE = {"vocab", "merges", "unk_token", "fuse_unk"}  # unk never fires: every byte is a token
 GPT2_PRE = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
 FREE_PRE = {"trim_offsets"}  # offsets only
+TASK_CHARS = 1 << 14  # a thread's task: enough text that handing it over costs little
 
 
 def byte_of_symbol() -> dict[str, int]:
@@ -113,14 +114,30 @@ class TiktokenTwin:
         return [self._one(t) for t in texts]
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        """Each thread takes a contiguous share of the texts (many short rows cost a task
-        each otherwise); tiktoken releases the GIL while it encodes."""
-        if self.threads == 1 or len(texts) < 2:
+        """Runs of texts go to the threads as they free up (a run per task: one per long
+        piece, many short rows together); tiktoken releases the GIL while it encodes."""
+        runs = runs_of(texts)
+        if self.threads == 1 or len(runs) < 2:
             return self._group(texts)
-        share = -(-len(texts) // self.threads)
-        groups = [texts[i : i + share] for i in range(0, len(texts), share)]
-        with ThreadPoolExecutor(len(groups)) as pool:
-            return [ids for group in pool.map(self._group, groups) for ids in group]
+        with ThreadPoolExecutor(min(self.threads, len(runs))) as pool:
+            return [ids for run in pool.map(self._group, runs) for ids in run]
+
+
+def runs_of(texts: list[str], chars: int = TASK_CHARS) -> list[list[str]]:
+    """`texts` as consecutive runs of at least `chars` characters (the last may be shorter): a
+    long piece is a run alone, short rows go together."""
+    runs: list[list[str]] = []
+    run: list[str] = []
+    size = 0
+    for text in texts:
+        run.append(text)
+        size += len(text)
+        if size >= chars:
+            runs.append(run)
+            run, size = [], 0
+    if run:
+        runs.append(run)
+    return runs
 
 
 def encoder_threads() -> int:
