@@ -287,12 +287,21 @@ def test_resuming_with_data_that_gives_another_tokenizer_is_refused(tiny, tmp_pa
     finally:
         del REGISTRY["crash_at_4"]
     before = tree_bytes(tmp_path / "crash")
-    other = tiny(train={**train, "resume_from_checkpoint": "latest"}, data={"bpe_sample_mb": 0.003})
+    sampled = {"bpe_sample_mb": 0.003}
+    other = tiny(train={**train, "resume_from_checkpoint": "latest"}, data=sampled)
     with pytest.raises(StackWiseError, match="is not the one its data settings give now"):
         train_from_config(other, quiet=True)
     assert tree_bytes(tmp_path / "crash") == before
+    elsewhere = {**train, "output_dir": str(tmp_path / "new")}  # resumed into a new folder
+    checkpoint = str(tmp_path / "crash" / "checkpoint-4")
+    moved = tiny(train={**elsewhere, "resume_from_checkpoint": checkpoint}, data=sampled)
+    with pytest.raises(StackWiseError, match="is not the one its data settings give now"):
+        train_from_config(moved, quiet=True)
     same = tiny(train={**train, "resume_from_checkpoint": "latest"})
     assert train_from_config(same, quiet=True).state.step == 8  # the same data resumes
+    # starting over in the folder is no resume: the new data's tokenizer replaces the old one
+    fresh = tiny(train={**train, "overwrite_output_dir": True}, data=sampled)
+    assert train_from_config(fresh, quiet=True).state.step == 8
 
 
 def test_resume_bad_inputs_touch_nothing(tiny, tmp_path, capsys):

@@ -73,7 +73,8 @@ def test_any_text_gets_the_ids_the_tokenizer_gives(bpe, words):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_batches_keep_their_order_on_one_thread_or_several(bpe, threads):
+def test_batches_keep_their_order_on_one_thread_or_several(bpe, threads, monkeypatch):
+    monkeypatch.setattr("stackwise.data.fast_bpe.TASK_CHARS", 64)  # a task per text or two
     twin = tiktoken_twin(_plain(bpe))
     assert twin is not None
     twin.threads = threads  # the count comes from the CPUs this process may use
@@ -189,7 +190,9 @@ def test_letters_of_recent_unicode_split_as_the_library_splits_them():
         assert twin.encode_batch([text])[0].tolist() == tok.encode(text).ids
 
 
-@pytest.mark.parametrize("setting, threads", [("false", 1), ("0", 1), (None, None), ("true", None)])
+@pytest.mark.parametrize(
+    "setting, threads", [("false", 1), ("0", 1), ("", 1), ("N", 1), (None, None), ("true", None)]
+)
 def test_the_encoder_threads_follow_tokenizers_parallelism(monkeypatch, setting, threads):
     from stackwise.data.fast_bpe import encoder_threads
 
@@ -205,6 +208,8 @@ def test_the_store_stream_is_the_same_with_and_without_the_fast_path(bpe, monkey
     from stackwise.data.fast_bpe import TiktokenTwin
 
     texts = [make_corpus(60, seed=2), "one <eos> inside", "", make_corpus(30, seed=3)]
+    monkeypatch.setattr("stackwise.data.fast_bpe.TASK_CHARS", 256)  # several tasks a batch
+    monkeypatch.setattr("stackwise.data.fast_bpe.encoder_threads", lambda: 2)
     real, calls = TiktokenTwin.encode_batch, []
     monkeypatch.setattr(
         TiktokenTwin, "encode_batch", lambda self, b: (calls.append(len(b)), real(self, b))[1]

@@ -65,6 +65,21 @@ def with_config_flag(ns: argparse.Namespace) -> list[str]:
     return [given, *ns.args]
 
 
+def _plot_folder_made(plot: str | None) -> Path | None:
+    """--plot's path, its folder made before the sweep: a bad path must not waste it."""
+    if not plot:
+        return None
+    path = Path(plot).expanduser()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise StackWiseError(
+            f"Cannot create the folder of --plot '{path}': {err.strerror or err}. Pick a "
+            "writable path."
+        ) from None
+    return path
+
+
 def cmd_lr_find(ns: argparse.Namespace) -> int:
     """Train briefly from CONFIG while the LR grows exponentially, print the LR where the loss
     falls fastest and save a plot. The model is restored afterwards; progressive configs are
@@ -77,23 +92,16 @@ def cmd_lr_find(ns: argparse.Namespace) -> int:
             f"{ns.max_lr}, {ns.steps})."
         )
     config = load_args(ns.args)
-    p = config.parallel
-    if p.strategy == "deepspeed" or (p.strategy == "auto" and p.deepspeed_config):
+    from stackwise.config.rules_deepspeed import runs_deepspeed
+
+    if runs_deepspeed(config):
         raise StackWiseError(LR_FIND_UNDER_DEEPSPEED)  # now, not after the engine is built
     if config.train.output_dir is None:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         from stackwise.config import derive
 
         config = derive(config, {"train.output_dir": f"outputs/lr-find-{stamp}"}, "lr-find")
-    plot_path = Path(ns.plot).expanduser() if ns.plot else None
-    if plot_path is not None:  # before the sweep: a bad path must not waste it
-        try:
-            plot_path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise StackWiseError(
-                f"Cannot create the folder of --plot '{plot_path}': {err.strerror or err}. "
-                "Pick a writable path."
-            ) from None
+    plot_path = _plot_folder_made(ns.plot)
     from stackwise.pipeline import trainer_of  # after every check: torch takes seconds to load
     from stackwise.train.lr_find import lr_find
 

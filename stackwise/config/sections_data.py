@@ -97,8 +97,9 @@ class DataConfig(Section):
     bpe_sample_mb: float | None = Field(
         64.0,
         gt=0.0,
-        description="At most this many MB of the corpus (and more than half), one piece in k "
-        "across all of it, teach the byte-level BPE its merges (tokenizer unset); null: all.",
+        description="About this many MB of the corpus (at most, and more than half, of its size "
+        "on disk), one piece in k across all of it, teach the byte-level BPE its merges "
+        "(tokenizer unset); null: all of it.",
     )
     cache_dir: str | None = Field(None, description="Default: $STACKWISE_CACHE or ~/.cache.")
     num_workers: NonNegativeInt = Field(0, description="Loader worker processes; 0: in-process.")

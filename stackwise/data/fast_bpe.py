@@ -116,14 +116,14 @@ class TiktokenTwin:
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         """Runs of texts go to the threads as they free up (a run per task: one per long
         piece, many short rows together); tiktoken releases the GIL while it encodes."""
-        runs = runs_of(texts)
+        runs = runs_of(texts, TASK_CHARS)
         if self.threads == 1 or len(runs) < 2:
             return self._group(texts)
         with ThreadPoolExecutor(min(self.threads, len(runs))) as pool:
             return [ids for run in pool.map(self._group, runs) for ids in run]
 
 
-def runs_of(texts: list[str], chars: int = TASK_CHARS) -> list[list[str]]:
+def runs_of(texts: list[str], chars: int) -> list[list[str]]:
     """`texts` as consecutive runs of at least `chars` characters (the last may be shorter): a
     long piece is a run alone, short rows go together."""
     runs: list[list[str]] = []
@@ -140,10 +140,18 @@ def runs_of(texts: list[str], chars: int = TASK_CHARS) -> list[list[str]]:
     return runs
 
 
+PARALLELISM_OFF = ("", "off", "false", "f", "no", "n", "0")  # as `tokenizers` reads it
+
+
 def encoder_threads() -> int:
-    """The CPUs this process may use, or 1 where TOKENIZERS_PARALLELISM is off (as the
-    `tokenizers` library it stands in for would run)."""
-    if os.environ.get("TOKENIZERS_PARALLELISM", "").lower() in ("false", "0", "off", "no"):
+    """The CPUs this process may use; 1 where TOKENIZERS_PARALLELISM is off (as the library
+    it stands in for would run) or in a DataLoader worker (its siblings share the CPUs)."""
+    setting = os.environ.get("TOKENIZERS_PARALLELISM")
+    if setting is not None and setting.lower() in PARALLELISM_OFF:
+        return 1
+    from torch.utils.data import get_worker_info
+
+    if get_worker_info() is not None:
         return 1
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
 

@@ -25,20 +25,18 @@ BATCH_CHARS = 1 << 20
 def word_cut(text: str, lo: int, hi: int) -> int:
     """The last index in [lo, hi) where a word starts (a space or newline that follows a
     non-space: byte-level BPE, char and byte tokenizers split there anyway), or -1. Searched
-    from the end, so that the usual cut costs a character or two, not a scan of the window."""
-    while hi > lo:
-        hi = max(text.rfind(" ", lo, hi), text.rfind("\n", lo, hi))
-        if hi <= 0:
-            return -1
-        if not text[hi - 1].isspace():  # str.isspace is the \s of Python's re
-            return hi
-        # inside a run of whitespace: only its first character can follow a non-space
-        run = lo + len(text[lo:hi].rstrip())
-        if run == lo:
-            return lo if lo > 0 and text[lo] in " \n" and not text[lo - 1].isspace() else -1
-        if text[run] in " \n":
-            return run
-        hi = run
+    from the end, so that the usual cut costs a character or two, not a scan of the window;
+    each character is looked at a bounded number of times, whatever the text."""
+    last = {c: text.rfind(c, lo, hi) for c in " \n"}  # the latest space and newline left
+    while (at := max(last.values())) > 0:
+        if not text[at - 1].isspace():  # str.isspace is the \s of Python's re
+            return at
+        start = at - 1  # inside a run of whitespace: only its first character can qualify
+        while start > lo and text[start - 1].isspace():
+            start -= 1
+        for c, found in last.items():
+            if found > start:
+                last[c] = text.rfind(c, lo, start + 1)
     return -1
 
 

@@ -109,7 +109,8 @@ def trainer_of_settings(
     trainer = build_trainer(
         plan, model, objective, data.train, data.val, adapter=adapter, strategy=chosen
     )
-    on_main(trainer.accelerator, lambda: save_tokenizer(trainer.output_dir, data.tokenizer))
+    resume = plan.train.resume_from_checkpoint
+    on_main(trainer.accelerator, lambda: save_tokenizer(trainer.output_dir, data.tokenizer, resume))
     trainer.save_when_trained = partial(saved_and_released, trainer, data, adapter)
     return trainer
 

@@ -20,7 +20,7 @@ from stackwise.data.tokenizer import load_tokenizer_dir
 from stackwise.errors import StackWiseError
 from stackwise.io.files import read_tensors, save_tensors, staged, write_atomic, write_json
 from stackwise.io.final import move_into
-from stackwise.io.run_folder import run_paths
+from stackwise.io.run_folder import LATEST, STAGE_DIR, run_paths
 from stackwise.io.stack_files import HISTORY, needs_structure, rack_from_stacks, read_manifest
 from stackwise.model.chain import CHAIN_INPUT_VERSION, DenoisingChain
 from stackwise.model.rack import Rack
@@ -68,24 +68,51 @@ def training_compute(folder: Path) -> dict[str, float | int] | None:
     return None
 
 
-def save_tokenizer(run_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
+def save_tokenizer(
+    run_dir: Path, tokenizer: PreTrainedTokenizerBase, resume: str | None = None
+) -> None:
     """Written when a run starts, so that its checkpoints can be sampled before it ends. A
-    resumed run's folder already has one: the data must give that same tokenizer."""
-    refuse_another_tokenizer(run_dir / "tokenizer", tokenizer)
+    resumed run (`resume`: train.resume_from_checkpoint) must get the tokenizer its checkpoint
+    learnt with."""
+    kept = resumed_tokenizer_dir(run_dir, resume)
+    if kept is not None:
+        refuse_another_tokenizer(kept, tokenizer)
     failure = f"Cannot write the tokenizer into '{run_dir}': {{reason}}."
     with staged(run_dir / ".tokenizer.tmp", failure) as tmp:
         tokenizer.save_pretrained(str(tmp))
         move_into(tmp, run_dir / "tokenizer")
 
 
+IDS_FROM = ("normalizer", "pre_tokenizer", "model", "added_tokens")  # what decides the ids
+
+
 def same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:
-    """The same ids for the same text: vocabulary, added tokens, and the Rust model (merges)."""
+    """The same ids for the same text: the vocabulary, and the Rust tokenizer's normalizer,
+    pre-tokenizer, model (merges) and added tokens."""
     if a.get_vocab() != b.get_vocab():
         return False
     rust_a, rust_b = getattr(a, "backend_tokenizer", None), getattr(b, "backend_tokenizer", None)
     if rust_a is None or rust_b is None:
         return rust_a is rust_b
-    return json.loads(rust_a.to_str())["model"] == json.loads(rust_b.to_str())["model"]
+    spec_a, spec_b = json.loads(rust_a.to_str()), json.loads(rust_b.to_str())
+    return all(spec_a.get(key) == spec_b.get(key) for key in IDS_FROM)
+
+
+def resumed_tokenizer_dir(run_dir: Path, resume: str | None) -> Path | None:
+    """The tokenizer folder of the run a resume continues: this folder's for `latest`, else
+    the run holding the named checkpoint (another folder, when resumed into a new one)."""
+    if resume is None:
+        return None
+    if resume == LATEST:
+        return run_dir / "tokenizer"
+    from stackwise.io.checkpoints import resolve_checkpoint
+
+    try:
+        checkpoint = resolve_checkpoint(resume, run_dir)
+    except StackWiseError:
+        return None  # the resume itself names what is missing
+    stage = STAGE_DIR.match(checkpoint.parent.name)
+    return (checkpoint.parent.parent if stage else checkpoint.parent) / "tokenizer"
 
 
 def refuse_another_tokenizer(kept: Path, tokenizer: PreTrainedTokenizerBase) -> None:

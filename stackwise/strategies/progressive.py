@@ -26,7 +26,10 @@ class ProgressiveStrategy(TrainingStrategy):
                 "adapter cannot be grown. Use strategy 'standard', or the rack adapter."
             )
         recipe = ProgressiveRecipe(plan, data, quiet=quiet, strategy=self)
-        on_main(recipe.accelerator, lambda: save_tokenizer(recipe.output_dir, data.tokenizer))
+        resume = plan.train.resume_from_checkpoint  # a grown run resumes in its own folder
+        on_main(
+            recipe.accelerator, lambda: save_tokenizer(recipe.output_dir, data.tokenizer, resume)
+        )
         if not quiet and recipe.accelerator.is_main_process:
             print(growth_header(plan, data, recipe), flush=True)
         result = recipe.train_progressively()

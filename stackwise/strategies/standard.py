@@ -33,7 +33,8 @@ def run_end_to_end(
     trainer = build_trainer(
         plan, model, objective, data.train, data.val, adapter=adapter, strategy=strategy
     )
-    on_main(trainer.accelerator, lambda: save_tokenizer(trainer.output_dir, data.tokenizer))
+    resume = plan.train.resume_from_checkpoint
+    on_main(trainer.accelerator, lambda: save_tokenizer(trainer.output_dir, data.tokenizer, resume))
     main = not quiet and trainer.accelerator.is_main_process
     if main:
         print(header(plan, data, adapter, model, trainer, note), flush=True)
