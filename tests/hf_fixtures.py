@@ -35,7 +35,7 @@ def tiny_hf(
 
     from stackwise.data.tokenizer import byte_tokenizer
 
-    tok = byte_tokenizer()
+    tok = byte_tokenizer().to_transformers()  # a model's folder, as transformers saves it
     if template is not None:
         tok.chat_template = template
     shape: dict[str, Any] = {

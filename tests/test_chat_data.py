@@ -12,8 +12,14 @@ from stackwise.chat.formats import detect_format, to_messages
 from stackwise.chat.labels import tokenize_conversation
 from stackwise.chat.template import DEFAULT_TEMPLATE, end_of_turn_ids, use_template
 from stackwise.config import DataConfig
-from stackwise.data.tokenizer import byte_tokenizer
+from stackwise.data.tokenizer import byte_tokenizer as plain_byte_tokenizer
 from stackwise.errors import StackWiseError
+
+
+def byte_tokenizer():
+    """Chat data is rendered by transformers' class (as build_chat_data converts it)."""
+    return plain_byte_tokenizer().to_transformers()
+
 
 CONVO = [
     {"role": "system", "content": "Be brief."},

@@ -260,11 +260,13 @@ def test_the_bpe_learns_from_one_piece_in_k_and_names_the_sample(tmp_path, capsy
 
 @pytest.mark.parametrize("name", [None, "char", "byte"])
 def test_a_built_tokenizer_reloads_without_the_auto_registry(tmp_path, name):
-    """Our tokenizers reload as the plain fast class, not through AutoTokenizer (whose model
-    registry costs every process seconds): the same tokenizer, chat template included."""
+    """Our tokenizers with a chat template (as a chat run saves them) reload as transformers'
+    plain fast class, not through AutoTokenizer (whose model registry costs every process
+    seconds): the same tokenizer, chat template included. (Without a template they reload as
+    our PlainTokenizer: tests/test_plain_tokenizer.py.)"""
     from transformers import AutoTokenizer
 
-    built = tokmod.make_tokenizer(name, [*DOCS, ODD_TEXT], 300, str(tmp_path))
+    built = tokmod.make_tokenizer(name, [*DOCS, ODD_TEXT], 300, str(tmp_path)).to_transformers()
     built.chat_template = "{% for m in messages %}{{ m['content'] }}{{ eos_token }}{% endfor %}"
     folder = tmp_path / "saved"
     built.save_pretrained(str(folder))

@@ -9,6 +9,7 @@ from stackwise.chat.shared_rows import shared_row_problem
 from stackwise.chat.sources import load_rows, split_off
 from stackwise.chat.template import use_template
 from stackwise.data.pack import PreparedData
+from stackwise.data.plain_tokenizer import as_transformers
 from stackwise.errors import StackWiseError
 from stackwise.spec import DataSpec, ModelSpec, Plan
 
@@ -36,6 +37,7 @@ def build_chat_data(plan: Plan, tok: Any) -> PreparedData:
     """Instruction rows of plan.data rendered with `tok` (its chat template set: use_template);
     plan.model decides whether examples may share a row."""
     cfg = plan.data
+    tok = as_transformers(tok)  # chat templates are rendered by transformers' class
     template = use_template(tok, cfg.chat_template)
     rows, eval_rows = load_rows(cfg)
     if eval_rows is None:

@@ -7,15 +7,17 @@ straddles both sets and the same text never appears in both.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import Dataset
-from transformers import PreTrainedTokenizerBase
 
 from stackwise.errors import StackWiseError
 from stackwise.objectives.base import Specials
 from stackwise.spec import DataSpec
+
+if TYPE_CHECKING:
+    from stackwise.data.plain_tokenizer import AnyTokenizer
 
 
 class TokenBlocks(Dataset):
@@ -34,7 +36,7 @@ class TokenBlocks(Dataset):
 
 @dataclass
 class PreparedData:
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: AnyTokenizer
     train: TokenBlocks
     val: TokenBlocks
     n_documents: int
@@ -53,7 +55,7 @@ class PreparedData:
         return specials_of(self.tokenizer)
 
 
-def specials_of(tok: PreTrainedTokenizerBase) -> Specials:
+def specials_of(tok: AnyTokenizer) -> Specials:
     return Specials(
         vocab_size=len(tok),
         pad_id=tok.pad_token_id,

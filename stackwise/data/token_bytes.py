@@ -4,12 +4,15 @@ token into bits per byte, comparable across tokenizers."""
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:
+    from stackwise.data.plain_tokenizer import AnyTokenizer
 
 
-def bytes_per_token(tok: PreTrainedTokenizerBase) -> torch.Tensor:
+def bytes_per_token(tok: AnyTokenizer) -> torch.Tensor:
     """(V,) UTF-8 bytes of text each token id spells: EOS counts 1 (it separates documents, like
     a newline), other specials 0. Bytes rather than characters so that every tokenizer agrees;
     for ASCII text, such as the default corpus, they are the same thing."""
@@ -28,7 +31,7 @@ def bytes_per_token(tok: PreTrainedTokenizerBase) -> torch.Tensor:
     return table
 
 
-def _is_byte_level(tok: PreTrainedTokenizerBase) -> bool:
+def _is_byte_level(tok: AnyTokenizer) -> bool:
     backend = getattr(tok, "backend_tokenizer", None)
     pre = getattr(backend, "pre_tokenizer", None)
     return pre is not None and "ByteLevel" in type(pre).__name__
@@ -37,7 +40,7 @@ def _is_byte_level(tok: PreTrainedTokenizerBase) -> bool:
 BYTE_FALLBACK = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 
 
-def _spelled_bytes(tok: PreTrainedTokenizerBase, token: str) -> int:
+def _spelled_bytes(tok: AnyTokenizer, token: str) -> int:
     """Bytes one token spells in running text: SentencePiece's ▁ is a space, a byte-fallback
     token <0xNN> one byte, WordPiece's ## continuation marker nothing; else its own decoding."""
     if BYTE_FALLBACK.match(token):

@@ -11,12 +11,14 @@ a cut, one cut per 64k characters.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:
+    from stackwise.data.plain_tokenizer import AnyTokenizer
 
 PIECE_CHARS = 1 << 16
 BATCH_CHARS = 1 << 20
@@ -53,7 +55,7 @@ def text_pieces(text: str, size: int | None = None) -> Iterator[str]:
     yield text[start:]
 
 
-def plain_backend(tokenizer: PreTrainedTokenizerBase) -> Any:
+def plain_backend(tokenizer: AnyTokenizer) -> Any:
     """A copy of the Rust tokenizer with no truncation and no padding (a tokenizer.json may
     carry either; the usual call switches them off, a direct one would not), or None."""
     backend = getattr(tokenizer, "_tokenizer", None)
@@ -67,7 +69,7 @@ def plain_backend(tokenizer: PreTrainedTokenizerBase) -> Any:
     return plain
 
 
-def batch_encoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[str]], list[Any]]:
+def batch_encoder(tokenizer: AnyTokenizer) -> Callable[[list[str]], list[Any]]:
     """Token ids of a batch of texts, without special tokens. A byte-level BPE that tiktoken
     reproduces goes through tiktoken (3-4x faster); another Rust tokenizer is called directly (no
     offsets, no BatchEncoding: about 1.3x faster than the usual call); anything else the usual
@@ -128,7 +130,7 @@ class _PieceEncoder:
 
 
 def piece_token_batches(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: AnyTokenizer,
     pieces: Iterable[tuple[str, bool]],
     eos_id: int,
     total: int | None = None,
@@ -151,7 +153,7 @@ def piece_token_batches(
 
 
 def token_chunks(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: AnyTokenizer,
     pieces: Iterable[tuple[str, bool]],
     eos_id: int,
     total: int | None = None,
@@ -165,9 +167,7 @@ def token_chunks(
         )
 
 
-def token_stream(
-    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], eos_id: int
-) -> torch.Tensor:
+def token_stream(tokenizer: AnyTokenizer, texts: Sequence[str], eos_id: int) -> torch.Tensor:
     """Every document's tokens followed by EOS, as one int32 tensor (in memory)."""
     total = sum(len(t.encode("utf-8")) for t in texts)
     chunks = list(token_chunks(tokenizer, ((t, True) for t in texts), eos_id, total))

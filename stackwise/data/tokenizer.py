@@ -16,14 +16,21 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
-
+from stackwise.data.plain_tokenizer import (
+    MODEL_FILES,
+    PLAIN_CLASSES,
+    PlainTokenizer,
+    as_transformers,
+)
 from stackwise.data.tokenize import text_pieces
 from stackwise.errors import StackWiseError
 from stackwise.paths import build_lock, cache_root
 from stackwise.spec import DataSpec
+
+if TYPE_CHECKING:
+    from stackwise.data.plain_tokenizer import AnyTokenizer
 
 SPECIALS = {
     "pad_token": "<pad>",
@@ -47,9 +54,10 @@ def corpus_hash(texts: Iterable[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def ensure_specials(tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+def ensure_specials(tok: AnyTokenizer) -> AnyTokenizer:
     missing = {k: v for k, v in SPECIALS.items() if getattr(tok, k) is None}
     if missing:
+        tok = as_transformers(tok)
         tok.add_special_tokens(missing)
     return tok
 
@@ -58,7 +66,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tok
 SAVED_WITH = "a folder written by save_pretrained (or data.tokenizer: char / byte)"
 
 
-def load_tokenizer_dir(path: str | Path) -> PreTrainedTokenizerBase:
+def load_tokenizer_dir(path: str | Path) -> AnyTokenizer:
+    """The tokenizer saved in a folder: a PlainTokenizer where it reads the folder completely
+    (every tokenizer we build, and run folders' tokenizer/), else transformers' class for it."""
     path = Path(path).expanduser()
     if path.is_file():
         raise StackWiseError(
@@ -76,7 +86,7 @@ def load_tokenizer_dir(path: str | Path) -> PreTrainedTokenizerBase:
             f"data.tokenizer at {SAVED_WITH}."
         )
     try:
-        tok = _loader(path).from_pretrained(
+        tok = PlainTokenizer.from_folder(path) or _loader(path).from_pretrained(
             str(path), local_files_only=True, trust_remote_code=False
         )
     except Exception as err:  # a damaged file raises KeyError, TypeError, JSON errors, ...
@@ -88,24 +98,20 @@ def load_tokenizer_dir(path: str | Path) -> PreTrainedTokenizerBase:
     return ensure_specials(tok)
 
 
-# the classes our own tokenizers are saved as (transformers 5 and 4 names)
-PLAIN_FAST = ("TokenizersBackend", "PreTrainedTokenizerFast")
-MODEL_FILES = ("config.json", "tekken.json")  # AutoTokenizer may read these to pick a class
-
-
 def _loader(path: Path) -> Any:
-    """The plain fast class for a folder that holds a tokenizer.json saved as one and no model
-    (every tokenizer we build, and run folders' tokenizer/), else AutoTokenizer: its model
-    registry costs seconds of start-up and some 6 MB per process. A model folder's config.json
-    can make AutoTokenizer pick the model's own class over the saved one (qwen2's, say), and
-    tekken.json Mistral's: those folders go to AutoTokenizer."""
+    """transformers' plain fast class for a folder that holds a tokenizer.json saved as one and
+    no model, else AutoTokenizer: its model registry costs seconds of start-up and some 6 MB per
+    process. A model folder's config.json can make AutoTokenizer pick the model's own class
+    over the saved one (qwen2's, say), and tekken.json Mistral's: those go to AutoTokenizer."""
     config = path / "tokenizer_config.json"
     try:
         saved_as = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class")
     except (OSError, ValueError, AttributeError):
         saved_as = None  # no or damaged config: AutoTokenizer decides (and names the problem)
-    plain = saved_as in PLAIN_FAST and (path / "tokenizer.json").is_file()
+    plain = saved_as in PLAIN_CLASSES and (path / "tokenizer.json").is_file()
     if plain and not any((path / name).exists() for name in MODEL_FILES):
+        from transformers import PreTrainedTokenizerFast
+
         return PreTrainedTokenizerFast
     from transformers import AutoTokenizer
 
@@ -128,7 +134,7 @@ def sample_stride(texts: Iterable[str], sample_mb: float | None) -> int:
     return max(1, math.ceil(corpus_size(texts) / (sample_mb * 1e6)))
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, every: int = 1) -> PreTrainedTokenizerFast:
+def train_bpe(texts: Iterable[str], vocab_size: int, every: int = 1) -> PlainTokenizer:
     """A byte-level BPE learnt from every `every`-th piece of the texts: when every > 1, a
     sample spread over the whole corpus in pieces of SAMPLE_CHARS, fine enough for a small one."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -146,12 +152,10 @@ def train_bpe(texts: Iterable[str], vocab_size: int, every: int = 1) -> PreTrain
     size = SAMPLE_CHARS if every > 1 else None
     pieces = itertools.islice((p for t in texts for p in text_pieces(t, size)), 0, None, every)
     tok.train_from_iterator(pieces, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIALS)
+    return PlainTokenizer(tok, SPECIALS)
 
 
-def _cached(
-    key: str, cache_dir: str | None, build: Callable[[], PreTrainedTokenizerBase]
-) -> PreTrainedTokenizerBase:
+def _cached(key: str, cache_dir: str | None, build: Callable[[], AnyTokenizer]) -> AnyTokenizer:
     """Build once per key; later runs (and other ranks) load the cached copy."""
     folder = cache_root(cache_dir) / "tokenizers" / key
     if (folder / "tokenizer.json").is_file():
@@ -175,13 +179,13 @@ def corpus_tokenizer(
     cache_dir: str | None = None,
     corpus_key: str | None = None,
     sample_mb: float | None = None,
-) -> PreTrainedTokenizerBase:
+) -> AnyTokenizer:
     """A BPE trained once per (corpus, vocab size, sample), on about `sample_mb` MB of it."""
     every = sample_stride(texts, sample_mb)
     key = f"{BPE_VERSION}-{corpus_key or corpus_hash(texts)}-{vocab_size}"
     key += f"-every{every}" if every > 1 else ""  # the whole corpus keeps the key it had
 
-    def build() -> PreTrainedTokenizerFast:
+    def build() -> PlainTokenizer:
         if every > 1:
             mb = corpus_size(texts) / 1e6
             print(
@@ -209,23 +213,23 @@ def _unmerged(symbols: Sequence[str], extra: Sequence[str]) -> Any:
     return tok
 
 
-def char_tokenizer(texts: Iterable[str]) -> PreTrainedTokenizerFast:
+def char_tokenizer(texts: Iterable[str]) -> PlainTokenizer:
     """Every character of the corpus is a token; unseen characters become <unk>."""
     from tokenizers import decoders
 
     tok = _unmerged(sorted(set().union(*map(set, texts))), [UNK])
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=UNK, **SPECIALS)
+    return PlainTokenizer(tok, {**SPECIALS, "unk_token": UNK})
 
 
-def byte_tokenizer() -> PreTrainedTokenizerFast:
+def byte_tokenizer() -> PlainTokenizer:
     """Every UTF-8 byte is a token (256 + specials): nothing is ever unknown."""
     from tokenizers import decoders, pre_tokenizers
 
     tok = _unmerged(sorted(pre_tokenizers.ByteLevel.alphabet()), [])
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIALS)
+    return PlainTokenizer(tok, SPECIALS)
 
 
 def make_tokenizer(
@@ -235,7 +239,7 @@ def make_tokenizer(
     cache_dir: str | None = None,
     corpus_key: str | None = None,
     bpe_sample_mb: float | None = None,
-) -> PreTrainedTokenizerBase:
+) -> AnyTokenizer:
     """`data.tokenizer`: None (BPE on the corpus), `char`, `byte`, or a tokenizer dir. Built
     ones are cached by `corpus_key` (e.g. the files' fingerprint: nothing is read) or else by
     a hash of the texts. `texts` may be re-iterable pieces of documents."""
@@ -249,7 +253,7 @@ def make_tokenizer(
     return load_tokenizer_dir(name)
 
 
-def corpus_data_tokenizer(cfg: DataSpec, corpus: Any) -> PreTrainedTokenizerBase:
+def corpus_data_tokenizer(cfg: DataSpec, corpus: Any) -> AnyTokenizer:
     """The data section's tokenizer for a corpus or mixture (anything with a fingerprint that
     iterates its texts): built from it when need be, cached under its fingerprint."""
     return make_tokenizer(

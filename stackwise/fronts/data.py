@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from stackwise.chat.data import IGNORE, ChatRows, ChatStats, examples_of, to_rows
 from stackwise.chat.template import use_template
+from stackwise.data.plain_tokenizer import as_transformers
 from stackwise.data.rows import rows_to_text
 from stackwise.data.tables import open_hub, open_saved, quiet_datasets
 from stackwise.errors import StackWiseError
@@ -72,6 +73,7 @@ class TextDataset(Dataset):
             raise StackWiseError("TextDataset got no rows: give it a dataset with examples.")
         self.stats = ChatStats()
         if self.mode == "instruction":
+            self.tokenizer = tokenizer = as_transformers(tokenizer)  # renders the template
             self.template = use_template(tokenizer, chat_template)
             examples = examples_of(rows, tokenizer, self.spec, self.stats)
         else:

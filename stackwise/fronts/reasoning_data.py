@@ -29,6 +29,7 @@ class ReasoningDataset(Dataset):
         from stackwise.chat.data import ChatStats, examples_of, to_rows
         from stackwise.chat.sources import load_rows
         from stackwise.chat.template import use_template
+        from stackwise.data.plain_tokenizer import as_transformers
 
         spec = DataSpec(
             mode="instruction",
@@ -36,7 +37,7 @@ class ReasoningDataset(Dataset):
             seq_len=max_seq_length,
             chat_template=chat_template,
         )
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer = as_transformers(tokenizer)  # renders the template
         self.template = use_template(tokenizer, spec.chat_template)
         rows, _ = load_rows(spec)
         self.stats = ChatStats()

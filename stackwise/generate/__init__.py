@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from stackwise.errors import StackWiseError
 from stackwise.generate.causal import generate_clm
@@ -25,6 +24,9 @@ from stackwise.objectives.base import Specials
 from stackwise.registry import OBJECTIVES
 from stackwise.samplers import Progress, SampleStats, truncate_at_eos
 from stackwise.spec import Plan, SampleSpec
+
+if TYPE_CHECKING:
+    from stackwise.data.plain_tokenizer import AnyTokenizer
 
 __all__ = [
     "Samples",
@@ -61,7 +63,7 @@ def sample_spec(plan: Plan, overrides: dict[str, Any]) -> SampleSpec:
 def generate(
     plan: Plan,
     rack: Rack,
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: AnyTokenizer,
     *,
     prompt: str | None = None,
     seed: int = 0,
@@ -97,7 +99,7 @@ def generate(
 def _prompt_rows(
     plan: Plan,
     rack: Rack,
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: AnyTokenizer,
     s: SampleSpec,
     text: str,
     n: int,
@@ -124,7 +126,7 @@ def _prompt_rows(
 def _completed(
     plan: Plan,
     rack: Rack,
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: AnyTokenizer,
     s: SampleSpec,
     ids: torch.Tensor,
     room: int,
@@ -155,7 +157,7 @@ def _completed(
 def chat_reply(
     plan: Plan,
     rack: Rack,
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: AnyTokenizer,
     messages: list[dict],
     seed: int = 0,
     **overrides: object,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from stackwise.model.rack import Rack
 from stackwise.objectives import objective_from
@@ -12,8 +13,11 @@ from stackwise.repeat_guard import WordRepeatGuard
 from stackwise.samplers import MaskedSampler, MaskedSampling
 from stackwise.spec import Plan, SampleSpec
 
+if TYPE_CHECKING:
+    from stackwise.data.plain_tokenizer import AnyTokenizer
 
-def repeat_guard(tokenizer: PreTrainedTokenizerBase, mask_id: int) -> WordRepeatGuard:
+
+def repeat_guard(tokenizer: AnyTokenizer, mask_id: int) -> WordRepeatGuard:
     """The guard that redraws a word repeating the one before it (sample.no_repeat_words)."""
     pieces = [tokenizer.decode([i], skip_special_tokens=True) for i in range(len(tokenizer))]
     return WordRepeatGuard.from_pieces(pieces, mask_id)
@@ -39,7 +43,7 @@ def masked_sampler(
     plan: Plan,
     s: SampleSpec,
     rack: Rack,
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: AnyTokenizer,
     gen: torch.Generator,
 ) -> MaskedSampler:
     """The masked sampler `s` describes for plan's objective, with the specials of `tokenizer`

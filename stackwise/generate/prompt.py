@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from stackwise.errors import StackWiseError
 
+if TYPE_CHECKING:
+    from stackwise.data.plain_tokenizer import AnyTokenizer
 
-def unknown_characters(tokenizer: PreTrainedTokenizerBase, prompt: str, ids: list[int]) -> None:
+
+def unknown_characters(tokenizer: AnyTokenizer, prompt: str, ids: list[int]) -> None:
     """Say on stderr which characters of a prompt the vocabulary lacks: they become <unk>,
     which the shown text leaves out, so they would vanish without a word."""
     unk = tokenizer.unk_token_id
@@ -32,9 +35,7 @@ def unknown_characters(tokenizer: PreTrainedTokenizerBase, prompt: str, ids: lis
     )
 
 
-def prompt_ids(
-    after_token: bool, tokenizer: PreTrainedTokenizerBase, prompt: str, context: int
-) -> list[int]:
+def prompt_ids(after_token: bool, tokenizer: AnyTokenizer, prompt: str, context: int) -> list[int]:
     """The prompt's ids (an EOS for an empty prompt of a rack that predicts each token from
     the one before, `after_token`); refused if it fills the context."""
     prefix = tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt else []
@@ -56,7 +57,7 @@ class TextStream:
 
     def __init__(
         self,
-        tokenizer: PreTrainedTokenizerBase,
+        tokenizer: AnyTokenizer,
         write: Callable[[str], None],
         eos: int | None,
         prompt_len: int,

@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from transformers import PreTrainedTokenizerBase
 
 from stackwise.data.tokenizer import load_tokenizer_dir
 from stackwise.errors import StackWiseError
@@ -25,6 +24,9 @@ from stackwise.io.stack_files import HISTORY, needs_structure, rack_from_stacks,
 from stackwise.model.chain import CHAIN_INPUT_VERSION, DenoisingChain
 from stackwise.model.rack import Rack
 from stackwise.spec import Plan
+
+if TYPE_CHECKING:
+    from stackwise.data.plain_tokenizer import AnyTokenizer
 
 WEIGHTS = "model.safetensors"
 # a saved run's folder (the one holding config.yaml) -> its Plan: the door, stackwise.runs.read_plan
@@ -38,7 +40,7 @@ def save_model(model: nn.Module, folder: Path) -> Path:
 
 
 def save_run(
-    folder: Path, config: Plan | Any, tokenizer: PreTrainedTokenizerBase | None, summary: dict
+    folder: Path, config: Plan | Any, tokenizer: AnyTokenizer | None, summary: dict
 ) -> None:
     """What a finished run keeps beside its weights: config.yaml (the Plan's source, or a
     config's YAML), tokenizer/, history.json."""
@@ -68,9 +70,7 @@ def training_compute(folder: Path) -> dict[str, float | int] | None:
     return None
 
 
-def save_tokenizer(
-    run_dir: Path, tokenizer: PreTrainedTokenizerBase, resume: str | None = None
-) -> None:
+def save_tokenizer(run_dir: Path, tokenizer: AnyTokenizer, resume: str | None = None) -> None:
     """Written when a run starts, so that its checkpoints can be sampled before it ends. A
     resumed run (`resume`: train.resume_from_checkpoint) must get the tokenizer its checkpoint
     learnt with."""
@@ -86,7 +86,7 @@ def save_tokenizer(
 IDS_FROM = ("normalizer", "pre_tokenizer", "model", "added_tokens")  # what decides the ids
 
 
-def same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:
+def same_tokenizer(a: AnyTokenizer, b: AnyTokenizer) -> bool:
     """The same ids for the same text: the vocabulary, and the Rust tokenizer's normalizer,
     pre-tokenizer, model (merges) and added tokens."""
     if a.get_vocab() != b.get_vocab():
@@ -115,7 +115,7 @@ def resumed_tokenizer_dir(run_dir: Path, resume: str | None) -> Path | None:
     return (checkpoint.parent.parent if stage else checkpoint.parent) / "tokenizer"
 
 
-def refuse_another_tokenizer(kept: Path, tokenizer: PreTrainedTokenizerBase) -> None:
+def refuse_another_tokenizer(kept: Path, tokenizer: AnyTokenizer) -> None:
     """A run folder's tokenizer (a resumed run's) must be the one its data gives now: its
     checkpoints learnt those ids."""
     if not (kept / "tokenizer.json").is_file():
@@ -171,7 +171,7 @@ def load_weights(model: nn.Module, path: Path) -> None:
     model.load_state_dict(state)
 
 
-def chain_of(config: Plan | Any, tokenizer: PreTrainedTokenizerBase) -> DenoisingChain | None:
+def chain_of(config: Plan | Any, tokenizer: AnyTokenizer) -> DenoisingChain | None:
     """The denoising chain a rack grown with depth_order high_to_low runs (else None)."""
     p = config.progressive
     if p.time_interpretation != "depth" or p.depth_order != "high_to_low":
@@ -187,7 +187,7 @@ def chain_of(config: Plan | Any, tokenizer: PreTrainedTokenizerBase) -> Denoisin
 
 def load_rack(
     folder: Path, plan: Plan | Any, tokenizer_dir: Path, device: torch.device | str = "cpu"
-) -> tuple[Rack, PreTrainedTokenizerBase]:
+) -> tuple[Rack, AnyTokenizer]:
     """The trained rack saved in `folder` (found by run_paths), built from its `plan`, and the
     run's tokenizer."""
     tokenizer = load_tokenizer_dir(tokenizer_dir)
@@ -217,7 +217,7 @@ def load_rack(
 
 def load_trained(
     folder: str | Path, read_plan: PlanReader, device: torch.device | str = "cpu"
-) -> tuple[Plan, Rack, PreTrainedTokenizerBase]:
+) -> tuple[Plan, Rack, AnyTokenizer]:
     """(plan, rack, tokenizer) of a saved run, its Plan from `read_plan` (the door:
     stackwise.runs.load_trained passes stackwise.runs.read_plan)."""
     folder, tokenizer_dir = run_paths(folder)

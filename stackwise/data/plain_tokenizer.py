@@ -1,0 +1,233 @@
+"""The tokenizers StackWise builds (BPE, char, byte) and the folders they are saved in, without
+transformers: importing its tokenizer classes costs every process about 0.7 s and 20 MB
+(RESULTS.md, throughput's memory section), and a pretraining run needs none of what they add.
+
+`PlainTokenizer` is a `tokenizers.Tokenizer` with its special tokens and the part of
+transformers' fast-tokenizer API our runs use, giving the same ids and text (tested against
+transformers). It is used only for a folder whose settings it reads completely (`plain_folder`);
+any other folder gets transformers' own class. Chat data converts it first (`as_transformers`):
+chat templates are transformers' work.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerBase
+
+    # what a run's data, generation and checkpoints take: ours, or transformers' for HF models
+    AnyTokenizer: TypeAlias = "PlainTokenizer | PreTrainedTokenizerBase"
+
+# the classes transformers saves a plain fast tokenizer as (its 5 and 4 names)
+PLAIN_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "mask_token")
+# the settings a plain tokenizer_config.json may hold and this class honours; the others change
+# nothing: model_max_length is a limit we never apply, the backend a label, and is_local and
+# local_files_only the options of the load before, which transformers writes back on save
+READ_KEYS = {
+    "tokenizer_class",
+    "backend",
+    "model_max_length",
+    "is_local",
+    "local_files_only",
+    *SPECIAL_KEYS,
+}
+NO_LIMIT = int(1e30)  # transformers' VERY_LARGE_INTEGER: no length limit
+CONFIG = "tokenizer_config.json"
+MODEL_FILES = ("config.json", "tekken.json")  # transformers may pick a model's class from these
+# files that carry more settings (a chat template, older special-token maps, slow vocabularies)
+OTHER_FILES = (
+    "chat_template.jinja",
+    "chat_template.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
+
+
+def plain_folder(path: Path) -> dict[str, str] | None:
+    """The special tokens of a folder this class reads completely, else None: a tokenizer.json
+    saved as a plain fast tokenizer with pad, bos, eos and mask tokens, no model or other
+    tokenizer files, no setting beyond READ_KEYS (a clean-up, padding side, chat template, ...
+    send the folder to transformers)."""
+    if not (path / "tokenizer.json").is_file():
+        return None
+    if any((path / name).exists() for name in (*MODEL_FILES, *OTHER_FILES)):
+        return None
+    try:
+        settings = json.loads((path / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(settings, dict) or settings.get("tokenizer_class") not in PLAIN_CLASSES:
+        return None
+    if not READ_KEYS.issuperset(settings):
+        return None
+    specials = {k: settings[k] for k in SPECIAL_KEYS if k in settings}
+    if not all(isinstance(v, str) for v in specials.values()):
+        return None  # a special token written as an AddedToken dict: transformers reads it
+    if not {"pad_token", "bos_token", "eos_token", "mask_token"}.issubset(specials):
+        return None  # transformers' class adds the missing ones (ensure_specials)
+    return specials
+
+
+class PlainTokenizer:
+    """A Rust tokenizer and its special tokens: encode, decode, vocabulary, special ids and
+    save_pretrained, as transformers' fast tokenizer gives them. Slots: a setting transformers'
+    class would honour (a chat template, say) fails here instead of being dropped on save."""
+
+    __slots__ = ("_tokenizer", "model_max_length", "name_or_path", "specials")
+
+    def __init__(self, backend: Tokenizer, specials: Mapping[str, str], name_or_path: str = ""):
+        missing = [tok for tok in specials.values() if backend.token_to_id(tok) is None]
+        if missing:
+            raise ValueError(f"special tokens not in the vocabulary: {missing}")
+        self._tokenizer = backend
+        self.specials = dict(specials)
+        self.name_or_path = name_or_path
+        self.model_max_length = NO_LIMIT
+
+    @classmethod
+    def from_folder(cls, path: Path) -> PlainTokenizer | None:
+        """The folder's tokenizer, or None where `plain_folder` says transformers must read it."""
+        specials = plain_folder(path)
+        if specials is None:
+            return None
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_file(str(path / "tokenizer.json"))
+        try:
+            return cls(backend, specials, str(path))
+        except ValueError:
+            return None  # a special token the vocabulary lacks: transformers adds it
+
+    @property
+    def backend_tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    def __len__(self) -> int:
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def __repr__(self) -> str:
+        return f"PlainTokenizer(name_or_path={self.name_or_path!r}, vocab={len(self)})"
+
+    def get_vocab(self) -> dict[str, int]:
+        return self._tokenizer.get_vocab(with_added_tokens=True)
+
+    def _special(self, key: str) -> str | None:
+        return self.specials.get(key)
+
+    def _special_id(self, key: str) -> int | None:
+        token = self.specials.get(key)
+        return None if token is None else self._tokenizer.token_to_id(token)
+
+    bos_token = property(lambda self: self._special("bos_token"))
+    eos_token = property(lambda self: self._special("eos_token"))
+    unk_token = property(lambda self: self._special("unk_token"))
+    pad_token = property(lambda self: self._special("pad_token"))
+    mask_token = property(lambda self: self._special("mask_token"))
+    bos_token_id = property(lambda self: self._special_id("bos_token"))
+    eos_token_id = property(lambda self: self._special_id("eos_token"))
+    unk_token_id = property(lambda self: self._special_id("unk_token"))
+    pad_token_id = property(lambda self: self._special_id("pad_token"))
+    mask_token_id = property(lambda self: self._special_id("mask_token"))
+
+    @property
+    def all_special_tokens(self) -> list[str]:
+        return [self.specials[k] for k in SPECIAL_KEYS if k in self.specials]
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return [self._tokenizer.token_to_id(t) for t in self.all_special_tokens]
+
+    def _plain(self) -> Tokenizer:
+        """The Rust tokenizer with truncation and padding off, as transformers' call sets it
+        when asked for neither (a tokenizer.json may carry both)."""
+        if self._tokenizer.truncation is not None:
+            self._tokenizer.no_truncation()
+        if self._tokenizer.padding is not None:
+            self._tokenizer.no_padding()
+        return self._tokenizer
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._plain().encode(text, add_special_tokens=add_special_tokens).ids
+
+    def tokenize(self, text: str) -> list[str]:
+        return self._plain().encode(text, add_special_tokens=False).tokens
+
+    def __call__(
+        self, text: str | list[str], add_special_tokens: bool = True
+    ) -> dict[str, list[Any]]:
+        """{"input_ids", "attention_mask"} of one text or a list of texts (no padding; for
+        offsets, padding or tensors, to_transformers())."""
+        if isinstance(text, str):
+            ids = self.encode(text, add_special_tokens)
+            return {"input_ids": ids, "attention_mask": [1] * len(ids)}
+        done = self._plain().encode_batch_fast(text, add_special_tokens=add_special_tokens)
+        rows = [e.ids for e in done]
+        return {"input_ids": rows, "attention_mask": [[1] * len(r) for r in rows]}
+
+    def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
+        """The text of `ids` (a list, a tensor or an array of them, or one id)."""
+        ids = ids.tolist() if hasattr(ids, "tolist") else ids
+        ids = [ids] if isinstance(ids, int) else list(ids)
+        return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def batch_decode(self, rows: Iterable[Any], skip_special_tokens: bool = False) -> list[str]:
+        return [self.decode(r, skip_special_tokens) for r in rows]
+
+    def convert_tokens_to_ids(self, tokens: str | list[str]) -> Any:
+        """Ids of tokens; one not in the vocabulary is the unknown token's (None without one)."""
+        if isinstance(tokens, str):
+            found = self._tokenizer.token_to_id(tokens)
+            return self.unk_token_id if found is None else found
+        return [self.convert_tokens_to_ids(t) for t in tokens]
+
+    def convert_ids_to_tokens(self, ids: int | list[int]) -> Any:
+        if isinstance(ids, int):
+            return self._tokenizer.id_to_token(ids)
+        return [self._tokenizer.id_to_token(i) for i in ids]
+
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        decoder = self._tokenizer.decoder
+        return decoder.decode(tokens) if decoder is not None else " ".join(tokens)
+
+    def save_pretrained(self, folder: str | Path) -> tuple[str, str]:
+        """tokenizer.json and the settings transformers reads it with (AutoTokenizer loads
+        the folder as the same tokenizer)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self._tokenizer.save(str(folder / "tokenizer.json"))
+        settings = {
+            "backend": "tokenizers",
+            **self.specials,
+            "model_max_length": self.model_max_length,
+            "tokenizer_class": PLAIN_CLASSES[1],  # the name transformers 4 and 5 both read
+        }
+        config = folder / CONFIG
+        config.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        return str(config), str(folder / "tokenizer.json")
+
+    def to_transformers(self) -> PreTrainedTokenizerBase:
+        """transformers' fast tokenizer over a copy of the same Rust tokenizer (for chat
+        templates and anything else this class does not do)."""
+        from tokenizers import Tokenizer
+        from transformers import PreTrainedTokenizerFast
+
+        copy = Tokenizer.from_str(self._tokenizer.to_str())
+        tok = PreTrainedTokenizerFast(tokenizer_object=copy, **self.specials)
+        tok.name_or_path = self.name_or_path
+        return tok
+
+
+def as_transformers(tokenizer: Any) -> PreTrainedTokenizerBase:
+    """transformers' class for any tokenizer: a PlainTokenizer converted, others as they are."""
+    return tokenizer.to_transformers() if isinstance(tokenizer, PlainTokenizer) else tokenizer
