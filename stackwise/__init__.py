@@ -48,6 +48,7 @@ _EXPORTS = {
         "register_schedule",
     ),
     "stackwise.runs": ("load_trained", "merge_checkpoint"),
+    "stackwise.data.plain_tokenizer": ("PlainTokenizer", "as_transformers"),
     "stackwise.report": ("load_run", "write_report"),
     "stackwise.strategies": (
         "FinetuningStrategy",
@@ -101,6 +102,7 @@ if TYPE_CHECKING:  # static tools see the real names
     from stackwise.config.growth import ProgressiveConfig  # noqa: F401
     from stackwise.config.seed_config import StackWiseConfig, TrainingConfig  # noqa: F401
     from stackwise.data import PreparedData, build_data  # noqa: F401
+    from stackwise.data.plain_tokenizer import PlainTokenizer, as_transformers  # noqa: F401
     from stackwise.errors import StackWiseError  # noqa: F401
     from stackwise.fronts.components import get_model_adapter  # noqa: F401
     from stackwise.fronts.data import TextDataset, create_dataloader  # noqa: F401

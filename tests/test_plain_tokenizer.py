@@ -5,10 +5,10 @@ those it leaves to transformers; and a pretraining run that never imports transf
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 import stackwise.data.tokenizer as tokmod
-from stackwise.data.plain_tokenizer import PlainTokenizer, as_transformers, plain_folder
+from stackwise.data.plain_tokenizer import CONFIG, PlainTokenizer, as_transformers, plain_folder
 
 KINDS = [None, "char", "byte"]  # a BPE learnt on the corpus, characters, bytes
 TEXTS = [
@@ -30,36 +30,42 @@ TEXTS = [
     "日本語のテキスト 🙂 and a zero\u200bwidth space",
     "",
 ]
-_BUILT: dict[str | None, Path] = {}
+_PAIRS: dict[str | None, tuple[PlainTokenizer, PreTrainedTokenizerBase]] = {}
 
 
-def saved(kind: str | None) -> Path:
-    """The folder our build of `kind` is saved in (built once per test process)."""
-    if kind not in _BUILT:
-        root = Path(tempfile.mkdtemp(prefix="plain-tok-"))
-        corpus = [make_corpus(60, seed=s) for s in range(3)] + TEXTS[:2]
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str | None, Path]:
+    """The folders our build of each kind is saved in."""
+    root = tmp_path_factory.mktemp("plain-tok")
+    corpus = [make_corpus(60, seed=s) for s in range(3)] + TEXTS[:2]
+    folders = {}
+    for kind in KINDS:
         tok = tokmod.make_tokenizer(kind, corpus, 320, str(root / "cache"))
-        tok.save_pretrained(str(root / "saved"))
-        _BUILT[kind] = root / "saved"
-    return _BUILT[kind]
+        tok.save_pretrained(str(root / str(kind)))
+        folders[kind] = root / str(kind)
+    return folders
 
 
-def pair(kind: str | None) -> tuple[PlainTokenizer, PreTrainedTokenizerBase]:
-    folder = saved(kind)
-    plain = tokmod.load_tokenizer_dir(folder)
-    assert isinstance(plain, PlainTokenizer)
-    return plain, AutoTokenizer.from_pretrained(str(folder))
+def pair(built: dict, kind: str | None) -> tuple[PlainTokenizer, PreTrainedTokenizerBase]:
+    """Ours and transformers' over the same folder (loaded once per module; tests that change
+    them load their own)."""
+    if kind not in _PAIRS or _PAIRS[kind][0].name_or_path != str(built[kind]):
+        plain = tokmod.load_tokenizer_dir(built[kind])
+        assert isinstance(plain, PlainTokenizer)
+        _PAIRS[kind] = plain, AutoTokenizer.from_pretrained(str(built[kind]))
+    return _PAIRS[kind]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_it_gives_what_transformers_gives_over_the_same_folder(kind):
-    plain, hf = pair(kind)
+def test_it_gives_what_transformers_gives_over_the_same_folder(built, kind):
+    plain, hf = pair(built, kind)
     assert len(plain) == len(hf) and plain.get_vocab() == hf.get_vocab()
     for name in ("bos", "eos", "unk", "pad", "mask"):
         assert getattr(plain, f"{name}_token") == getattr(hf, f"{name}_token"), name
         assert getattr(plain, f"{name}_token_id") == getattr(hf, f"{name}_token_id"), name
-    assert set(plain.all_special_ids) == set(hf.all_special_ids)
-    assert set(plain.all_special_tokens) == set(hf.all_special_tokens)
+    assert plain.all_special_ids == hf.all_special_ids
+    assert plain.all_special_tokens == hf.all_special_tokens
+    assert plain.special_tokens_map == hf.special_tokens_map
     for text in TEXTS:
         assert plain(text)["input_ids"] == hf(text)["input_ids"], text
         assert plain(text) == dict(hf(text))
@@ -85,16 +91,16 @@ def test_it_gives_what_transformers_gives_over_the_same_folder(kind):
 
 @settings(max_examples=60, deadline=None)
 @given(text=st.text(max_size=80), kind=st.sampled_from(KINDS))
-def test_any_text_gets_the_same_ids_and_comes_back_the_same(text, kind):
-    plain, hf = pair(kind)
+def test_any_text_gets_the_same_ids_and_comes_back_the_same(built, text, kind):
+    plain, hf = pair(built, kind)
     ids = plain.encode(text)
     assert ids == hf.encode(text)
     assert plain.decode(ids) == hf.decode(ids)
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_folder_saved_by_either_class_loads_in_the_other(tmp_path, kind):
-    plain, hf = pair(kind)
+def test_a_folder_saved_by_either_class_loads_in_the_other(built, tmp_path, kind):
+    plain, hf = pair(built, kind)
     # ours -> transformers: AutoTokenizer reads it as the same tokenizer
     plain.save_pretrained(tmp_path / "ours")
     back = AutoTokenizer.from_pretrained(str(tmp_path / "ours"))
@@ -105,15 +111,22 @@ def test_a_folder_saved_by_either_class_loads_in_the_other(tmp_path, kind):
     again = tokmod.load_tokenizer_dir(tmp_path / "theirs")
     assert isinstance(again, PlainTokenizer)
     assert all(again.encode(t) == hf.encode(t) for t in TEXTS)
+    # the same settings as transformers writes, but for the options of its last load
+    ours, theirs = (json.loads((tmp_path / f / CONFIG).read_text()) for f in ("ours", "theirs"))
+    for written in (ours, theirs):
+        written.pop("is_local", None), written.pop("local_files_only", None)
+        written.pop("tokenizer_class")  # PreTrainedTokenizerFast is TokenizersBackend's name
+    assert ours == theirs
     # and the conversion, for what this class does not do
-    converted = as_transformers(plain)
+    converted = as_transformers(PlainTokenizer.from_folder(built[kind]))
     assert isinstance(converted, PreTrainedTokenizerFast) and as_transformers(hf) is hf
     assert all(converted(t)["input_ids"] == hf(t)["input_ids"] for t in TEXTS)
     assert converted.all_special_ids == hf.all_special_ids
 
 
-def test_truncation_and_padding_kept_in_a_file_are_off_as_in_transformers():
-    plain, hf = pair(None)
+def test_truncation_and_padding_set_on_it_are_off_as_in_transformers(built):
+    plain = tokmod.load_tokenizer_dir(built[None])
+    hf = AutoTokenizer.from_pretrained(str(built[None]))
     for tok in (plain.backend_tokenizer, hf.backend_tokenizer):
         tok.enable_truncation(3)
         tok.enable_padding(length=40)
@@ -135,6 +148,23 @@ def drop_key(folder: Path, key: str) -> None:
 
 
 ADDED_EOS = {"__type": "AddedToken", "content": "<eos>", "special": True, "normalized": False}
+
+
+def rewrite_backend(folder: Path, change) -> None:
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    change(backend)
+    backend.save(str(folder / "tokenizer.json"))
+
+
+def unregistered_specials(folder: Path) -> None:
+    """tokenizer.json with the special tokens as ordinary vocabulary entries."""
+    data = json.loads((folder / "tokenizer.json").read_text())
+    data["added_tokens"] = []
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+
+
 FOREIGN = {
     "a chat template": lambda f: edit_config(f, chat_template="{{ messages }}"),
     "a clean-up setting": lambda f: edit_config(f, clean_up_tokenization_spaces=True),
@@ -146,15 +176,26 @@ FOREIGN = {
     "an AddedToken": lambda f: edit_config(f, eos_token=ADDED_EOS),
     "no mask token": lambda f: drop_key(f, "mask_token"),
     "a token not in it": lambda f: edit_config(f, pad_token="<never>"),
+    "specials not registered": unregistered_specials,
+    "a truncation in the file": lambda f: rewrite_backend(f, lambda b: b.enable_truncation(9)),
+    "a padding in the file": lambda f: rewrite_backend(f, lambda b: b.enable_padding(length=9)),
+    "a templates folder": lambda f: (f / "additional_chat_templates").mkdir(),
+    "added tokens file": lambda f: (f / "added_tokens.json").write_text("{}"),
+    "a template json": lambda f: (f / "chat_template.json").write_text("{}"),
+    "extra specials": lambda f: edit_config(f, extra_special_tokens=["<x>"]),
+    "a bos setting": lambda f: edit_config(f, add_bos_token=True),
+    "input names": lambda f: edit_config(f, model_input_names=["input_ids"]),
+    "fast files": lambda f: edit_config(f, fast_tokenizer_files=["tokenizer.json"]),
 }
+KEPT = {"a padding side": ("padding_side", "left")}
 
 
 @pytest.mark.parametrize("what", list(FOREIGN))
-def test_a_folder_with_settings_it_does_not_read_goes_to_transformers(tmp_path, what):
+def test_a_folder_with_settings_it_does_not_read_goes_to_transformers(built, tmp_path, what):
     """Anything beyond the special tokens: transformers' class reads the folder (and adds a
     missing special token), so no setting is dropped."""
     folder = tmp_path / "tok"
-    pair("char")[1].save_pretrained(str(folder))
+    pair(built, "char")[1].save_pretrained(str(folder))
     assert plain_folder(folder) is not None
     FOREIGN[what](folder)
     assert PlainTokenizer.from_folder(folder) is None
@@ -162,29 +203,70 @@ def test_a_folder_with_settings_it_does_not_read_goes_to_transformers(tmp_path, 
         return  # plain_folder's refusal is the point; those classes need their own files
     tok = tokmod.load_tokenizer_dir(folder)
     assert isinstance(tok, PreTrainedTokenizerBase) and tok.mask_token_id is not None
+    if what in KEPT:
+        key, value = KEPT[what]
+        assert getattr(tok, key) == value
 
 
-def test_a_setting_it_would_not_save_cannot_be_set():
-    plain, _ = pair("byte")
+def test_a_length_limit_in_the_folder_is_kept(built, tmp_path):
+    folder = tmp_path / "tok"
+    pair(built, "byte")[1].save_pretrained(str(folder))
+    edit_config(folder, model_max_length=2048)
+    plain = tokmod.load_tokenizer_dir(folder)
+    assert isinstance(plain, PlainTokenizer) and plain.model_max_length == 2048
+    plain.save_pretrained(tmp_path / "again")
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "again")).model_max_length == 2048
+    assert plain.to_transformers().model_max_length == 2048
+
+
+def test_what_it_lacks_fails_and_names_the_conversion(built):
+    plain = tokmod.load_tokenizer_dir(built["byte"])
+    with pytest.raises(AttributeError, match="to_transformers"):
+        plain.padding_side  # noqa: B018
     with pytest.raises(AttributeError):
-        plain.chat_template = "{{ messages }}"  # type: ignore[attr-defined]
-    converted = plain.to_transformers()
-    converted.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    assert converted.apply_chat_template([{"role": "user", "content": "Hail"}], tokenize=False)
+        plain.chat_template = "{{ messages }}"  # a setting it would not save
+    with pytest.raises(TypeError, match="batch_decode"):
+        plain.decode([[1, 2], [3]])
+    assert getattr(plain, "chat_template", None) is None
+    again = pickle.loads(pickle.dumps(plain))  # DataLoader workers may get a copy
+    assert again.encode(TEXTS[0]) == plain.encode(TEXTS[0])
+
+
+def test_a_template_set_by_chat_data_is_saved_with_the_tokenizer(built, tmp_path):
+    """TextDataset converts our tokenizer to render instruction rows; the template it sets is
+    on the conversion, which the caller's tokenizer saves (a run saved with it can chat)."""
+    from stackwise.fronts.data import TextDataset
+
+    plain = tokmod.load_tokenizer_dir(built["byte"])
+    rows = [{"prompt": "Say hi", "completion": "hi"}] * 4
+    data = TextDataset(rows, plain, 64, "text", "instruction")
+    assert data.tokenizer is as_transformers(plain) is plain.to_transformers()
+    plain.save_pretrained(tmp_path / "saved")
+    again = tokmod.load_tokenizer_dir(tmp_path / "saved")
+    assert again.chat_template and again.chat_template == data.tokenizer.chat_template
+    chat = [{"role": "user", "content": "Hail"}]
+    assert "Hail" in again.apply_chat_template(chat, tokenize=False)
+    assert again.encode(TEXTS[0]) == plain.encode(TEXTS[0])
 
 
 def test_a_pretraining_run_never_imports_transformers(tmp_path, corpus_file):
-    """A BPE built, the run trained, saved and sampled: no module of transformers loaded (its
-    import costs each process about 0.7 s and 20 MB)."""
+    """A BPE built, the run trained, saved and sampled, then `generate` and `eval` on it: no
+    module of transformers loaded (its import costs each process about 0.7 s and 20 MB)."""
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump(tiny_dict(corpus_file, tmp_path / "cache", tmp_path / "r")))
+    run = tmp_path / "r"
+    config.write_text(yaml.safe_dump(tiny_dict(corpus_file, tmp_path / "cache", run)))
+    commands = [
+        ["train", str(config)],
+        ["generate", "--checkpoint", str(run), "--prompt", "the", "--max-new-tokens", "4"],
+        ["eval", "--checkpoint", str(run)],
+    ]
     code = (
         "import sys\nfrom stackwise.cli import main\n"
-        f"code = main(['train', {str(config)!r}])\n"
+        f"codes = [main(c) for c in {commands!r}]\n"
         "print('LOADED', sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))\n"
-        "sys.exit(code)\n"
+        "sys.exit(max(codes))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "LOADED []" in proc.stdout, proc.stdout[-2000:]
-    assert (tmp_path / "r" / "model.safetensors").is_file()
+    assert (run / "model.safetensors").is_file() and (run / "eval.json").is_file()

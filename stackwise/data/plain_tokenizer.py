@@ -1,12 +1,14 @@
 """The tokenizers StackWise builds (BPE, char, byte) and the folders they are saved in, without
 transformers: importing its tokenizer classes costs every process about 0.7 s and 20 MB
-(RESULTS.md, throughput's memory section), and a pretraining run needs none of what they add.
+(benchmarks/RESULTS.md, throughput's memory section), and a pretraining run needs none of what
+they add.
 
 `PlainTokenizer` is a `tokenizers.Tokenizer` with its special tokens and the part of
 transformers' fast-tokenizer API our runs use, giving the same ids and text (tested against
 transformers). It is used only for a folder whose settings it reads completely (`plain_folder`);
 any other folder gets transformers' own class. Chat data converts it first (`as_transformers`):
-chat templates are transformers' work.
+chat templates are transformers' work, and a template set on the converted tokenizer is saved
+by the PlainTokenizer it came from.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -51,11 +53,18 @@ OTHER_FILES = (
     "vocab.json",
     "merges.txt",
     "tokenizer.model",
+    "additional_chat_templates",
 )
+NEEDED = ("pad_token", "bos_token", "eos_token", "mask_token")
 
 
-def plain_folder(path: Path) -> dict[str, str] | None:
-    """The special tokens of a folder this class reads completely, else None: a tokenizer.json
+class Settings(NamedTuple):
+    specials: dict[str, str]
+    model_max_length: int
+
+
+def plain_folder(path: Path) -> Settings | None:
+    """The settings of a folder this class reads completely, else None: a tokenizer.json
     saved as a plain fast tokenizer with pad, bos, eos and mask tokens, no model or other
     tokenizer files, no setting beyond READ_KEYS (a clean-up, padding side, chat template, ...
     send the folder to transformers)."""
@@ -74,9 +83,17 @@ def plain_folder(path: Path) -> dict[str, str] | None:
     specials = {k: settings[k] for k in SPECIAL_KEYS if k in settings}
     if not all(isinstance(v, str) for v in specials.values()):
         return None  # a special token written as an AddedToken dict: transformers reads it
-    if not {"pad_token", "bos_token", "eos_token", "mask_token"}.issubset(specials):
+    if not set(NEEDED).issubset(specials):
         return None  # transformers' class adds the missing ones (ensure_specials)
-    return specials
+    limit = settings.get("model_max_length", NO_LIMIT)
+    return Settings(specials, limit) if isinstance(limit, int) else None
+
+
+def unregistered(backend: Tokenizer, specials: Mapping[str, str]) -> list[str]:
+    """The special tokens `backend` does not hold as special added tokens (transformers
+    registers them so on load: split out of any text, dropped by skip_special_tokens)."""
+    held = {t.content for t in backend.get_added_tokens_decoder().values() if t.special}
+    return [tok for tok in specials.values() if tok not in held]
 
 
 class PlainTokenizer:
@@ -84,30 +101,51 @@ class PlainTokenizer:
     save_pretrained, as transformers' fast tokenizer gives them. Slots: a setting transformers'
     class would honour (a chat template, say) fails here instead of being dropped on save."""
 
-    __slots__ = ("_tokenizer", "model_max_length", "name_or_path", "specials")
+    __slots__ = ("_converted", "_specials", "_tokenizer", "model_max_length", "name_or_path")
 
-    def __init__(self, backend: Tokenizer, specials: Mapping[str, str], name_or_path: str = ""):
-        missing = [tok for tok in specials.values() if backend.token_to_id(tok) is None]
+    def __init__(
+        self,
+        backend: Tokenizer,
+        specials: Mapping[str, str],
+        name_or_path: str = "",
+        model_max_length: int = NO_LIMIT,
+    ) -> None:
+        missing = unregistered(backend, specials)
         if missing:
-            raise ValueError(f"special tokens not in the vocabulary: {missing}")
+            raise ValueError(f"not special tokens of the tokenizer: {missing}")
         self._tokenizer = backend
-        self.specials = dict(specials)
+        self._specials = dict(specials)
+        self._converted: PreTrainedTokenizerBase | None = None
         self.name_or_path = name_or_path
-        self.model_max_length = NO_LIMIT
+        self.model_max_length = model_max_length
 
     @classmethod
     def from_folder(cls, path: Path) -> PlainTokenizer | None:
-        """The folder's tokenizer, or None where `plain_folder` says transformers must read it."""
-        specials = plain_folder(path)
-        if specials is None:
+        """The folder's tokenizer, or None where transformers must read it (`plain_folder`; a
+        tokenizer.json that truncates or pads, or whose special tokens are not registered as
+        such: transformers turns those into settings of its own)."""
+        settings = plain_folder(path)
+        if settings is None:
             return None
         from tokenizers import Tokenizer
 
         backend = Tokenizer.from_file(str(path / "tokenizer.json"))
-        try:
-            return cls(backend, specials, str(path))
-        except ValueError:
-            return None  # a special token the vocabulary lacks: transformers adds it
+        if backend.truncation is not None or backend.padding is not None:
+            return None
+        if unregistered(backend, settings.specials):
+            return None
+        return cls(backend, settings.specials, str(path), settings.model_max_length)
+
+    def __getattr__(self, name: str) -> Any:
+        """Called only for what the class lacks: say where it is."""
+        raise AttributeError(
+            f"PlainTokenizer has no '{name}': StackWise's own tokenizers do encode, decode and "
+            "save; for anything else of transformers' tokenizers, call to_transformers()"
+        )
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        return dict(self._specials)
 
     @property
     def backend_tokenizer(self) -> Tokenizer:
@@ -123,10 +161,10 @@ class PlainTokenizer:
         return self._tokenizer.get_vocab(with_added_tokens=True)
 
     def _special(self, key: str) -> str | None:
-        return self.specials.get(key)
+        return self._specials.get(key)
 
     def _special_id(self, key: str) -> int | None:
-        token = self.specials.get(key)
+        token = self._specials.get(key)
         return None if token is None else self._tokenizer.token_to_id(token)
 
     bos_token = property(lambda self: self._special("bos_token"))
@@ -142,7 +180,9 @@ class PlainTokenizer:
 
     @property
     def all_special_tokens(self) -> list[str]:
-        return [self.specials[k] for k in SPECIAL_KEYS if k in self.specials]
+        """Each special token once, in transformers' order of the attributes."""
+        named = (self._specials[k] for k in SPECIAL_KEYS if k in self._specials)
+        return list(dict.fromkeys(named))
 
     @property
     def all_special_ids(self) -> list[int]:
@@ -179,6 +219,8 @@ class PlainTokenizer:
         """The text of `ids` (a list, a tensor or an array of them, or one id)."""
         ids = ids.tolist() if hasattr(ids, "tolist") else ids
         ids = [ids] if isinstance(ids, int) else list(ids)
+        if ids and not isinstance(ids[0], int):
+            raise TypeError("decode takes one sequence of ids; batch_decode takes several")
         return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def batch_decode(self, rows: Iterable[Any], skip_special_tokens: bool = False) -> list[str]:
@@ -200,15 +242,18 @@ class PlainTokenizer:
         decoder = self._tokenizer.decoder
         return decoder.decode(tokens) if decoder is not None else " ".join(tokens)
 
-    def save_pretrained(self, folder: str | Path) -> tuple[str, str]:
+    def save_pretrained(self, folder: str | Path) -> tuple[str, ...]:
         """tokenizer.json and the settings transformers reads it with (AutoTokenizer loads
-        the folder as the same tokenizer)."""
+        the folder as the same tokenizer). Once converted (to_transformers), the converted
+        tokenizer is saved: it carries what chat data set on it, its template above all."""
+        if self._converted is not None:
+            return tuple(self._converted.save_pretrained(str(folder)))
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self._tokenizer.save(str(folder / "tokenizer.json"))
         settings = {
             "backend": "tokenizers",
-            **self.specials,
+            **self._specials,
             "model_max_length": self.model_max_length,
             "tokenizer_class": PLAIN_CLASSES[1],  # the name transformers 4 and 5 both read
         }
@@ -217,15 +262,19 @@ class PlainTokenizer:
         return str(config), str(folder / "tokenizer.json")
 
     def to_transformers(self) -> PreTrainedTokenizerBase:
-        """transformers' fast tokenizer over a copy of the same Rust tokenizer (for chat
-        templates and anything else this class does not do)."""
-        from tokenizers import Tokenizer
-        from transformers import PreTrainedTokenizerFast
+        """transformers' fast tokenizer over a copy of the same Rust tokenizer, for chat
+        templates and anything else this class does not do. Built once: each call gives the
+        same object, and what is set on it is what this tokenizer saves."""
+        if self._converted is None:
+            from tokenizers import Tokenizer
+            from transformers import PreTrainedTokenizerFast
 
-        copy = Tokenizer.from_str(self._tokenizer.to_str())
-        tok = PreTrainedTokenizerFast(tokenizer_object=copy, **self.specials)
-        tok.name_or_path = self.name_or_path
-        return tok
+            copy = Tokenizer.from_str(self._tokenizer.to_str())
+            self._converted = PreTrainedTokenizerFast(
+                tokenizer_object=copy, model_max_length=self.model_max_length, **self._specials
+            )
+            self._converted.name_or_path = self.name_or_path
+        return self._converted
 
 
 def as_transformers(tokenizer: Any) -> PreTrainedTokenizerBase:
