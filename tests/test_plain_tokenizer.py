@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -227,6 +228,8 @@ def test_what_it_lacks_fails_and_names_the_conversion(built):
         plain.chat_template = "{{ messages }}"  # a setting it would not save
     with pytest.raises(TypeError, match="batch_decode"):
         plain.decode([[1, 2], [3]])
+    ids = plain.encode(TEXTS[0])
+    assert plain.decode(list(np.array(ids))) == plain.decode(list(torch.tensor(ids))) == TEXTS[0]
     assert getattr(plain, "chat_template", None) is None
     again = pickle.loads(pickle.dumps(plain))  # DataLoader workers may get a copy
     assert again.encode(TEXTS[0]) == plain.encode(TEXTS[0])
@@ -247,6 +250,10 @@ def test_a_template_set_by_chat_data_is_saved_with_the_tokenizer(built, tmp_path
     chat = [{"role": "user", "content": "Hail"}]
     assert "Hail" in again.apply_chat_template(chat, tokenize=False)
     assert again.encode(TEXTS[0]) == plain.encode(TEXTS[0])
+    # tokens added to the conversion: ids of the PlainTokenizer would not match what it saves
+    plain.to_transformers().add_special_tokens({"additional_special_tokens": ["<|im|>"]})
+    with pytest.raises(ValueError, match="encode and save with that one"):
+        plain.save_pretrained(tmp_path / "refused")
 
 
 def test_a_pretraining_run_never_imports_transformers(tmp_path, corpus_file):

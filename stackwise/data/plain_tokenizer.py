@@ -14,6 +14,7 @@ by the PlainTokenizer it came from.
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -216,11 +217,15 @@ class PlainTokenizer:
         return {"input_ids": rows, "attention_mask": [[1] * len(r) for r in rows]}
 
     def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
-        """The text of `ids` (a list, a tensor or an array of them, or one id)."""
+        """The text of `ids`: one sequence (a list, a tensor or an array of ids) or one id."""
         ids = ids.tolist() if hasattr(ids, "tolist") else ids
         ids = [ids] if isinstance(ids, int) else list(ids)
-        if ids and not isinstance(ids[0], int):
-            raise TypeError("decode takes one sequence of ids; batch_decode takes several")
+        try:
+            ids = [operator.index(i) for i in ids]  # numpy ints and 0-d tensors too
+        except TypeError:
+            raise TypeError(
+                "decode takes one sequence of ids; batch_decode takes several"
+            ) from None
         return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def batch_decode(self, rows: Iterable[Any], skip_special_tokens: bool = False) -> list[str]:
@@ -245,8 +250,17 @@ class PlainTokenizer:
     def save_pretrained(self, folder: str | Path) -> tuple[str, ...]:
         """tokenizer.json and the settings transformers reads it with (AutoTokenizer loads
         the folder as the same tokenizer). Once converted (to_transformers), the converted
-        tokenizer is saved: it carries what chat data set on it, its template above all."""
+        tokenizer is saved: it carries what chat data set on it, its template above all. Its
+        vocabulary must still be this one's: ids from this tokenizer would not match the
+        saved folder's otherwise."""
         if self._converted is not None:
+            if self._converted.get_vocab() != self.get_vocab():
+                raise ValueError(
+                    "tokens were added to the tokenizer to_transformers() gave, so this "
+                    "PlainTokenizer's ids no longer match it: encode and save with that one"
+                )
+            self._converted.model_max_length = self.model_max_length
+            self._converted.name_or_path = self.name_or_path
             return tuple(self._converted.save_pretrained(str(folder)))
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
