@@ -16,7 +16,6 @@ from torch.utils.data import Dataset
 
 from stackwise.config import Config, derive
 from stackwise.data.pack import PreparedData, build_data
-from stackwise.data.plain_tokenizer import as_transformers
 from stackwise.data.tokenizer import make_tokenizer
 from stackwise.errors import StackWiseError
 from stackwise.io.lock import release_run_folder
@@ -86,7 +85,7 @@ def instruction_tokenizer(config: Any) -> Any:
         from stackwise.hf.load import load_tokenizer
 
         return load_tokenizer(m.model_name_or_path or "", m.trust_remote_code)
-    return as_transformers(make_tokenizer(d.tokenizer, [], d.bpe_vocab_size, d.cache_dir))
+    return make_tokenizer(d.tokenizer, [], d.bpe_vocab_size, d.cache_dir)
 
 
 def prepared(config: Config, time_mapping: TimeMapping | None = None) -> tuple[Plan, PreparedData]:

@@ -133,9 +133,10 @@ class PlainTokenizer:
         backend = Tokenizer.from_file(str(path / "tokenizer.json"))
         if backend.truncation is not None or backend.padding is not None:
             return None
-        if unregistered(backend, settings.specials):
+        try:
+            return cls(backend, settings.specials, str(path), settings.model_max_length)
+        except ValueError:  # special tokens not registered as such
             return None
-        return cls(backend, settings.specials, str(path), settings.model_max_length)
 
     def __getattr__(self, name: str) -> Any:
         """Called only for what the class lacks: say where it is."""
