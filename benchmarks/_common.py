@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -123,17 +124,37 @@ def machine_line(precision: str = "fp32 (mixed_precision no)") -> str:
     )
 
 
+# Starts the command from a small Python of its own and writes the command's peak RSS (KB) to
+# argv[1]. Linux counts the memory of the process that exec'd a child into the child's peak
+# (ru_maxrss), so a child started straight from a benchmark that has grown large would report
+# the benchmark's size; started from this launcher (~10 MB), it reports its own.
+PEAK_LAUNCHER = """
+import os, sys
+pid = os.posix_spawnp(sys.argv[2], sys.argv[2:], os.environ)
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def run_child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[str, str, float, float]:
-    """(stdout, stderr, wall seconds, peak RSS in MB) of a child process: waited with wait4,
-    which reports the child's own peak. A failure raises with the end of its stderr."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+    """(stdout, stderr, wall seconds, peak RSS in MB) of a child process, its peak its own
+    (see PEAK_LAUNCHER). A failure raises with the end of its stderr."""
+    with (
+        tempfile.TemporaryFile("w+") as out,
+        tempfile.TemporaryFile("w+") as err,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        peak_file = Path(tmp) / "peak"
+        launch = [sys.executable, "-S", "-c", PEAK_LAUNCHER, str(peak_file), *cmd]
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
+        code = subprocess.run(launch, stdout=out, stderr=err, text=True, env=env).returncode
         wall = time.perf_counter() - start
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
-    if os.waitstatus_to_exitcode(status) != 0:
+        peak_kb = int(peak_file.read_text()) if peak_file.exists() else 0
+    if code != 0:
         raise RuntimeError(f"{' '.join(cmd[:5])} failed:\n{stderr[-3000:]}")
-    return stdout, stderr, wall, usage.ru_maxrss / 1024
+    return stdout, stderr, wall, peak_kb / 1024

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from stackwise.model.lean_autograd import rms_norm, silu_mul
 from stackwise.model.rope import Rope, apply_rope
 from stackwise.spec import ModelSpec
 
@@ -25,7 +26,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def plain_linears(*modules: nn.Module) -> bool:
@@ -174,8 +175,8 @@ class SwiGLU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if fusable(x, self.gate_proj, self.up_proj):
             gate, up = joint_linear(x, self.gate_proj, self.up_proj).chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return self.down_proj(silu_mul(gate, up))
+        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class Block(nn.Module):

@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from stackwise.model.lean_autograd import silu_mul
 from stackwise.model.routing import RoutingRecord, dispatch, route
 
 
@@ -32,7 +32,7 @@ class Expert(nn.Module):
         self.down_proj = nn.Linear(hidden, d, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class MoEFeedForward(RoutingRecord, nn.Module):

@@ -60,27 +60,6 @@ class ConsoleSink(Sink):
             tqdm.write(f"step {run.state.step}: {shown}")
 
 
-def peak_memory(accelerator: Any) -> dict[str, float]:
-    """The log row's memory figure, the largest over the processes (every rank builds the row):
-    the peak GPU memory torch allocated, or on a CPU the process's peak resident set (what the
-    OS counts: libraries and allocator slack included)."""
-    device = accelerator.device
-    if device.type == "cuda":
-        key, mb = "train/peak_gpu_mb", torch.cuda.max_memory_allocated(device) / 2**20
-    elif sys.platform in ("linux", "darwin"):
-        import resource  # POSIX only
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KB on Linux, bytes on macOS
-        key, mb = "train/peak_rss_mb", peak / (2**20 if sys.platform == "darwin" else 1024)
-    else:
-        return {}
-    if accelerator.num_processes > 1:
-        value = torch.tensor(mb, dtype=torch.float64, device=device)
-        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
-        mb = float(value)
-    return {key: mb}
-
-
 class JsonlSink(Sink):
     name = "jsonl"
 

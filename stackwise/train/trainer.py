@@ -30,8 +30,9 @@ from stackwise.train.evaluation import Evaluator
 from stackwise.train.extensions import ExtensionManager
 from stackwise.train.flops import FlopMeter, run_compute
 from stackwise.train.interrupts import StopSignals, TrainingInterrupted, stop_signals
-from stackwise.train.metrics import LossWindow, MetricsLogger, peak_memory
+from stackwise.train.metrics import LossWindow, MetricsLogger
 from stackwise.train.optim import logged_lrs
+from stackwise.train.peak_memory import peak_memory
 from stackwise.train.placement import Placement
 from stackwise.train.sampler import TrainingData
 from stackwise.train.settings_call import FromSettings

@@ -1,0 +1,108 @@
+"""RMSNorm and SwiGLU's silu(gate) * up with the same outputs as the plain ops, keeping fewer
+tensors for backward.
+
+Eager autograd keeps what each elementary op needs. On a CPU, `F.rms_norm` is a chain of them
+(PyTorch has no fused CPU kernel), so it keeps its input *and* the normalized copy; a SwiGLU
+keeps gate, up *and* silu(gate). Together that is about a quarter of a rack's activation memory
+more than a GPT of the same size (benchmarks/activation_memory.py). These functions keep the
+input and 1/rms of a norm, and gate and up of a SwiGLU, and recompute the rest in backward:
+elementwise work, cheap next to the matrix products.
+
+Where they would not help they step aside: on CUDA `F.rms_norm` is fused already, under
+`torch.compile` inductor chooses what to keep itself, and a norm in bf16 or fp16 runs the
+plain op (which computes in fp32 inside; this backward would not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        out, rstd = torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        x, weight, rstd = ctx.saved_tensors
+        normed = x * rstd
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            grad_weight = (grad * normed).reshape(-1, x.shape[-1]).sum(0)
+        grad_x = None
+        if ctx.needs_input_grad[0]:  # rstd * (g - normed * mean(g * normed)), g = grad * weight
+            grad_x = grad * weight
+            along = (grad_x * normed).mean(-1, keepdim=True)
+            grad_x.sub_(normed.mul_(along)).mul_(rstd)  # in place: a fresh tensor costs more
+        return grad_x, grad_weight, None
+
+
+class _SiluMul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, gate: Tensor, up: Tensor) -> Tensor:
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        gate, up = ctx.saved_tensors
+        grad_gate = grad_up = None
+        if ctx.needs_input_grad[0]:
+            grad_gate = torch.ops.aten.silu_backward(grad * up, gate)
+        if ctx.needs_input_grad[1]:
+            grad_up = F.silu(gate).mul_(grad)  # the recomputed silu, multiplied in place
+        return grad_gate, grad_up
+
+
+def _recording(*tensors: Tensor) -> bool:
+    """Whether autograd will record this call (the functions only change what it keeps)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """`F.rms_norm` over the last dimension, keeping x and 1/rms for backward on a CPU."""
+    if (
+        x.device.type == "cpu"
+        and x.dtype == weight.dtype
+        and x.dtype in (torch.float32, torch.float64)
+        and _recording(x, weight)
+        and not torch.compiler.is_compiling()
+    ):
+        return _RMSNorm.apply(x, weight, eps)
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
+    """silu(gate) * up, keeping gate and up for backward (silu(gate) is recomputed)."""
+    if gate.dtype == up.dtype and _recording(gate, up) and not torch.compiler.is_compiling():
+        return _SiluMul.apply(gate, up)
+    return F.silu(gate) * up
+
+
+def kept_for_backward(model: torch.nn.Module, step: Callable[[], Tensor]) -> int:
+    """Bytes of the activations autograd keeps for backward while `step()` computes a loss,
+    which is then backpropagated (parameters and buffers aside; views of one storage count
+    once): the memory these functions save, measured."""
+    own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    kept: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in own:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step().backward()
+    return sum(kept.values())

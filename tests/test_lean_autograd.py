@@ -1,0 +1,112 @@
+"""RMSNorm and silu(gate) * up keeping fewer tensors for backward: the same outputs and
+gradients as the plain ops, less memory kept, and the plain ops where the lean ones step aside."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import stackwise.model.layers as layers
+import stackwise.model.lean_autograd as lean
+from stackwise.config import ModelConfig
+from stackwise.model import Rack
+
+V = 50
+
+
+def plain_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def plain_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+def plain_path(out: torch.Tensor) -> bool:
+    return type(out.grad_fn).__name__ not in ("_RMSNormBackward", "_SiluMulBackward")
+
+
+def test_backward_formulas_pass_gradcheck():
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: lean.rms_norm(a, b, 1e-5), (x, w))
+    gate = torch.randn(3, 4, 6, dtype=torch.float64, requires_grad=True)
+    up = torch.randn(3, 4, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lean.silu_mul, (gate, up))
+
+
+@pytest.mark.parametrize("grads", [(True, True), (True, False), (False, True)])
+def test_outputs_equal_and_gradients_match_the_plain_ops(grads):
+    torch.manual_seed(1)
+    x = torch.randn(5, 7, 32).requires_grad_(grads[0])
+    w = (torch.rand(32) + 0.5).requires_grad_(grads[1])
+    gate = torch.randn(5, 7, 24).requires_grad_(grads[0])
+    up = torch.randn(5, 7, 24).requires_grad_(grads[1])
+    for ours, plain, args in (
+        (lean.rms_norm, plain_rms_norm, (x, w, 1e-5)),
+        (lean.silu_mul, plain_silu_mul, (gate, up)),
+    ):
+        out = ours(*args)
+        assert not plain_path(out)
+        assert torch.equal(out, plain(*args))  # the forward is the same op: bit for bit
+        g = torch.randn_like(out)
+        inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+        got = torch.autograd.grad(out, inputs, g)
+        want = torch.autograd.grad(plain(*args), inputs, g)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def small_rack(**kw) -> Rack:
+    torch.manual_seed(0)
+    spec = {"d_model": 32, "n_heads": 4, "n_stacks": 2, "blocks_per_stack": 2, "max_seq_len": 16}
+    return Rack(ModelConfig(**{**spec, **kw}), V, True)
+
+
+def test_a_rack_keeps_one_tensor_less_per_norm_and_per_swiglu(monkeypatch):
+    ids = torch.randint(0, V, (3, 16))
+    model = small_rack()
+
+    def step() -> torch.Tensor:
+        return model(ids).sum()
+
+    leaner = lean.kept_for_backward(model, step)
+    monkeypatch.setattr(layers, "rms_norm", plain_rms_norm)
+    monkeypatch.setattr(layers, "silu_mul", plain_silu_mul)
+    plain = lean.kept_for_backward(model, step)
+    blocks, tokens, d = 4, 3 * 16, 32
+    norms = 2 * blocks + 1  # two per block and the final one
+    ffn = model.stacks[0].blocks[0].ffn.gate_proj.out_features
+    assert plain - leaner == 4 * tokens * (norms * d + blocks * ffn)
+
+
+def test_the_rack_trains_to_the_same_gradients_within_1e_5(monkeypatch):
+    ids = torch.randint(0, V, (2, 16))
+    model = small_rack(n_kv_heads=2)
+
+    def grads() -> list[torch.Tensor]:
+        model.zero_grad()
+        F.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    ours = grads()
+    monkeypatch.setattr(layers, "rms_norm", plain_rms_norm)
+    monkeypatch.setattr(layers, "silu_mul", plain_silu_mul)
+    for a, b in zip(ours, grads(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_the_plain_ops_run_where_the_lean_ones_step_aside(monkeypatch):
+    x, w = torch.randn(2, 3, 8, requires_grad=True), torch.ones(8, requires_grad=True)
+    assert not plain_path(lean.rms_norm(x, w, 1e-5)) and not plain_path(lean.silu_mul(x, x))
+    # bf16 norms compute in fp32 inside the plain op; another device (CUDA) has a fused kernel
+    assert plain_path(lean.rms_norm(x.bfloat16(), w.bfloat16(), 1e-5))
+    meta = torch.randn(2, 3, 8, device="meta", requires_grad=True)
+    assert plain_path(lean.rms_norm(meta, torch.ones(8, device="meta", requires_grad=True), 1e-5))
+    with torch.no_grad():  # nothing kept anyway: no Function in the way
+        assert lean.rms_norm(x, w, 1e-5).grad_fn is None and lean.silu_mul(x, x).grad_fn is None
+    assert plain_path(lean.rms_norm(x.detach(), w.detach(), 1e-5))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # inductor chooses itself
+    assert plain_path(lean.rms_norm(x, w, 1e-5)) and plain_path(lean.silu_mul(x, x))
