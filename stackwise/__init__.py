@@ -7,12 +7,12 @@ transformers.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 # Before anything can run a bf16 matmul: on VMs whose AMX kernels trap, oneDNN must be capped
 # first (see stackwise.hwprobe). A warm check is a file read, and imports no torch.
 from stackwise.hwprobe import ensure_bf16_ready
+from stackwise.lazy_exports import lazy_exports
 
 ensure_bf16_ready()
 
@@ -79,22 +79,8 @@ _EXPORTS = {
     "stackwise.fronts.factory": ("TrainerFactory",),
     "stackwise.train.extensions": ("Extension", "register_extension"),
 }
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-
-__all__ = sorted([*_WHERE, "__version__"])
-
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'stackwise' has no attribute '{name}'")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # next time a plain attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__, _NAMES = lazy_exports(__name__, globals(), _EXPORTS)
+__all__ = sorted([*_NAMES, "__version__"])
 
 
 if TYPE_CHECKING:  # static tools see the real names

@@ -8,7 +8,7 @@ the data prepared, and the whole is compiled once into the run's frozen Plan
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelerate.utils import set_seed
 from torch import nn
@@ -21,7 +21,6 @@ from stackwise.errors import StackWiseError
 from stackwise.io.lock import release_run_folder
 from stackwise.objectives import Objective, objective_from
 from stackwise.plan import compile_plan
-from stackwise.progressive.recipe import ProgressiveRecipe
 from stackwise.progressive.timing import TimeMapping
 from stackwise.registry import OBJECTIVES
 from stackwise.spec import Plan
@@ -33,6 +32,9 @@ from stackwise.train.extensions import Extension
 from stackwise.train.hardware import check_launch, process_state
 from stackwise.train.run_dir import precheck_run_dir
 from stackwise.train.trainer import EnhancedTrainer
+
+if TYPE_CHECKING:  # a plain run imports no progressive recipe (its builder, growth, quant)
+    from stackwise.progressive.recipe import ProgressiveRecipe
 
 
 def resolve_vocab(config: Config, tokenizer_size: int) -> Config:
@@ -159,6 +161,8 @@ def progressive_recipe(
     config: Config, data: PreparedData, time_mapping: TimeMapping | None = None, **kw: Any
 ) -> ProgressiveRecipe:
     """The progressive recipe of a config over prepared `data` (the Python API)."""
+    from stackwise.progressive.recipe import ProgressiveRecipe
+
     config = resolve_vocab(config, len(data.tokenizer))
     return ProgressiveRecipe(plan_for(config, data.train_size, time_mapping), data, **kw)
 

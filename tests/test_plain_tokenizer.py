@@ -258,7 +258,8 @@ def test_a_template_set_by_chat_data_is_saved_with_the_tokenizer(built, tmp_path
 
 def test_a_pretraining_run_never_imports_transformers(tmp_path, corpus_file):
     """A BPE built, the run trained, saved and sampled, then `generate` and `eval` on it: no
-    module of transformers loaded (its import costs each process about 0.7 s and 20 MB)."""
+    module of transformers loaded (its import costs each process about 0.7 s and 20 MB), nor
+    the growth recipe's (builder, growth operators: a plain run builds no grown rack)."""
     config = tmp_path / "run.yaml"
     run = tmp_path / "r"
     config.write_text(yaml.safe_dump(tiny_dict(corpus_file, tmp_path / "cache", run)))
@@ -271,9 +272,12 @@ def test_a_pretraining_run_never_imports_transformers(tmp_path, corpus_file):
         "import sys\nfrom stackwise.cli import main\n"
         f"codes = [main(c) for c in {commands!r}]\n"
         "print('LOADED', sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))\n"
+        "grown = ('stackwise.growth', 'stackwise.progressive.builder', "
+        "'stackwise.progressive.recipe')\n"
+        "print('GROWN', sorted(m for m in sys.modules if m.startswith(grown)))\n"
         "sys.exit(max(codes))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "LOADED []" in proc.stdout, proc.stdout[-2000:]
+    assert "LOADED []" in proc.stdout and "GROWN []" in proc.stdout, proc.stdout[-2000:]
     assert (run / "model.safetensors").is_file() and (run / "eval.json").is_file()

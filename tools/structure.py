@@ -60,6 +60,7 @@ LAYERS = {  # first dotted parts -> layer, higher is further up
     "machine": 1,
     "quiet": 1,
     "units": 1,
+    "lazy_exports": 1,
 }
 
 

@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from stackwise.precision import torch_dtype
-from stackwise.quant.layers import dequantized_weight
 from stackwise.spec import AdapterSpec, LoraSpec
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -138,6 +137,8 @@ def effective_weight(module: nn.Module) -> torch.Tensor:
     delta when PEFT wraps it (adapters are all active), else its (dequantized) weight."""
     from peft.tuners.lora import LoraLayer
 
+    from stackwise.quant.layers import dequantized_weight  # not for a plan's rank_for
+
     if not isinstance(module, LoraLayer):
         return dequantized_weight(module)
     weight = dequantized_weight(module.get_base_layer()).clone()
@@ -150,6 +151,8 @@ def merge_adapters(module: nn.Module) -> float:
     """Replace every LoRA-wrapped linear by a plain fp32 nn.Linear holding dequantized base +
     every adapter's delta. Returns the largest |delta| merged (0 when adapters are untrained)."""
     from peft.tuners.lora import LoraLayer
+
+    from stackwise.quant.layers import dequantized_weight
 
     largest = 0.0
     for parent in list(module.modules()):

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stackwise.data.pack import PreparedData
 from stackwise.errors import StackWiseError
 from stackwise.io.trained import save_tokenizer
-from stackwise.progressive import ProgressiveRecipe, summary_table
 from stackwise.strategies.base import RunResult, register_training_strategy
 from stackwise.strategies.report import data_line, placement, precision, saving_note
 from stackwise.train.adapters import ADAPTERS, ModelAdapter
 from stackwise.train.checkpoint_manager import on_main
 from stackwise.train.strategy import TrainingStrategy
+
+if TYPE_CHECKING:  # registering the strategy imports no recipe: a plain run never builds one
+    from stackwise.progressive import ProgressiveRecipe
 
 
 @register_training_strategy("progressive")
@@ -20,6 +22,8 @@ class ProgressiveStrategy(TrainingStrategy):
     """Each stage trains with this strategy's step (the standard one)."""
 
     def run(self, plan: Any, data: PreparedData, adapter: ModelAdapter, quiet: bool) -> RunResult:
+        from stackwise.progressive import ProgressiveRecipe, summary_table
+
         if not ADAPTERS.capabilities_of(adapter).growable:
             raise StackWiseError(
                 f"Progressive growth builds a rack stack by stack; the '{adapter.name}' model "

@@ -11,7 +11,6 @@ from torch import nn
 from stackwise.data.pack import PreparedData
 from stackwise.io.stack_files import save_anchor_and_manifest, save_stack
 from stackwise.model.rack import count_parameters
-from stackwise.quant.rack_qlora import stack_record
 from stackwise.train.hardware import describe_precision
 
 
@@ -105,6 +104,8 @@ def precision(config: Any, trainer: Any) -> str:
 
 def save_all_stacks(rack: nn.Module, output_dir: Path) -> None:
     """End-to-end runs also write stacks/ (save_stacks), so any rack can be regrown from it."""
+    from stackwise.quant.rack_qlora import stack_record  # quantization's modules: at the end
+
     stacks = getattr(rack, "stacks", None)
     if stacks is None:
         return  # another adapter's model has no stacks to save one by one
