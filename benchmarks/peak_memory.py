@@ -162,6 +162,7 @@ def nanogpt_run(nanogpt: Path, work: Path, rep: int) -> tuple[float, float]:
 def our_run(side: Path, out: Path, checkout: Path | None, *extra: str) -> tuple[float, float]:
     """(peak RSS MB, final validation loss) of `stackwise train`, from `checkout` if given."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env["PYTHONSAFEPATH"] = "1"  # `-m` would put the working folder's package first
     if checkout is not None:  # that checkout's package ahead of the installed one
         env["PYTHONPATH"] = str(checkout)
     cmd = [sys.executable, "-m", "stackwise", "train", str(side), f"train.output_dir={out}"]
