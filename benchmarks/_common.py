@@ -140,7 +140,8 @@ sys.exit(os.waitstatus_to_exitcode(status))
 
 def run_child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[str, str, float, float]:
     """(stdout, stderr, wall seconds, peak RSS in MB) of a child process, its peak its own
-    (see PEAK_LAUNCHER). A failure raises with the end of its stderr."""
+    (see PEAK_LAUNCHER; the wall time includes the launcher's start, some 20 ms). A failure
+    raises with the end of its stderr."""
     with (
         tempfile.TemporaryFile("w+") as out,
         tempfile.TemporaryFile("w+") as err,

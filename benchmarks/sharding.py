@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -52,6 +51,7 @@ def worker(out: str, overrides: list[str]) -> None:
     import stackwise
     from stackwise.config import load_config
     from stackwise.strategies.standard import StandardTrainingStrategy
+    from stackwise.train.peak_memory import own_peak_rss_mb
     from stackwise.train.strategy import register_training_strategy
 
     seen: dict[str, float] = {}
@@ -65,7 +65,7 @@ def worker(out: str, overrides: list[str]) -> None:
             start = time.perf_counter()
             super().update(model, optimizer, scheduler)
             seen.setdefault("first_update", time.perf_counter() - start)
-            seen["rss_train_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            seen["rss_train_mb"] = own_peak_rss_mb() or 0.0  # not torchrun's agent's size
             state = optimizer.optimizer.state.values()
             seen["optimizer"] = sum(
                 local_bytes(v) for s in state for v in s.values() if torch.is_tensor(v)
@@ -80,7 +80,7 @@ def worker(out: str, overrides: list[str]) -> None:
     row = {
         **seen,
         "wall": wall,
-        "rss_end_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_end_mb": own_peak_rss_mb() or 0.0,
         "loss": result.state.history[-1]["loss"],
     }
     Path(f"{out}.{rank}").write_text(json.dumps(row))

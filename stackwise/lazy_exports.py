@@ -25,7 +25,7 @@ def lazy_exports(
         namespace[name] = value  # next time a plain attribute
         return value
 
-    def __dir__() -> list[str]:
-        return sorted({*names, *namespace.get("__all__", ())})
+    def __dir__() -> list[str]:  # the names to come, and what the module holds already
+        return sorted({*names, *namespace})
 
     return __getattr__, __dir__, names

@@ -24,6 +24,15 @@ def test_each_exported_name_is_its_modules_object_and_listed():
     assert "__version__" in dir(stackwise) and "__version__" in stackwise.__all__
 
 
+@pytest.mark.parametrize("package", [stackwise, stackwise.progressive, stackwise.quant])
+def test_every_listed_name_resolves(package):
+    for name in package.__all__:
+        assert getattr(package, name) is not None, name
+    import stackwise.progressive.budget  # a submodule stays visible to dir()
+
+    assert "budget" in dir(stackwise.progressive) and "__name__" in dir(stackwise.quant)
+
+
 def test_an_unknown_name_fails_naming_the_package():
     with pytest.raises(AttributeError, match=r"module 'stackwise\.quant' has no attribute 'nf5'"):
         stackwise.quant.nf5  # noqa: B018

@@ -9,8 +9,10 @@ import torch.nn.functional as F
 
 import stackwise.model.layers as layers
 import stackwise.model.lean_autograd as lean
+import stackwise.model.moe as moe
 from stackwise.config import ModelConfig
-from stackwise.model import Rack
+from stackwise.model import Rack, SwiGLU
+from stackwise.model.moe import MoEFeedForward
 
 V = 50
 
@@ -65,6 +67,18 @@ def small_rack(**kw) -> Rack:
     return Rack(ModelConfig(**{**spec, **kw}), V, True)
 
 
+def use_plain_ops(monkeypatch) -> None:
+    monkeypatch.setattr(layers, "rms_norm", plain_rms_norm)
+    monkeypatch.setattr(layers, "silu_mul", plain_silu_mul)
+    monkeypatch.setattr(moe, "silu_mul", plain_silu_mul)
+
+
+def gradients(model: torch.nn.Module, loss) -> list[torch.Tensor]:
+    model.zero_grad()
+    loss().backward()
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
 def test_a_rack_keeps_one_tensor_less_per_norm_and_per_swiglu(monkeypatch):
     ids = torch.randint(0, V, (3, 16))
     model = small_rack()
@@ -73,8 +87,7 @@ def test_a_rack_keeps_one_tensor_less_per_norm_and_per_swiglu(monkeypatch):
         return model(ids).sum()
 
     leaner = lean.kept_for_backward(model, step)
-    monkeypatch.setattr(layers, "rms_norm", plain_rms_norm)
-    monkeypatch.setattr(layers, "silu_mul", plain_silu_mul)
+    use_plain_ops(monkeypatch)
     plain = lean.kept_for_backward(model, step)
     blocks, tokens, d = 4, 3 * 16, 32
     norms = 2 * blocks + 1  # two per block and the final one
@@ -82,20 +95,60 @@ def test_a_rack_keeps_one_tensor_less_per_norm_and_per_swiglu(monkeypatch):
     assert plain - leaner == 4 * tokens * (norms * d + blocks * ffn)
 
 
-def test_the_rack_trains_to_the_same_gradients_within_1e_5(monkeypatch):
+@pytest.mark.parametrize(
+    "kw",
+    [{"n_kv_heads": 2}, {"gradient_checkpointing": True}],
+    ids=["gqa", "checkpointed"],
+)
+def test_the_rack_trains_to_the_same_gradients_within_1e_5(monkeypatch, kw):
     ids = torch.randint(0, V, (2, 16))
-    model = small_rack(n_kv_heads=2)
+    model = small_rack(**kw).train()
 
-    def grads() -> list[torch.Tensor]:
-        model.zero_grad()
-        F.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
-        return [p.grad.clone() for p in model.parameters()]
+    def loss() -> torch.Tensor:
+        return F.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
 
-    ours = grads()
-    monkeypatch.setattr(layers, "rms_norm", plain_rms_norm)
-    monkeypatch.setattr(layers, "silu_mul", plain_silu_mul)
-    for a, b in zip(ours, grads(), strict=True):
+    ours = gradients(model, loss)
+    use_plain_ops(monkeypatch)
+    for a, b in zip(ours, gradients(model, loss), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_moe_experts_and_a_fused_swiglu_under_autocast_match_the_plain_ops(monkeypatch):
+    """Experts take the lean product too; under autocast gate and up are the two halves of one
+    joint bf16 output (views, not contiguous), and the gradients are the plain ops' exactly."""
+    torch.manual_seed(2)
+    x = torch.randn(3, 10, 32)
+    experts = MoEFeedForward(32, 24, num_experts=3, top_k=2)
+    swiglu = SwiGLU(small_rack().cfg)
+
+    def routed() -> torch.Tensor:
+        return experts(x).square().mean()
+
+    def fused() -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return swiglu(x).float().square().mean()
+
+    joint, real = [], layers.joint_linear
+    monkeypatch.setattr(layers, "joint_linear", lambda x, *ls: joint.append(ls) or real(x, *ls))
+    ours = gradients(experts, routed), gradients(swiglu, fused)
+    assert len(joint) == 1 and len(joint[0]) == 2  # gate and up: halves of one matmul's output
+    use_plain_ops(monkeypatch)
+    for a, b in zip(ours[0], gradients(experts, routed), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    for a, b in zip(ours[1], gradients(swiglu, fused), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_non_contiguous_inputs_torch_func_and_double_backward():
+    x = torch.randn(4, 16, 6).transpose(1, 2)  # (4, 6, 16), strided
+    w = torch.rand(16) + 0.5
+    want = torch.func.grad(lambda a: plain_rms_norm(a, w, 1e-5).square().sum())(x)
+    got = torch.func.grad(lambda a: lean.rms_norm(a, w, 1e-5).square().sum())(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    x.requires_grad_()
+    (first,) = torch.autograd.grad(lean.rms_norm(x, w, 1e-5).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        first.sum().backward()
 
 
 def test_the_plain_ops_run_where_the_lean_ones_step_aside(monkeypatch):
@@ -108,5 +161,6 @@ def test_the_plain_ops_run_where_the_lean_ones_step_aside(monkeypatch):
     with torch.no_grad():  # nothing kept anyway: no Function in the way
         assert lean.rms_norm(x, w, 1e-5).grad_fn is None and lean.silu_mul(x, x).grad_fn is None
     assert plain_path(lean.rms_norm(x.detach(), w.detach(), 1e-5))
+    assert plain_path(lean.silu_mul(x, x[:, :1]))  # broadcasting: the plain ops
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # inductor chooses itself
     assert plain_path(lean.rms_norm(x, w, 1e-5)) and plain_path(lean.silu_mul(x, x))

@@ -24,6 +24,8 @@ def test_the_log_reads_the_high_water_mark_from_proc(tmp_path):
     status = tmp_path / "status"
     status.write_text("Name:\tpython\nVmPeak:\t 900000 kB\nVmHWM:\t  51200 kB\nVmRSS:\t 40000 kB\n")
     assert own_peak_rss_mb(str(status)) == 50.0
+    status.write_bytes(b"Name:\ttr\xe4in\xff\nVmHWM:\t  10240 kB\n")  # a process name of any bytes
+    assert own_peak_rss_mb(str(status)) == 10.0
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in KB on Linux")

@@ -2,15 +2,16 @@
 tensors for backward.
 
 Eager autograd keeps what each elementary op needs. On a CPU, `F.rms_norm` is a chain of them
-(PyTorch has no fused CPU kernel), so it keeps its input *and* the normalized copy; a SwiGLU
-keeps gate, up *and* silu(gate). Together that is about a quarter of a rack's activation memory
-more than a GPT of the same size (benchmarks/activation_memory.py). These functions keep the
-input and 1/rms of a norm, and gate and up of a SwiGLU, and recompute the rest in backward:
+(PyTorch has no fused CPU kernel for it), so it keeps its input *and* the normalized copy; a
+SwiGLU keeps gate, up *and* silu(gate). Together that is about a quarter more activation memory
+than a GPT of the same size keeps (benchmarks/peak_memory.py). These functions keep the input
+and 1/rms of a norm, and gate and up of a SwiGLU, and recompute the rest in backward:
 elementwise work, cheap next to the matrix products.
 
-Where they would not help they step aside: on CUDA `F.rms_norm` is fused already, under
-`torch.compile` inductor chooses what to keep itself, and a norm in bf16 or fp16 runs the
-plain op (which computes in fp32 inside; this backward would not).
+Where they would not help they step aside: off the CPU (recent PyTorch fuses `F.rms_norm` on
+CUDA), under `torch.compile` (inductor chooses what to keep itself), and for a norm in bf16 or
+fp16 (the plain op computes in fp32 inside; this backward would not). They support first-order
+backward and torch.func's grad and vmap; double backward raises.
 """
 
 from __future__ import annotations
@@ -25,15 +26,23 @@ from torch.autograd.function import once_differentiable
 
 
 class _RMSNorm(torch.autograd.Function):
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, eps: float) -> Tensor:
-        out, rstd = torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], weight, eps)
+    def forward(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add(eps))  # as the CPU composite
+        return x.mul(rstd).mul(weight), rstd
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        x, weight, _ = inputs
+        rstd = output[1]
+        ctx.mark_non_differentiable(rstd)
         ctx.save_for_backward(x, weight, rstd)
-        return out
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+    def backward(ctx: Any, grad: Tensor, _: Any) -> tuple[Tensor | None, Tensor | None, None]:
         x, weight, rstd = ctx.saved_tensors
         normed = x * rstd
         grad_weight = None
@@ -48,10 +57,15 @@ class _RMSNorm(torch.autograd.Function):
 
 
 class _SiluMul(torch.autograd.Function):
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx: Any, gate: Tensor, up: Tensor) -> Tensor:
-        ctx.save_for_backward(gate, up)
+    def forward(gate: Tensor, up: Tensor) -> Tensor:
         return F.silu(gate) * up
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     @once_differentiable
@@ -79,13 +93,14 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
         and _recording(x, weight)
         and not torch.compiler.is_compiling()
     ):
-        return _RMSNorm.apply(x, weight, eps)
+        return _RMSNorm.apply(x, weight, eps)[0]
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     """silu(gate) * up, keeping gate and up for backward (silu(gate) is recomputed)."""
-    if gate.dtype == up.dtype and _recording(gate, up) and not torch.compiler.is_compiling():
+    same = gate.shape == up.shape and gate.dtype == up.dtype  # no broadcasting: one layout
+    if same and _recording(gate, up) and not torch.compiler.is_compiling():
         return _SiluMul.apply(gate, up)
     return F.silu(gate) * up
 

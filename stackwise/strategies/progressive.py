@@ -14,7 +14,7 @@ from stackwise.train.checkpoint_manager import on_main
 from stackwise.train.strategy import TrainingStrategy
 
 if TYPE_CHECKING:  # registering the strategy imports no recipe: a plain run never builds one
-    from stackwise.progressive import ProgressiveRecipe
+    from stackwise.progressive.recipe import ProgressiveRecipe
 
 
 @register_training_strategy("progressive")
@@ -22,7 +22,8 @@ class ProgressiveStrategy(TrainingStrategy):
     """Each stage trains with this strategy's step (the standard one)."""
 
     def run(self, plan: Any, data: PreparedData, adapter: ModelAdapter, quiet: bool) -> RunResult:
-        from stackwise.progressive import ProgressiveRecipe, summary_table
+        from stackwise.progressive.recipe import ProgressiveRecipe
+        from stackwise.progressive.records import summary_table
 
         if not ADAPTERS.capabilities_of(adapter).growable:
             raise StackWiseError(

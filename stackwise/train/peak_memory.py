@@ -14,7 +14,7 @@ def own_peak_rss_mb(status: str = "/proc/self/status") -> float | None:
     ru_maxrss also counts the process that started it (torchrun's agent, a benchmark) when
     that one was larger. Elsewhere on POSIX, ru_maxrss; None where neither exists."""
     try:
-        with open(status, encoding="ascii") as f:
+        with open(status, encoding="utf-8", errors="replace") as f:  # Name: may be any bytes
             for line in f:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) / 1024
