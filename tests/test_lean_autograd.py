@@ -145,6 +145,18 @@ def test_non_contiguous_inputs_torch_func_and_double_backward():
     want = torch.func.grad(lambda a: plain_rms_norm(a, w, 1e-5).square().sum())(x)
     got = torch.func.grad(lambda a: lean.rms_norm(a, w, 1e-5).square().sum())(x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    gate, up, v = torch.randn(2, 3, 5), torch.randn(2, 3, 5), w[:5]  # jacrev: vmaps grad alone
+    jacobians = [
+        torch.func.jacrev(f)(gate)
+        for f in (
+            lambda a: lean.rms_norm(a, v, 1e-5),
+            lambda a: plain_rms_norm(a, v, 1e-5),
+            lambda a: lean.silu_mul(a, up),
+            lambda a: plain_silu_mul(a, up),
+        )
+    ]
+    torch.testing.assert_close(jacobians[0], jacobians[1])
+    torch.testing.assert_close(jacobians[2], jacobians[3])
     x.requires_grad_()
     (first,) = torch.autograd.grad(lean.rms_norm(x, w, 1e-5).square().sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="differentiate twice"):

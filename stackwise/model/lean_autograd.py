@@ -11,7 +11,7 @@ elementwise work, cheap next to the matrix products.
 Where they would not help they step aside: off the CPU (recent PyTorch fuses `F.rms_norm` on
 CUDA), under `torch.compile` (inductor chooses what to keep itself), and for a norm in bf16 or
 fp16 (the plain op computes in fp32 inside; this backward would not). They support first-order
-backward and torch.func's grad and vmap; double backward raises.
+backward and torch.func's transforms (grad, vmap, jacrev); double backward raises.
 """
 
 from __future__ import annotations
@@ -52,7 +52,9 @@ class _RMSNorm(torch.autograd.Function):
         if ctx.needs_input_grad[0]:  # rstd * (g - normed * mean(g * normed)), g = grad * weight
             grad_x = grad * weight
             along = (grad_x * normed).mean(-1, keepdim=True)
-            grad_x.sub_(normed.mul_(along)).mul_(rstd)  # in place: a fresh tensor costs more
+            # in place, into the tensor made from grad: fewer fresh tensors, and under vmap
+            # (jacrev batches grad alone) the tensor written to is the batched one
+            grad_x.addcmul_(normed, along, value=-1).mul_(rstd)
         return grad_x, grad_weight, None
 
 
@@ -75,7 +77,7 @@ class _SiluMul(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_gate = torch.ops.aten.silu_backward(grad * up, gate)
         if ctx.needs_input_grad[1]:
-            grad_up = F.silu(gate).mul_(grad)  # the recomputed silu, multiplied in place
+            grad_up = grad * F.silu(gate)  # silu recomputed
         return grad_gate, grad_up
 
 
