@@ -3,6 +3,8 @@ gradients as the plain ops, less memory kept, and the plain ops where the lean o
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -157,6 +159,11 @@ def test_non_contiguous_inputs_torch_func_and_double_backward():
     ]
     torch.testing.assert_close(jacobians[0], jacobians[1])
     torch.testing.assert_close(jacobians[2], jacobians[3])
+    with warnings.catch_warnings():  # per-sample gradients, by batching rules (no slow fallback)
+        warnings.simplefilter("error")
+        per_sample = torch.func.vmap(torch.func.grad(lambda a: lean.rms_norm(a, v, 1e-5).sum()))
+        want = torch.func.vmap(torch.func.grad(lambda a: plain_rms_norm(a, v, 1e-5).sum()))
+        torch.testing.assert_close(per_sample(gate), want(gate))
     x.requires_grad_()
     (first,) = torch.autograd.grad(lean.rms_norm(x, w, 1e-5).square().sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="differentiate twice"):
