@@ -3,6 +3,7 @@ own peak resident set."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Any
 
@@ -13,13 +14,10 @@ def own_peak_rss_mb(status: str = "/proc/self/status") -> float | None:
     """This process's peak resident set in MB. On Linux VmHWM, this process's own: getrusage's
     ru_maxrss also counts the process that started it (torchrun's agent, a benchmark) when
     that one was larger. Elsewhere on POSIX, ru_maxrss; None where neither exists."""
-    try:
-        with open(status, encoding="utf-8", errors="replace") as f:  # Name: may be any bytes
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open(status, encoding="utf-8", errors="replace") as f:
+        for line in f:  # errors="replace": the Name: line may hold any bytes
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     if sys.platform not in ("linux", "darwin"):
         return None
     import resource  # POSIX only
