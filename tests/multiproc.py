@@ -35,18 +35,38 @@ def launch(
     )
 
 
-def tiny_run(
-    root: Path, name: str, world: int, overrides: list[str] | None = None, **env: str
-) -> tuple[subprocess.CompletedProcess, Path]:
-    """A seconds-long `stackwise train` of the tiny config in `root/name`, on `world`
-    processes."""
+def tiny_config(root: Path, name: str) -> tuple[Path, Path]:
+    """The tiny config for a run in `root/name` (its corpus shared in `root`): (config, out)."""
     corpus = root / "corpus.txt"
     if not corpus.exists():
         corpus.write_text(make_corpus(), encoding="utf-8")
     out = root / name
     config = root / f"{name}.yaml"
     config.write_text(yaml.safe_dump(tiny_dict(corpus, root / "cache", out)))
+    return config, out
+
+
+def tiny_run(
+    root: Path, name: str, world: int, overrides: list[str] | None = None, **env: str
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """A seconds-long `stackwise train` of the tiny config in `root/name`, on `world`
+    processes."""
+    config, out = tiny_config(root, name)
     proc = launch(world, ["train", str(config), *(overrides or [])], root, **env)
+    return proc, out
+
+
+def single_run(
+    root: Path, name: str, overrides: list[str]
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """The tiny config as one plain process, no torchrun: the reference a sharded run is held
+    to. DDP matches it (test_fsdp.py) and costs two ranks and an agent to start; the caller
+    passes the global batch (`train.batch_size`) the sharded run's ranks add up to."""
+    config, out = tiny_config(root, name)
+    cmd = [sys.executable, "-m", "stackwise.cli", "train", str(config), *overrides]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=clean_env(), timeout=240, cwd=root
+    )
     return proc, out
 
 
