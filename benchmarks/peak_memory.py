@@ -13,6 +13,9 @@ of a whole 300-step run side by side.
    iterations) on the same 1.1M characters, one thread, reps alternating; the peak is each
    child's own (wait4). Both runs must learn (final validation loss well under the text's
    unigram entropy) for their memory to compare. Our token store is built once beforehand.
+3. With --parts, where each side's peak lies: one more run each, followed from inside by
+   _peak_parts.py (the heap malloc grows and how much of it is in use, other anonymous
+   memory, shared libraries and mapped files).
 
 Nothing of nanoGPT is copied: its model.py is imported from the checkout, its train.py runs as
 a child in a temporary folder holding its data in its own format (nanogpt_reference.py).
@@ -21,6 +24,7 @@ a child in a temporary folder holding its data in its own format (nanogpt_refere
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import re
@@ -146,9 +150,9 @@ def nanogpt_command(nanogpt: Path, out: Path) -> list[str]:
     return [sys.executable, str(nanogpt / "train.py"), config, *args]
 
 
-def nanogpt_run(nanogpt: Path, work: Path, rep: int) -> tuple[float, float]:
-    """(peak RSS MB, last validation loss) of nanoGPT's train.py."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+def nanogpt_run(nanogpt: Path, work: Path, rep: int, **extra: str) -> tuple[float, float]:
+    """(peak RSS MB, last validation loss) of nanoGPT's train.py; `extra`: environment."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **extra}
     cwd = os.getcwd()
     os.chdir(work)  # train.py reads configurator.py and data/ from its working folder
     try:
@@ -158,9 +162,11 @@ def nanogpt_run(nanogpt: Path, work: Path, rep: int) -> tuple[float, float]:
     return peak, float(NANOGPT_VAL.findall(out)[-1][1])
 
 
-def our_run(side: Path, out: Path, checkout: Path | None, *extra: str) -> tuple[float, float]:
+def our_run(
+    side: Path, out: Path, checkout: Path | None, *extra: str, **more_env: str
+) -> tuple[float, float]:
     """(peak RSS MB, final validation loss) of `stackwise train`, from `checkout` if given."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **more_env}
     env["PYTHONSAFEPATH"] = "1"  # `-m` would put the working folder's package first
     if checkout is not None:  # that checkout's package ahead of the installed one
         env["PYTHONPATH"] = str(checkout)
@@ -169,8 +175,31 @@ def our_run(side: Path, out: Path, checkout: Path | None, *extra: str) -> tuple[
     return peak, float(OUR_VAL.findall(stdout)[-1])
 
 
-def peak_rows(nanogpt: Path, reps: int, before: Path | None) -> tuple[Runs, float]:
-    """Each run's (peak, loss) per rep, alternating, and the text's unigram entropy."""
+def part_rows(nanogpt: Path, work: Path, side: Path) -> dict[str, dict[str, float | None]]:
+    """One more run of each side with _peak_parts.py following it: its peak, by kind."""
+    probe = work / "probe"
+    probe.mkdir()
+    bench_dir = str(Path(__file__).resolve().parent)
+    (probe / "sitecustomize.py").write_text(
+        f"import sys\nsys.path.append({bench_dir!r})\nimport _peak_parts\n_peak_parts.start()\n"
+    )
+    parts = {}
+    for run in ("nanoGPT train.py", "stackwise train"):
+        found = work / f"parts-{len(parts)}.json"
+        env = {"PYTHONPATH": str(probe), "PEAK_PARTS_FILE": str(found)}
+        if run.startswith("nanoGPT"):
+            nanogpt_run(nanogpt, work, 99, **env)
+        else:
+            our_run(side, work / "parts", None, **env)
+        parts[run] = json.loads(found.read_text())
+    return parts
+
+
+def peak_rows(
+    nanogpt: Path, reps: int, before: Path | None, parts: bool
+) -> tuple[Runs, float, dict[str, dict[str, float | None]]]:
+    """Each run's (peak, loss) per rep, alternating, the text's unigram entropy, and with
+    `parts` each side's peak by kind."""
     runs: Runs = {}
     with tempfile.TemporaryDirectory(prefix="peak-memory-") as tmp:
         work = Path(tmp)
@@ -184,7 +213,8 @@ def peak_rows(nanogpt: Path, reps: int, before: Path | None) -> tuple[Runs, floa
             for run, (peak, loss) in results.items():
                 runs.setdefault(run, []).append((peak, loss))
                 print(f"  rep {rep + 1}/{reps}: {run:<17} {peak:7.1f} MB, val loss {loss:.3f}")
-    return runs, unigram
+        found = part_rows(nanogpt, work, side) if parts else {}
+    return runs, unigram, found
 
 
 def print_activations(rows: list[tuple[str, str, int, int]]) -> dict[str, float]:
@@ -220,6 +250,18 @@ def print_peaks(runs: Runs, unigram: float) -> float:
     return statistics.median(r for r, _ in runs["stackwise train"]) / theirs
 
 
+def print_parts(parts: dict[str, dict[str, float | None]]) -> None:
+    kinds = ["rss", "heap", "malloc in use", "other anonymous", "files"]
+    ours, theirs = parts["stackwise train"], parts["nanoGPT train.py"]
+    gap = {k: None if ours[k] is None or theirs[k] is None else ours[k] - theirs[k] for k in kinds}
+    head = f"{'run':<17} " + " ".join(f"{k:>15}" for k in kinds)
+    print(head)
+    print("-" * len(head))
+    for run, got in (*parts.items(), ("ours - nanoGPT", gap)):
+        cells = (f"{'n/a':>15}" if got[k] is None else f"{got[k]:>12.1f} MB" for k in kinds)
+        print(f"{run:<17} " + " ".join(cells))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = bench.benchmark_parser(__doc__, "one rep of the side-by-side run")
     p.add_argument("--nanogpt", type=Path, required=True, help="a checkout of karpathy/nanoGPT")
@@ -228,6 +270,11 @@ def main(argv: list[str] | None = None) -> None:
         "--before",
         type=Path,
         help="another stackwise checkout to run beside this one (a git worktree)",
+    )
+    p.add_argument(
+        "--parts",
+        action="store_true",
+        help="one more run of each side, its peak split by kind (Linux; _peak_parts.py)",
     )
     args = p.parse_args(argv)
     args.nanogpt = args.nanogpt.resolve()
@@ -240,8 +287,13 @@ def main(argv: list[str] | None = None) -> None:
     rows = [row for name, shape in SHAPES.items() for row in shape_rows(args.nanogpt, name, shape)]
     act = print_activations(rows)
     print(f"\n2. peak RSS of the side-by-side run ({STEPS} steps, one thread, reps alternating)")
-    runs, unigram = peak_rows(args.nanogpt, 1 if args.quick else args.reps, args.before)
+    runs, unigram, parts = peak_rows(
+        args.nanogpt, 1 if args.quick else args.reps, args.before, args.parts
+    )
     peak = print_peaks(runs, unigram)
+    if parts:
+        print("\n3. where each peak lies, one more run each (MB at the sampled high)")
+        print_parts(parts)
     print(
         f"\nheadline: peak RSS ours/nanoGPT = {peak:.3f}; activations kept ours/nanoGPT = "
         + ", ".join(f"{r:.3f} ({n})" for n, r in act.items())
