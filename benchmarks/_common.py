@@ -138,6 +138,15 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
+def status_mb(key: str) -> float:
+    """A size from /proc/self/status (Linux) in MB: VmRSS the resident set now, VmHWM its
+    peak so far."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"{key} is not in /proc/self/status: this measurement needs Linux")
+
+
 def run_child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[str, str, float, float]:
     """(stdout, stderr, wall seconds, peak RSS in MB) of a child process, its peak its own
     (see PEAK_LAUNCHER; the wall time includes the launcher's start, some 20 ms). A failure

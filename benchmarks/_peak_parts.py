@@ -23,6 +23,7 @@ STEP_PAGES = 2**20 // PAGE  # a new breakdown at each 1 MB above the last
 # glibc's struct mallinfo2, in order
 FIELDS = ["arena", "ordblks", "smblks", "hblks", "hblkhd"]
 FIELDS += ["usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"]
+HIGHEST: dict[str, dict[str, float | None]] = {}  # "parts": the breakdown at the last high
 
 
 class _MallInfo2(ctypes.Structure):
@@ -76,7 +77,7 @@ def start() -> None:
     target = os.environ.get("PEAK_PARTS_FILE")
     if not target:
         return
-    highest: dict[str, dict[str, float | None]] = {"parts": breakdown()}
+    HIGHEST["parts"] = breakdown()
 
     def follow() -> None:
         best = _resident_pages()
@@ -84,11 +85,11 @@ def start() -> None:
             time.sleep(0.005)
             now = _resident_pages()
             if now >= best + STEP_PAGES:
-                highest["parts"], best = breakdown(), now
+                HIGHEST["parts"], best = breakdown(), now
 
     def write() -> None:
         with open(target, "w") as out:
-            json.dump(highest["parts"], out)
+            json.dump(HIGHEST["parts"], out)
 
     threading.Thread(target=follow, name="peak-parts", daemon=True).start()
     atexit.register(write)

@@ -198,13 +198,6 @@ class Result:
     stages: list[str] = field(default_factory=list)  # per-stack notes of progressive runs
 
 
-def _status_kb(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{key} not in /proc/self/status")
-
-
 def common_eval(
     rack: torch.nn.Module, run: RunPlan, data: PreparedData, acc: Any, n_seqs: int
 ) -> float:
@@ -227,7 +220,7 @@ def common_eval(
 
 def run_once(plan: Plan, v: Variant, data: PreparedData, workdir: Path) -> Result:
     torch.set_num_threads(1)
-    start_rss = _status_kb("VmRSS")
+    start_rss = bench.status_mb("VmRSS")
     step_time = [0.0]
     step = EnhancedTrainer.optimizer_step
 
@@ -284,7 +277,7 @@ def run_once(plan: Plan, v: Variant, data: PreparedData, workdir: Path) -> Resul
     metric = common_eval(rack, run, data, acc, plan.eval_seqs)
     if torch.get_num_threads() != 1:
         raise RuntimeError(f"the run changed the thread count to {torch.get_num_threads()}")
-    peak = _status_kb("VmHWM")
+    peak = bench.status_mb("VmHWM")
     return Result(
         name=v.name,
         objective=v.objective,
@@ -295,8 +288,8 @@ def run_once(plan: Plan, v: Variant, data: PreparedData, workdir: Path) -> Resul
         steps_s=step_time[0],
         steps=steps,
         tokens=tokens,
-        peak_rss_mb=peak / 1024,
-        rss_growth_mb=(peak - start_rss) / 1024,
+        peak_rss_mb=peak,
+        rss_growth_mb=peak - start_rss,
         stages=stages,
     )
 

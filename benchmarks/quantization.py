@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _record as record
 import torch
 import torch.nn.functional as F
-from _common import benchmark_parser
+from _common import benchmark_parser, status_mb
 
 from stackwise.config import ModelConfig
 from stackwise.plan import spec_of
@@ -101,25 +101,11 @@ def make_step(b: ProgressiveRackBuilder, ids: torch.Tensor):
     return step
 
 
-def current_rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def vm_hwm_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def rss_child(fmt: str, a: argparse.Namespace) -> None:
     """Child mode: print the peak RSS (MB) of `--steps` training steps with a `fmt` trunk."""
     torch.set_num_threads(1)
     gc.collect()
-    base = current_rss_mb()  # interpreter, torch, bitsandbytes, peft: no model yet
+    base = status_mb("VmRSS")  # interpreter, torch, bitsandbytes, peft: no model yet
     b = build(fmt, a)
     ids = batch(a)
     step = make_step(b, ids)
@@ -133,7 +119,7 @@ def rss_child(fmt: str, a: argparse.Namespace) -> None:
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     for _ in range(a.steps):
         step()
-    print(f"{vm_hwm_mb() - base:.1f}")
+    print(f"{status_mb('VmHWM') - base:.1f}")
 
 
 def peak_rss(fmt: str, a: argparse.Namespace) -> float:
