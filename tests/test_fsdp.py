@@ -189,15 +189,6 @@ def test_lora_fine_tuning_under_fsdp_trains_only_the_adapters(tmp_path):
     assert (checkpoint / "base_model.json").is_file()
 
 
-def test_two_process_runs_exit_cleanly_every_time(tmp_path):
-    """gloo's threads torn down with the interpreter abort an exiting process now and then
-    ("terminate called without an active exception"); every run must exit 0. Every
-    two-process test checks it (multiproc.finished): with test_fsdp_growth, test_fsdp_qlora
-    and test_deepspeed, some 45 launches a suite; this one is the shortest of them."""
-    proc, out = tiny_run(tmp_path, "short", 2, [*FSDP, "train.max_steps=1"])
-    finished(proc, out)
-
-
 def test_two_nodes_meet_through_a_c10d_rendezvous(tmp_path):
     """docs/distributed.md's multi-node line on loopback: two torchrun agents (--nnodes 2,
     one process each) meet at a c10d rendezvous and shard one model between them."""
