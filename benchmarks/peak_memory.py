@@ -14,8 +14,8 @@ of a whole 300-step run side by side.
    child's own (wait4). Both runs must learn (final validation loss well under the text's
    unigram entropy) for their memory to compare. Our token store is built once beforehand.
 3. With --parts, where each side's peak lies: one more run each, followed from inside by
-   _peak_parts.py (the heap malloc grows and how much of it is in use, other anonymous
-   memory, shared libraries and mapped files).
+   _peak_parts.py (what malloc holds in use and free, the other anonymous memory, the pages
+   of mapped files).
 
 Nothing of nanoGPT is copied: its model.py is imported from the checkout, its train.py runs as
 a child in a temporary folder holding its data in its own format (nanogpt_reference.py).
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as bench
+import _peak_parts as peak_parts
 import _record as record
 import nanogpt_reference as ref
 import numpy as np
@@ -175,29 +176,26 @@ def our_run(
     return peak, float(OUR_VAL.findall(stdout)[-1])
 
 
-def part_rows(nanogpt: Path, work: Path, side: Path) -> dict[str, dict[str, float | None]]:
-    """One more run of each side with _peak_parts.py following it: its peak, by kind."""
-    probe = work / "probe"
-    probe.mkdir()
-    bench_dir = str(Path(__file__).resolve().parent)
-    (probe / "sitecustomize.py").write_text(
-        f"import sys\nsys.path.append({bench_dir!r})\nimport _peak_parts\n_peak_parts.start()\n"
-    )
-    parts = {}
+def part_rows(nanogpt: Path, work: Path, side: Path) -> dict[str, dict[str, Any]]:
+    """One more run of each side with _peak_parts.py following it: its peak (VmHWM, from
+    outside) and where its sampled high lies (its VmHWM alone where no record was written)."""
+    parts: dict[str, dict[str, Any]] = {}
     for run in ("nanoGPT train.py", "stackwise train"):
-        found = work / f"parts-{len(parts)}.json"
-        env = {"PYTHONPATH": str(probe), "PEAK_PARTS_FILE": str(found)}
+        record = work / f"parts-{len(parts)}.json"
+        env = peak_parts.probe_env(work / "probe", record, dict(os.environ))
+        extra = {k: env[k] for k in ("PYTHONPATH", "PEAK_PARTS_FILE")}
         if run.startswith("nanoGPT"):
-            nanogpt_run(nanogpt, work, 99, **env)
+            peak, _ = nanogpt_run(nanogpt, work, 99, **extra)
         else:
-            our_run(side, work / "parts", None, **env)
-        parts[run] = json.loads(found.read_text())
+            peak, _ = our_run(side, work / "parts", None, **extra)
+        found = json.loads(record.read_text()) if record.is_file() else {}
+        parts[run] = {"VmHWM": peak, **found}
     return parts
 
 
 def peak_rows(
     nanogpt: Path, reps: int, before: Path | None, parts: bool
-) -> tuple[Runs, float, dict[str, dict[str, float | None]]]:
+) -> tuple[Runs, float, dict[str, dict[str, Any]]]:
     """Each run's (peak, loss) per rep, alternating, the text's unigram entropy, and with
     `parts` each side's peak by kind."""
     runs: Runs = {}
@@ -250,16 +248,23 @@ def print_peaks(runs: Runs, unigram: float) -> float:
     return statistics.median(r for r, _ in runs["stackwise train"]) / theirs
 
 
-def print_parts(parts: dict[str, dict[str, float | None]]) -> None:
-    kinds = ["rss", "heap", "malloc in use", "other anonymous", "files"]
+def print_parts(parts: dict[str, dict[str, Any]]) -> None:
+    kinds = ["VmHWM", *peak_parts.KINDS]
     ours, theirs = parts["stackwise train"], parts["nanoGPT train.py"]
-    gap = {k: None if ours[k] is None or theirs[k] is None else ours[k] - theirs[k] for k in kinds}
+    gap = {k: ours[k] - theirs[k] if _known(ours, k) and _known(theirs, k) else None for k in kinds}
     head = f"{'run':<17} " + " ".join(f"{k:>15}" for k in kinds)
     print(head)
     print("-" * len(head))
     for run, got in (*parts.items(), ("ours - nanoGPT", gap)):
-        cells = (f"{'n/a':>15}" if got[k] is None else f"{got[k]:>12.1f} MB" for k in kinds)
+        cells = (f"{got[k]:>12.1f} MB" if _known(got, k) else f"{'n/a':>15}" for k in kinds)
         print(f"{run:<17} " + " ".join(cells))
+    for run, got in parts.items():
+        if got.get("error") or len(got) == 1:
+            print(f"{run}: the follower failed ({got.get('error') or 'no record written'})")
+
+
+def _known(parts: dict[str, Any], kind: str) -> bool:
+    return parts.get(kind) is not None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -292,7 +297,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     peak = print_peaks(runs, unigram)
     if parts:
-        print("\n3. where each peak lies, one more run each (MB at the sampled high)")
+        print("\n3. where each peak lies: one more run each, its VmHWM, and the breakdown at its")
+        print("   sampled high (malloc's counts cover all its arenas and its mapped blocks)")
         print_parts(parts)
     print(
         f"\nheadline: peak RSS ours/nanoGPT = {peak:.3f}; activations kept ours/nanoGPT = "

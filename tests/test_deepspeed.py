@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO-2/3 (parallel.strategy: deepspeed) on two CPU processes: the same training
-as one process with their global batch (and so as DDP, test_fsdp.py), engine checkpoints that
-resume bit for bit (and refuse another process count with the conversion to run), and seed
-004's `deepspeed ... --deepspeed_config` line as written."""
+as one process with their global batch (and so as DDP, test_fsdp.py), accumulation as DDP's,
+engine checkpoints that resume bit for bit (and refuse another process count with the
+conversion to run), and seed 004's `deepspeed ... --deepspeed_config` line as written."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def test_zero_trains_as_one_process_and_resumes_bit_for_bit(runs, zero):
     said = made[zero][0].stdout
     assert f"partitioned by DeepSpeed ZeRO-{stage} over 2 processes" in said, report(made[zero][0])
     losses, single = train_losses(out[zero]), train_losses(out["single"])
-    assert len(losses) == 3 and all(abs(losses[k] - single[k]) < 1e-5 for k in single)
+    assert len(losses) == 3, losses
+    assert all(abs(losses[k] - single[k]) < 1e-5 for k in single), (losses, single)
     # the engine's checkpoint: one optimizer partition per process, no gathered copy
     state = out[zero] / "checkpoint-3" / "deepspeed" / "state"
     assert len(list(state.glob("*_optim_states.pt"))) == 2
@@ -58,19 +59,18 @@ def test_zero_trains_as_one_process_and_resumes_bit_for_bit(runs, zero):
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
 
 
-def test_accumulated_micro_batches_step_as_one_process(runs):
+def test_accumulated_micro_batches_step_as_under_ddp(runs):
     """train.grad_accum_steps 2: the engine reduces and steps once, at the trainer's last
     micro-batch (its boundary is set by the trainer, not by its own counter)."""
     root = runs[0]
-    accum = [*STEPS, "train.grad_accum_steps=2"]
-    made = {
-        "single": single_run(root, "single-accum", [*accum, "train.batch_size=4"]),
-        "zero": tiny_run(root, "zero3-accum", 2, [*accum, "train.batch_size=2", *ZERO["zero3"]]),
-    }
-    for proc, out in made.values():
+    accum = [*STEPS, "train.grad_accum_steps=2", "train.batch_size=2"]
+    losses = []
+    for name, extra in (("ddp-accum", []), ("zero3-accum", ZERO["zero3"])):
+        proc, out = tiny_run(root, name, 2, [*accum, *extra])
         finished(proc, out)
-    single, zero = (train_losses(out) for _, out in made.values())
-    assert len(zero) == 3 and all(abs(zero[k] - single[k]) < 1e-5 for k in single), (zero, single)
+        losses.append(train_losses(out))
+    ddp, zero = losses
+    assert len(zero) == 3 and all(abs(zero[k] - ddp[k]) < 1e-5 for k in ddp), (zero, ddp)
 
 
 def test_another_process_count_resumes_from_the_universal_form(runs):

@@ -1,13 +1,13 @@
 """QLoRA under FSDP2 on two CPU processes: a rack with quantized linears and LoRA adapters,
 and a Hugging Face model loaded in 4 bits, shard their frozen base (each 4-bit layer keeps its
-statistics, so a gathered weight dequantizes), train only the adapters as one process with
-their global batch does, and resume bit for bit."""
+statistics, so a gathered weight dequantizes), train only the adapters as one process or DDP
+does, and resume bit for bit."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from multiproc import finished, launch, report, single_run, tiny_run, train_losses
+from multiproc import finished, launch, report, tiny_run, train_losses
 from safetensors.torch import load_file
 
 STEPS = ["train.max_steps=6", "train.save_steps=3", "logging.jsonl=true"]
@@ -24,17 +24,14 @@ def equal_files(a, b):
 
 
 @pytest.mark.parametrize("fmt", ["nf4", "fp8"])
-def test_a_quantized_rack_with_lora_trains_under_fsdp_as_one_process(tmp_path, fmt):
+def test_a_quantized_rack_with_lora_trains_under_fsdp_as_under_ddp(tmp_path, fmt):
     qlora = [*STEPS, "quant.enabled=true", f"quant.type={fmt}", "lora.enabled=true"]
-    made = {
-        "single": single_run(tmp_path, "single", [*qlora, "train.batch_size=8"]),
-        "fsdp": tiny_run(tmp_path, "fsdp", 2, [*qlora, *FSDP]),
-    }
-    for proc, out in made.values():
-        finished(proc, out)
-    runs = {name: out for name, (_, out) in made.items()}
+    runs = {}
+    for name, extra in (("ddp", []), ("fsdp", FSDP)):
+        proc, runs[name] = tiny_run(tmp_path, name, 2, [*qlora, *extra])
+        finished(proc, runs[name])
     sharded = train_losses(runs["fsdp"])
-    assert len(sharded) == 3 and close(sharded, train_losses(runs["single"]), 1e-5)
+    assert len(sharded) == 3 and close(sharded, train_losses(runs["ddp"]), 1e-5)
     if fmt != "nf4":
         return
     # the final rack is whole, its 4-bit layers with their statistics, and loads as any run's

@@ -54,36 +54,54 @@ def test_a_failing_benchmark_child_raises_with_its_error():
         bench.run_child([sys.executable, "-S", "-c", "raise SystemExit('boom')"])
 
 
-# a child that follows itself with _peak_parts, grows by 64 MB of touched pages in one large
-# block (malloc maps it apart from the heap), waits until the follower has seen the new high
-# (up to 20 s), and exits: the breakdown written at exit must hold the block
+# a child followed by _peak_parts (through the sitecustomize peak_memory.py gives it) grows by
+# 64 MB of touched pages in one large block, waits until the follower has seen the new high (at
+# most 20 s), and exits: the record written at exit must hold the block. The sitecustomize it
+# shadows (one on the child's PYTHONPATH already) still runs
 PARTS_CHILD = """
 import sys, time
-sys.path.append({bench!r})
 import _peak_parts
-_peak_parts.start()
 before = _peak_parts.breakdown()
 x = bytearray(64 * 2**20); x[::4096] = b'1' * len(x[::4096])
 deadline = time.monotonic() + 20
 while _peak_parts.HIGHEST["parts"]["rss"] < before["rss"] + 60 and time.monotonic() < deadline:
     time.sleep(0.01)
-print(before["other anonymous"], before["malloc in use"])
+import builtins
+print(before["malloc in use"], getattr(builtins, "CHAINED", False))
 """
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="/proc/self/smaps is Linux's")
-def test_the_peak_breakdown_finds_a_large_block_among_anonymous_memory(tmp_path):
-    found = tmp_path / "parts.json"
-    child = PARTS_CHILD.format(bench=str(BENCHMARKS))
-    env = {**os.environ, "PEAK_PARTS_FILE": str(found)}
-    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env)
+def test_the_peak_breakdown_finds_a_large_block_that_malloc_handed_out(tmp_path):
+    import _peak_parts
+
+    record, shadowed = tmp_path / "parts.json", tmp_path / "shadowed"
+    shadowed.mkdir()
+    (shadowed / "sitecustomize.py").write_text("import builtins\nbuiltins.CHAINED = True\n")
+    base = {**os.environ, "PYTHONPATH": str(shadowed)}
+    env = _peak_parts.probe_env(tmp_path / "probe", record, base)
+    child = [sys.executable, "-c", PARTS_CHILD]
+    proc = subprocess.run(child, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
-    other_before, in_use_before = proc.stdout.split()
-    parts = json.loads(found.read_text())
-    assert parts["other anonymous"] - float(other_before) >= 60  # mapped apart from the heap
-    if in_use_before != "None":  # glibc 2.33+: malloc counts the block as in use
+    in_use_before, chained = proc.stdout.split()
+    assert chained == "True"
+    parts = json.loads(record.read_text())
+    assert parts["error"] == "" and parts["samples"] >= 1, parts
+    if parts["malloc in use"] is not None:  # glibc 2.33+
         assert parts["malloc in use"] - float(in_use_before) >= 60
-    assert parts["rss"] == pytest.approx(parts["heap"] + parts["other anonymous"] + parts["files"])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc/self/smaps is Linux's")
+def test_the_peak_breakdown_agrees_with_the_kernels_totals():
+    import _peak_parts
+
+    status = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        status[key] = int(value.split()[0]) / 1024 if value.strip().endswith("kB") else None
+    parts = _peak_parts.breakdown()
+    assert parts["rss"] == pytest.approx(status["VmRSS"], abs=2)
+    assert parts["files"] == pytest.approx(status["RssFile"] + status["RssShmem"], abs=2)
 
 
 def test_without_the_variable_the_peak_breakdown_stays_off(monkeypatch):
@@ -93,5 +111,5 @@ def test_without_the_variable_the_peak_breakdown_stays_off(monkeypatch):
 
     monkeypatch.delenv("PEAK_PARTS_FILE", raising=False)
     running = threading.active_count()
-    _peak_parts.start()
+    _peak_parts.follow()
     assert threading.active_count() == running
