@@ -113,12 +113,12 @@ except ModuleNotFoundError as missing:
 """
 
 
-def probe_env(folder: Path, record: Path, env: dict[str, str]) -> dict[str, str]:
-    """`env` for a child whose peak breakdown is written to `record`: a sitecustomize in
-    `folder`, put ahead of the child's PYTHONPATH."""
+def probe_env(folder: Path, record: Path, pythonpath: str = "") -> dict[str, str]:
+    """The variables that make a child write its peak breakdown to `record`: a sitecustomize
+    in `folder`, put ahead of the child's `pythonpath`."""
     folder.mkdir(parents=True, exist_ok=True)
     bench = str(Path(__file__).resolve().parent)
     source = SITECUSTOMIZE.format(bench=bench, here=str(folder))
     (folder / "sitecustomize.py").write_text(source)
-    path = os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH", "")) if p)
-    return {**env, "PYTHONPATH": path, "PEAK_PARTS_FILE": str(record)}
+    path = os.pathsep.join(p for p in (str(folder), pythonpath) if p)
+    return {"PYTHONPATH": path, "PEAK_PARTS_FILE": str(record)}

@@ -182,8 +182,7 @@ def part_rows(nanogpt: Path, work: Path, side: Path) -> dict[str, dict[str, Any]
     parts: dict[str, dict[str, Any]] = {}
     for run in ("nanoGPT train.py", "stackwise train"):
         record = work / f"parts-{len(parts)}.json"
-        env = peak_parts.probe_env(work / "probe", record, dict(os.environ))
-        extra = {k: env[k] for k in ("PYTHONPATH", "PEAK_PARTS_FILE")}
+        extra = peak_parts.probe_env(work / "probe", record, os.environ.get("PYTHONPATH", ""))
         if run.startswith("nanoGPT"):
             peak, _ = nanogpt_run(nanogpt, work, 99, **extra)
         else:

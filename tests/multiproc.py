@@ -84,7 +84,7 @@ def finished(proc: subprocess.CompletedProcess, out: Path) -> None:
     """A run that ended well: exit 0, no abort at exit, its folder marked complete. gloo's
     threads torn down with the interpreter used to abort an exiting process now and then
     ("terminate called without an active exception"); every multi-process test checks that
-    none did, some 40 launches a suite."""
+    none did."""
     assert proc.returncode == 0, report(proc)
     assert "terminate called" not in proc.stderr, report(proc)
     assert (out / "run_complete.json").is_file(), report(proc)

@@ -78,8 +78,7 @@ def test_the_peak_breakdown_finds_a_large_block_that_malloc_handed_out(tmp_path)
     record, shadowed = tmp_path / "parts.json", tmp_path / "shadowed"
     shadowed.mkdir()
     (shadowed / "sitecustomize.py").write_text("import builtins\nbuiltins.CHAINED = True\n")
-    base = {**os.environ, "PYTHONPATH": str(shadowed)}
-    env = _peak_parts.probe_env(tmp_path / "probe", record, base)
+    env = {**os.environ, **_peak_parts.probe_env(tmp_path / "probe", record, str(shadowed))}
     child = [sys.executable, "-c", PARTS_CHILD]
     proc = subprocess.run(child, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
