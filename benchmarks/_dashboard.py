@@ -146,7 +146,8 @@ def section_text(run: Run) -> str:
     fence = "`" * max(3, longest + 1)
     return "\n".join(
         [
-            f"## {run.name} — {run.date:%Y-%m-%d} (recorded with --record)",
+            f"## {run.name} — {run.date:%Y-%m-%d %H:%M} UTC at {run.commit}"
+            " (recorded with --record)",  # time and commit: two runs of a day get two anchors
             "",
             f"- **Date:** {run.date:%a %b %d %H:%M:%S UTC %Y}",
             f"- **Commit:** {run.commit}",

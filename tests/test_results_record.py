@@ -5,6 +5,7 @@ reads the clock, git or the terminal."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from datetime import UTC, datetime
@@ -103,6 +104,20 @@ def test_history_is_newest_first_and_keeps_what_was_there() -> None:
     assert second.endswith("\n\n## alpha — 2025-12-01 (old)\n\nold body\n")
     fresh = dash.update_history(None, run())
     assert fresh.startswith(dash.history_header("alpha")) and fresh.count("\n## alpha — ") == 1
+
+
+def test_two_runs_on_one_day_get_distinct_headings() -> None:
+    """A history's headings are its anchors: two runs of one day differ by time and commit."""
+    morning = run(output="headline: morning\n")
+    evening = dataclasses.replace(
+        morning, date=morning.date.replace(hour=18, minute=5), commit="cafe123"
+    )
+    text = dash.update_history(dash.update_history(None, morning), evening)
+    heads = [line for line in text.split("\n") if line.startswith("## ")]
+    assert heads == [
+        "## alpha — 2026-02-03 18:05 UTC at cafe123 (recorded with --record)",
+        "## alpha — 2026-02-03 12:00 UTC at f00ba12 (recorded with --record)",
+    ]
 
 
 def test_record_writes_both_files(tmp_path: Path) -> None:
