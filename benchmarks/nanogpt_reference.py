@@ -21,10 +21,19 @@ Its bf16 row therefore runs train.py with that one context swapped for CPU autoc
 by a launcher that changes nothing else. Repetitions alternate (nanoGPT, rebuilt, nanoGPT,
 ...); the table gives medians and spreads, and the last line the rebuilt/nanoGPT ratios (the
 goal: within 5%, 0.95-1.05).
+
+Page faults: each side's minor page faults per timed iteration are counted too (nanoGPT's by
+the launcher after each `iter` line it prints). glibc's malloc gives a freed block above its
+mmap threshold back to the kernel, and that threshold moves with what the process freed
+before, so two processes running the same step can fault very differently, and faults cost
+time. `--allocators kept` runs both sides with glibc's thresholds fixed by its environment
+variables, as the Trainer fixes them (train/hardware.keep_freed_memory): what is left between
+the two is then the model and the loop.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import re
@@ -32,6 +41,7 @@ import statistics
 import sys
 import tempfile
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import _common as bench
@@ -42,9 +52,15 @@ import throughput as tp
 # Runs nanoGPT's train.py as its own __main__. For bf16, the `nullcontext()` that train.py
 # calls on a CPU returns CPU autocast instead; any other caller still gets the real one.
 LAUNCHER = """
-import contextlib, os, runpy, sys, torch
+import builtins, contextlib, os, resource, runpy, sys, torch
 script = sys.argv[1]
 sys.path.insert(0, os.path.dirname(script))  # its `from model import GPT`
+_print = builtins.print
+def _print_then_faults(*args, **kwargs):  # after each `iter N:` line, the faults so far
+    _print(*args, **kwargs)
+    if args and isinstance(args[0], str) and args[0].startswith("iter "):
+        sys.stderr.write(f"faults {resource.getrusage(resource.RUSAGE_SELF).ru_minflt}\\n")
+builtins.print = _print_then_faults
 if sys.argv[2] == "bf16":
     class Context(contextlib.nullcontext):
         def __new__(cls, *args):
@@ -56,6 +72,13 @@ sys.argv = [script] + sys.argv[3:]
 runpy.run_path(script, run_name="__main__")
 """
 ITER_LINE = re.compile(r"^iter (\d+): loss [-\d.naif]+, time ([\d.]+)ms", re.MULTILINE)
+FAULTS_LINE = re.compile(r"^faults (\d+)$", re.MULTILINE)  # the launcher's, one per iteration
+# glibc's allocator pinned as the Trainer pins it (train/hardware.keep_freed_memory), by its
+# environment variables, for both sides: what is left between them is then not the allocator's
+ALLOCATORS = {
+    "default": {},
+    "kept": {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**30)},
+}
 
 
 def char_vocab(vocab: int = 65) -> tuple[str, list[str]]:
@@ -129,22 +152,32 @@ def nanogpt_args(
 
 
 def run_nanogpt(
-    nanogpt: Path, work: Path, shape: tp.Shape, plan: tp.Plan, precision: str, threads: int
-) -> tuple[float, float]:
-    """(tokens/s over the iterations after warm-up, peak RSS in MB) of nanoGPT's train.py."""
+    nanogpt: Path,
+    work: Path,
+    shape: tp.Shape,
+    plan: tp.Plan,
+    precision: str,
+    threads: int,
+    allocator: str = "default",
+) -> tuple[float, float, float]:
+    """(tokens/s and minor page faults per iteration over the iterations after warm-up, peak
+    RSS in MB) of nanoGPT's train.py."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore"}
+    env.update(ALLOCATORS[allocator])
     script = str(nanogpt / "train.py")
     args = nanogpt_args(shape, plan, precision, work / "out")
     cwd = os.getcwd()
     os.chdir(work)  # train.py reads configurator.py and data/ from its working folder
     try:
         cmd = [sys.executable, "-c", LAUNCHER, script, precision, *args]
-        stdout, _, _, rss = bench.run_child(cmd, env)
+        stdout, stderr, _, rss = bench.run_child(cmd, env)
     finally:
         os.chdir(cwd)
     times = {int(i): float(ms) for i, ms in ITER_LINE.findall(stdout)}
     timed = [times[i] for i in range(plan.warmup, plan.total_steps)]
-    return len(timed) * shape.tokens_per_step / (sum(timed) / 1000), rss
+    faults = [int(n) for n in FAULTS_LINE.findall(stderr)]  # faults[i]: after iteration i
+    per_step = (faults[plan.total_steps - 1] - faults[plan.warmup - 1]) / len(timed)
+    return len(timed) * shape.tokens_per_step / (sum(timed) / 1000), per_step, rss
 
 
 REBUILT = """
@@ -158,18 +191,68 @@ torch.set_num_threads(int(threads))
 shape, plan = tp.Shape(f"vocab {vocab}", int(vocab)), tp.Plan(1, int(warmup), int(steps))
 with tempfile.TemporaryDirectory() as folder:
     result = tp.run_nanogpt(shape, plan, tp.random_tokens(shape, plan), Path(folder))
-print(result.tokens_per_s)
+print(result.tokens_per_s, result.faults_per_step)
 """
 
 
-def run_rebuilt(shape: tp.Shape, plan: tp.Plan, precision: str, threads: int) -> float:
-    """tokens/s of throughput.py's rebuilt nanoGPT, in a fresh process as nanoGPT's own runs
-    (a forked child would inherit this process's allocator state, which changes page faults)."""
+def run_rebuilt(
+    shape: tp.Shape, plan: tp.Plan, precision: str, threads: int, allocator: str = "default"
+) -> tuple[float, float]:
+    """(tokens/s, minor page faults per step) of throughput.py's rebuilt nanoGPT, in a fresh
+    process as nanoGPT's own runs (a forked child would inherit this process's allocator
+    state, which changes page faults)."""
     here = str(Path(__file__).resolve().parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    env.update(ALLOCATORS[allocator])
     args = [str(shape.vocab_size), precision, str(threads), str(plan.warmup), str(plan.steps)]
     stdout, _, _, _ = bench.run_child([sys.executable, "-c", REBUILT, *args], env)
-    return float(stdout.strip().splitlines()[-1])
+    tokens_per_s, faults = stdout.strip().splitlines()[-1].split()
+    return float(tokens_per_s), float(faults)
+
+
+@dataclass
+class Row:
+    """One line of the table: the reps of both sides at one setting."""
+
+    shape: str
+    precision: str
+    threads: int
+    allocator: str
+    real: list[float] = field(default_factory=list)  # nanoGPT's tokens/s, one per rep
+    clone: list[float] = field(default_factory=list)  # the rebuilt loop's
+    real_faults: list[float] = field(default_factory=list)  # page faults per timed step
+    clone_faults: list[float] = field(default_factory=list)
+    rss: list[float] = field(default_factory=list)  # nanoGPT's peak RSS, MB
+
+    def label(self) -> str:
+        return f"{self.shape} {self.precision} {self.threads} thread(s), malloc {self.allocator}"
+
+    def ratio(self) -> float:
+        return statistics.median(c / r for c, r in zip(self.clone, self.real, strict=True))
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):,.0f}..{max(values):,.0f}"
+
+
+def print_table(rows: list[Row]) -> None:
+    head = (
+        f"{'shape':<11} {'prec':<5} {'threads':>7} {'malloc':<8} {'nanoGPT tok/s':>13} "
+        f"{'min..max':>15} {'flt/step':>8} {'rebuilt tok/s':>13} {'min..max':>15} "
+        f"{'flt/step':>8} {'rebuilt/nanoGPT':>15} {'nanoGPT RSS MB':>14}"
+    )
+    print(head)
+    print("-" * len(head))
+    for row in rows:
+        print(
+            f"{row.shape:<11} {row.precision:<5} {row.threads:>7} {row.allocator:<8} "
+            f"{statistics.median(row.real):>13,.0f} {spread(row.real):>15} "
+            f"{statistics.median(row.real_faults):>8,.0f} "
+            f"{statistics.median(row.clone):>13,.0f} {spread(row.clone):>15} "
+            f"{statistics.median(row.clone_faults):>8,.0f} {row.ratio():>15.3f} "
+            f"{statistics.median(row.rss):>14,.0f}"
+        )
+    print()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -180,6 +263,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     p.add_argument("--precisions", default="fp32,bf16", help="fp32, bf16 or both")
     p.add_argument("--vocabs", default="65,4096", help="comma-separated: 65, 4096 or both")
+    p.add_argument(
+        "--allocators",
+        default="default",
+        help="comma-separated: default (glibc as it comes), kept (both sides with the Trainer's "
+        "malloc settings, by environment variables), or both",
+    )
     args = p.parse_args(argv)
     rec = record.start("nanogpt_reference", args.record)
     args.nanogpt = args.nanogpt.resolve()  # its train.py runs from another folder
@@ -188,45 +277,35 @@ def main(argv: list[str] | None = None) -> None:
     plan = tp.Plan(2, 3, 10) if args.quick else tp.Plan(args.reps, 10, args.steps)
     threads = [int(t) for t in args.threads.split(",")]
     precisions = args.precisions.split(",")
+    allocators = args.allocators.split(",")
+    if unknown := sorted(set(allocators) - set(ALLOCATORS)):
+        p.error(f"--allocators {','.join(unknown)}: choose from {', '.join(ALLOCATORS)}")
     bench.pin_threads()
     print(bench.machine_line("fp32 and bf16 rows"))
     print(f"plan: {plan.reps} alternating reps x ({plan.warmup} warm-up + {plan.steps} timed)")
-    rows = []
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="nanogpt-ref-") as tmp:
         work = Path(tmp)
         prepare(work, args.nanogpt)
         vocabs = {int(v) for v in args.vocabs.split(",")}
         for shape in (s for s in tp.SHAPES if s.vocab_size in vocabs):
-            for precision in precisions:
-                for n in threads:
-                    real, clone, rss = [], [], []
-                    for _ in range(plan.reps):
-                        tps, peak = run_nanogpt(args.nanogpt, work, shape, plan, precision, n)
-                        real.append(tps)
-                        rss.append(peak)
-                        clone.append(run_rebuilt(shape, plan, precision, n))
-                    rows.append((shape.name, precision, n, real, clone, rss))
-                    print(
-                        f"  {shape.name} {precision} {n} thread(s): nanoGPT {real} rebuilt {clone}"
+            for precision, n, allocator in itertools.product(precisions, threads, allocators):
+                row = Row(shape.name, precision, n, allocator)
+                for _ in range(plan.reps):
+                    tps, faults, peak = run_nanogpt(
+                        args.nanogpt, work, shape, plan, precision, n, allocator
                     )
+                    row.real.append(tps)
+                    row.real_faults.append(faults)
+                    row.rss.append(peak)
+                    tps, faults = run_rebuilt(shape, plan, precision, n, allocator)
+                    row.clone.append(tps)
+                    row.clone_faults.append(faults)
+                rows.append(row)
+                print(f"  {row.label()}: nanoGPT {row.real} rebuilt {row.clone}", flush=True)
     print()
-    head = (
-        f"{'shape':<11} {'prec':<5} {'threads':>7} {'nanoGPT tok/s':>13} {'min..max':>15} "
-        f"{'rebuilt tok/s':>13} {'min..max':>15} {'rebuilt/nanoGPT':>15} {'nanoGPT RSS MB':>14}"
-    )
-    print(head)
-    print("-" * len(head))
-    ratios = []
-    for name, precision, n, real, clone, rss in rows:
-        ratio = statistics.median(c / r for c, r in zip(clone, real, strict=True))
-        ratios.append(ratio)
-        print(
-            f"{name:<11} {precision:<5} {n:>7} {statistics.median(real):>13,.0f} "
-            f"{f'{min(real):,.0f}..{max(real):,.0f}':>15} {statistics.median(clone):>13,.0f} "
-            f"{f'{min(clone):,.0f}..{max(clone):,.0f}':>15} {ratio:>15.3f} "
-            f"{statistics.median(rss):>14,.0f}"
-        )
-    print()
+    print_table(rows)
+    ratios = [row.ratio() for row in rows]
     worst = max(ratios, key=lambda r: abs(r - 1.0))
     print(
         "headline: rebuilt/nanoGPT tokens/s (median of paired reps) = "
