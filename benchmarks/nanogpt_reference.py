@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown := sorted(set(allocators) - set(ALLOCATORS)):
         p.error(f"--allocators {','.join(unknown)}: choose from {', '.join(ALLOCATORS)}")
     bench.pin_threads()
-    print(bench.machine_line("fp32 and bf16 rows"))
+    print(bench.machine_line(f"{' and '.join(precisions)} rows"))
     print(f"plan: {plan.reps} alternating reps x ({plan.warmup} warm-up + {plan.steps} timed)")
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="nanogpt-ref-") as tmp:
