@@ -29,6 +29,10 @@ before, so two processes running the same step can fault very differently, and f
 time. `--allocators kept` runs both sides with glibc's thresholds fixed by its environment
 variables, as the Trainer fixes them (train/hardware.keep_freed_memory): what is left between
 the two is then the model and the loop.
+
+`--ours` adds stackwise's Trainer (throughput.py's `ours`, `train.compile` at its default) to
+each rep, also in a fresh process: ours against nanoGPT's own code, not against the rebuilt
+loop, in a second table.
 """
 
 from __future__ import annotations
@@ -180,32 +184,40 @@ def run_nanogpt(
     return len(timed) * shape.tokens_per_step / (sum(timed) / 1000), per_step, rss
 
 
-REBUILT = """
+# One of throughput.py's methods (its rebuilt `nanogpt`, or `ours`) in a fresh process
+IN_PROCESS = """
 import sys, tempfile
 from pathlib import Path
 import torch
 import throughput as tp
-vocab, precision, threads, warmup, steps = sys.argv[1:6]
-tp.PRECISION, tp.THREADS = precision, int(threads)
+method, vocab, precision, threads, warmup, steps = sys.argv[1:7]
+tp.PRECISION = "no" if precision == "fp32" else precision  # throughput.py's names
+tp.THREADS = int(threads)
 torch.set_num_threads(int(threads))
 shape, plan = tp.Shape(f"vocab {vocab}", int(vocab)), tp.Plan(1, int(warmup), int(steps))
 with tempfile.TemporaryDirectory() as folder:
-    result = tp.run_nanogpt(shape, plan, tp.random_tokens(shape, plan), Path(folder))
+    result = tp.RUNNERS[method](shape, plan, tp.random_tokens(shape, plan), Path(folder))
 print(result.tokens_per_s, result.faults_per_step)
 """
 
 
-def run_rebuilt(
-    shape: tp.Shape, plan: tp.Plan, precision: str, threads: int, allocator: str = "default"
+def run_method(
+    method: str,
+    shape: tp.Shape,
+    plan: tp.Plan,
+    precision: str,
+    threads: int,
+    allocator: str = "default",
 ) -> tuple[float, float]:
-    """(tokens/s, minor page faults per step) of throughput.py's rebuilt nanoGPT, in a fresh
-    process as nanoGPT's own runs (a forked child would inherit this process's allocator
-    state, which changes page faults)."""
+    """(tokens/s, minor page faults per step) of one throughput.py method, in a fresh process
+    as nanoGPT's own runs (a forked child would inherit this process's allocator state, which
+    changes page faults)."""
     here = str(Path(__file__).resolve().parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
     env.update(ALLOCATORS[allocator])
-    args = [str(shape.vocab_size), precision, str(threads), str(plan.warmup), str(plan.steps)]
-    stdout, _, _, _ = bench.run_child([sys.executable, "-c", REBUILT, *args], env)
+    args = [method, str(shape.vocab_size), precision, str(threads)]
+    args += [str(plan.warmup), str(plan.steps)]
+    stdout, _, _, _ = bench.run_child([sys.executable, "-c", IN_PROCESS, *args], env)
     tokens_per_s, faults = stdout.strip().splitlines()[-1].split()
     return float(tokens_per_s), float(faults)
 
@@ -223,12 +235,16 @@ class Row:
     real_faults: list[float] = field(default_factory=list)  # page faults per timed step
     clone_faults: list[float] = field(default_factory=list)
     rss: list[float] = field(default_factory=list)  # nanoGPT's peak RSS, MB
+    ours: list[float] = field(default_factory=list)  # with --ours: stackwise's Trainer
+    ours_faults: list[float] = field(default_factory=list)
 
     def label(self) -> str:
         return f"{self.shape} {self.precision} {self.threads} thread(s), malloc {self.allocator}"
 
-    def ratio(self) -> float:
-        return statistics.median(c / r for c, r in zip(self.clone, self.real, strict=True))
+    def ratio(self, side: str = "clone") -> float:
+        """Median over reps of `side`'s tokens/s over nanoGPT's own in the same rep."""
+        pairs = zip(getattr(self, side), self.real, strict=True)
+        return statistics.median(c / r for c, r in pairs)
 
 
 def spread(values: list[float]) -> str:
@@ -253,6 +269,26 @@ def print_table(rows: list[Row]) -> None:
             f"{statistics.median(row.rss):>14,.0f}"
         )
     print()
+    if any(row.ours for row in rows):
+        print_ours(rows)
+
+
+def print_ours(rows: list[Row]) -> None:
+    """--ours: stackwise's Trainer against nanoGPT's own train.py, rep by rep."""
+    head = (
+        f"{'shape':<11} {'prec':<5} {'threads':>7} {'malloc':<8} {'nanoGPT tok/s':>13} "
+        f"{'ours tok/s':>13} {'min..max':>15} {'flt/step':>8} {'ours/nanoGPT':>12}"
+    )
+    print(head)
+    print("-" * len(head))
+    for row in rows:
+        print(
+            f"{row.shape:<11} {row.precision:<5} {row.threads:>7} {row.allocator:<8} "
+            f"{statistics.median(row.real):>13,.0f} {statistics.median(row.ours):>13,.0f} "
+            f"{spread(row.ours):>15} {statistics.median(row.ours_faults):>8,.0f} "
+            f"{row.ratio('ours'):>12.3f}"
+        )
+    print()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -263,6 +299,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     p.add_argument("--precisions", default="fp32,bf16", help="fp32, bf16 or both")
     p.add_argument("--vocabs", default="65,4096", help="comma-separated: 65, 4096 or both")
+    p.add_argument(
+        "--ours",
+        action="store_true",
+        help="also run stackwise's Trainer (throughput.py's `ours`) in each rep, fresh process",
+    )
     p.add_argument(
         "--allocators",
         default="default",
@@ -298,19 +339,26 @@ def main(argv: list[str] | None = None) -> None:
                     row.real.append(tps)
                     row.real_faults.append(faults)
                     row.rss.append(peak)
-                    tps, faults = run_rebuilt(shape, plan, precision, n, allocator)
+                    tps, faults = run_method("nanogpt", shape, plan, precision, n, allocator)
                     row.clone.append(tps)
                     row.clone_faults.append(faults)
+                    if args.ours:
+                        tps, faults = run_method("ours", shape, plan, precision, n, allocator)
+                        row.ours.append(tps)
+                        row.ours_faults.append(faults)
                 rows.append(row)
-                print(f"  {row.label()}: nanoGPT {row.real} rebuilt {row.clone}", flush=True)
+                line = f"  {row.label()}: nanoGPT {row.real} rebuilt {row.clone}"
+                print(line + (f" ours {row.ours}" if row.ours else ""), flush=True)
     print()
     print_table(rows)
     ratios = [row.ratio() for row in rows]
+    ours = ", ".join(f"{row.ratio('ours'):.3f}" for row in rows if row.ours)
     worst = max(ratios, key=lambda r: abs(r - 1.0))
     print(
         "headline: rebuilt/nanoGPT tokens/s (median of paired reps) = "
         + ", ".join(f"{r:.3f}" for r in ratios)
         + f"; furthest from 1: {worst:.3f} (goal 0.95..1.05)"
+        + (f"; ours/nanoGPT = {ours}" if args.ours else "")
     )
     rec.finish("every rebuilt/nanoGPT ratio in 0.95..1.05", all(0.95 <= r <= 1.05 for r in ratios))
 
