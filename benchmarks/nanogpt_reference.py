@@ -18,17 +18,19 @@ throughput.py's clock measures for the rebuilt loop.
 
 bf16: nanoGPT's train.py autocasts only on a GPU (on a CPU its context is `nullcontext()`).
 Its bf16 row therefore runs train.py with that one context swapped for CPU autocast in bf16,
-by a launcher that changes nothing else. Repetitions alternate (nanoGPT, rebuilt, nanoGPT,
-...); the table gives medians and spreads, and the last line the rebuilt/nanoGPT ratios (the
-goal: within 5%, 0.95-1.05).
+by a launcher that changes nothing else. In each repetition the sides (and the allocator
+settings, below) take turns, the first changing from one repetition to the next; the table
+gives medians and spreads, and the last line the rebuilt/nanoGPT ratios (the goal: within 5%,
+0.95-1.05).
 
 Page faults: each side's minor page faults per timed iteration are counted too (nanoGPT's by
-the launcher after each `iter` line it prints). glibc's malloc gives a freed block above its
-mmap threshold back to the kernel, and that threshold moves with what the process freed
-before, so two processes running the same step can fault very differently, and faults cost
-time. `--allocators kept` runs both sides with glibc's thresholds fixed by its environment
-variables, as the Trainer fixes them (train/hardware.keep_freed_memory): what is left between
-the two is then the model and the loop.
+the launcher after each `iter` line it prints). glibc's malloc serves a request above its mmap
+threshold with a fresh mapping, unmapped again when freed; freeing one raises the threshold to
+its size (up to 32 MiB) and the trim threshold to twice that. So the threshold moves with what
+the process freed before, two processes running the same step can fault very differently, and
+faults cost time. `--allocators kept` runs both sides with glibc's thresholds fixed by its
+environment variables, as the Trainer fixes them (train/hardware.keep_freed_memory): what is
+left between the two is then the model and the loop.
 
 `--ours` adds stackwise's Trainer (throughput.py's `ours`, `train.compile` at its default) to
 each rep, also in a fresh process: ours against nanoGPT's own code, not against the rebuilt
@@ -45,6 +47,7 @@ import statistics
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,7 +66,8 @@ _print = builtins.print
 def _print_then_faults(*args, **kwargs):  # after each `iter N:` line, the faults so far
     _print(*args, **kwargs)
     if args and isinstance(args[0], str) and args[0].startswith("iter "):
-        sys.stderr.write(f"faults {resource.getrusage(resource.RUSAGE_SELF).ru_minflt}\\n")
+        n = args[0].split(":")[0].split()[1]
+        sys.stderr.write(f"faults {n} {resource.getrusage(resource.RUSAGE_SELF).ru_minflt}\\n")
 builtins.print = _print_then_faults
 if sys.argv[2] == "bf16":
     class Context(contextlib.nullcontext):
@@ -76,7 +80,7 @@ sys.argv = [script] + sys.argv[3:]
 runpy.run_path(script, run_name="__main__")
 """
 ITER_LINE = re.compile(r"^iter (\d+): loss [-\d.naif]+, time ([\d.]+)ms", re.MULTILINE)
-FAULTS_LINE = re.compile(r"^faults (\d+)$", re.MULTILINE)  # the launcher's, one per iteration
+FAULTS_LINE = re.compile(r"^faults (\d+) (\d+)$", re.MULTILINE)  # the launcher's: iteration, count
 # glibc's allocator pinned as the Trainer pins it (train/hardware.keep_freed_memory), by its
 # environment variables, for both sides: what is left between them is then not the allocator's
 ALLOCATORS = {
@@ -166,8 +170,8 @@ def run_nanogpt(
 ) -> tuple[float, float, float]:
     """(tokens/s and minor page faults per iteration over the iterations after warm-up, peak
     RSS in MB) of nanoGPT's train.py."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore"}
-    env.update(ALLOCATORS[allocator])
+    env = allocator_env({**os.environ, "OMP_NUM_THREADS": str(threads)}, allocator)
+    env["PYTHONWARNINGS"] = "ignore"
     script = str(nanogpt / "train.py")
     args = nanogpt_args(shape, plan, precision, work / "out")
     cwd = os.getcwd()
@@ -177,11 +181,37 @@ def run_nanogpt(
         stdout, stderr, _, rss = bench.run_child(cmd, env)
     finally:
         os.chdir(cwd)
+    return (*iteration_figures(stdout, stderr, plan, shape.tokens_per_step), rss)
+
+
+def iteration_figures(
+    stdout: str, stderr: str, plan: tp.Plan, tokens_per_step: int
+) -> tuple[float, float]:
+    """(tokens/s, page faults per iteration) over the timed iterations of train.py's output.
+    Iteration i's time is its own; the faults read after its line minus those read after the
+    line before count the same number of iterations, shifted by one line's logging."""
     times = {int(i): float(ms) for i, ms in ITER_LINE.findall(stdout)}
+    faults = {int(i): int(n) for i, n in FAULTS_LINE.findall(stderr)}
+    if set(times) != set(range(plan.total_steps)) or set(faults) != set(times):
+        raise RuntimeError(
+            f"train.py printed iterations {sorted(times)} and fault counts for {sorted(faults)}; "
+            f"expected 0..{plan.total_steps - 1} in both"
+        )
     timed = [times[i] for i in range(plan.warmup, plan.total_steps)]
-    faults = [int(n) for n in FAULTS_LINE.findall(stderr)]  # faults[i]: after iteration i
     per_step = (faults[plan.total_steps - 1] - faults[plan.warmup - 1]) / len(timed)
-    return len(timed) * shape.tokens_per_step / (sum(timed) / 1000), per_step, rss
+    return len(timed) * tokens_per_step / (sum(timed) / 1000), per_step
+
+
+def malloc_settings(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `env` that change glibc's malloc."""
+    return {k: v for k, v in env.items() if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"}
+
+
+def allocator_env(env: dict[str, str], allocator: str) -> dict[str, str]:
+    """`env` with glibc's malloc settings of `allocator` only: any inherited from this
+    process's environment would otherwise apply to `default` too."""
+    inherited = malloc_settings(env)
+    return {**{k: v for k, v in env.items() if k not in inherited}, **ALLOCATORS[allocator]}
 
 
 # One of throughput.py's methods (its rebuilt `nanogpt`, or `ours`) in a fresh process
@@ -197,6 +227,8 @@ torch.set_num_threads(int(threads))
 shape, plan = tp.Shape(f"vocab {vocab}", int(vocab)), tp.Plan(1, int(warmup), int(steps))
 with tempfile.TemporaryDirectory() as folder:
     result = tp.RUNNERS[method](shape, plan, tp.random_tokens(shape, plan), Path(folder))
+if torch.get_num_threads() != int(threads):
+    raise RuntimeError(f"{method} changed the thread count to {torch.get_num_threads()}")
 print(result.tokens_per_s, result.faults_per_step)
 """
 
@@ -213,8 +245,8 @@ def run_method(
     as nanoGPT's own runs (a forked child would inherit this process's allocator state, which
     changes page faults)."""
     here = str(Path(__file__).resolve().parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
-    env.update(ALLOCATORS[allocator])
+    env = allocator_env(dict(os.environ), allocator)
+    env["PYTHONPATH"] = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
     args = [method, str(shape.vocab_size), precision, str(threads)]
     args += [str(plan.warmup), str(plan.steps)]
     stdout, _, _, _ = bench.run_child([sys.executable, "-c", IN_PROCESS, *args], env)
@@ -241,10 +273,15 @@ class Row:
     def label(self) -> str:
         return f"{self.shape} {self.precision} {self.threads} thread(s), malloc {self.allocator}"
 
-    def ratio(self, side: str = "clone") -> float:
-        """Median over reps of `side`'s tokens/s over nanoGPT's own in the same rep."""
-        pairs = zip(getattr(self, side), self.real, strict=True)
+    def ratio(self, side: list[float] | None = None) -> float:
+        """Median over reps of `side`'s tokens/s (the rebuilt loop's unless given) over
+        nanoGPT's own in the same rep."""
+        pairs = zip(self.clone if side is None else side, self.real, strict=True)
         return statistics.median(c / r for c, r in pairs)
+
+    def ratio_spread(self, side: list[float]) -> str:
+        each = [c / r for c, r in zip(side, self.real, strict=True)]
+        return f"{min(each):.2f}..{max(each):.2f}"
 
 
 def spread(values: list[float]) -> str:
@@ -277,7 +314,7 @@ def print_ours(rows: list[Row]) -> None:
     """--ours: stackwise's Trainer against nanoGPT's own train.py, rep by rep."""
     head = (
         f"{'shape':<11} {'prec':<5} {'threads':>7} {'malloc':<8} {'nanoGPT tok/s':>13} "
-        f"{'ours tok/s':>13} {'min..max':>15} {'flt/step':>8} {'ours/nanoGPT':>12}"
+        f"{'ours tok/s':>13} {'min..max':>15} {'flt/step':>8} {'ours/nanoGPT':>12} {'per rep':>11}"
     )
     print(head)
     print("-" * len(head))
@@ -286,9 +323,43 @@ def print_ours(rows: list[Row]) -> None:
             f"{row.shape:<11} {row.precision:<5} {row.threads:>7} {row.allocator:<8} "
             f"{statistics.median(row.real):>13,.0f} {statistics.median(row.ours):>13,.0f} "
             f"{spread(row.ours):>15} {statistics.median(row.ours_faults):>8,.0f} "
-            f"{row.ratio('ours'):>12.3f}"
+            f"{row.ratio(row.ours):>12.3f} {row.ratio_spread(row.ours):>11}"
         )
     print()
+
+
+def malloc_line(allocators: list[str]) -> str:
+    """What each allocator setting sets, and what was dropped from the inherited environment."""
+    described = []
+    for a in allocators:
+        settings = " ".join(f"{k}={v}" for k, v in ALLOCATORS[a].items())
+        described.append(f"{a}: {settings or 'glibc as it comes'}")
+    inherited = " ".join(f"{k}={v}" for k, v in malloc_settings(os.environ).items())
+    dropped = f" (dropped from this environment: {inherited})" if inherited else ""
+    return "malloc " + "; ".join(described) + dropped
+
+
+def rotated(items: list[str], by: int) -> list[str]:
+    """`items` starting at position `by` (mod its length): each rep changes who goes first."""
+    k = by % len(items)
+    return items[k:] + items[:k]
+
+
+def run_side(
+    side: str, row: Row, nanogpt: Path, work: Path, shape: tp.Shape, plan: tp.Plan
+) -> None:
+    """One rep of one side (nanoGPT's own train.py, the rebuilt loop, ours) into `row`."""
+    n, precision, allocator = row.threads, row.precision, row.allocator
+    if side == "nanoGPT":
+        tps, faults, peak = run_nanogpt(nanogpt, work, shape, plan, precision, n, allocator)
+        row.real.append(tps)
+        row.real_faults.append(faults)
+        row.rss.append(peak)
+        return
+    method = "nanogpt" if side == "rebuilt" else "ours"
+    tps, faults = run_method(method, shape, plan, precision, n, allocator)
+    (row.clone if side == "rebuilt" else row.ours).append(tps)
+    (row.clone_faults if side == "rebuilt" else row.ours_faults).append(faults)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -323,42 +394,41 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--allocators {','.join(unknown)}: choose from {', '.join(ALLOCATORS)}")
     bench.pin_threads()
     print(bench.machine_line(f"{' and '.join(precisions)} rows"))
-    print(f"plan: {plan.reps} alternating reps x ({plan.warmup} warm-up + {plan.steps} timed)")
+    print(malloc_line(allocators))
+    print(
+        f"plan: {plan.reps} reps x ({plan.warmup} warm-up + {plan.steps} timed); in each rep the "
+        "allocators and sides take turns, the first changing from rep to rep"
+    )
     rows: list[Row] = []
+    sides = ["nanoGPT", "rebuilt"] + (["ours"] if args.ours else [])
     with tempfile.TemporaryDirectory(prefix="nanogpt-ref-") as tmp:
         work = Path(tmp)
         prepare(work, args.nanogpt)
         vocabs = {int(v) for v in args.vocabs.split(",")}
         for shape in (s for s in tp.SHAPES if s.vocab_size in vocabs):
-            for precision, n, allocator in itertools.product(precisions, threads, allocators):
-                row = Row(shape.name, precision, n, allocator)
-                for _ in range(plan.reps):
-                    tps, faults, peak = run_nanogpt(
-                        args.nanogpt, work, shape, plan, precision, n, allocator
-                    )
-                    row.real.append(tps)
-                    row.real_faults.append(faults)
-                    row.rss.append(peak)
-                    tps, faults = run_method("nanogpt", shape, plan, precision, n, allocator)
-                    row.clone.append(tps)
-                    row.clone_faults.append(faults)
-                    if args.ours:
-                        tps, faults = run_method("ours", shape, plan, precision, n, allocator)
-                        row.ours.append(tps)
-                        row.ours_faults.append(faults)
-                rows.append(row)
-                line = f"  {row.label()}: nanoGPT {row.real} rebuilt {row.clone}"
-                print(line + (f" ours {row.ours}" if row.ours else ""), flush=True)
+            print(tp.shape_line(shape, plan, work / "count"), flush=True)
+            for precision, n in itertools.product(precisions, threads):
+                group = {a: Row(shape.name, precision, n, a) for a in allocators}
+                for rep in range(plan.reps):  # allocators and sides in turn, rotated each rep
+                    for allocator in rotated(allocators, rep):
+                        for side in rotated(sides, rep):
+                            run_side(side, group[allocator], args.nanogpt, work, shape, plan)
+                for row in group.values():
+                    rows.append(row)
+                    line = f"  {row.label()}: nanoGPT {row.real} rebuilt {row.clone}"
+                    print(line + (f" ours {row.ours}" if row.ours else ""), flush=True)
     print()
     print_table(rows)
+    labels = [f"{row.shape} {row.allocator}" for row in rows]
     ratios = [row.ratio() for row in rows]
-    ours = ", ".join(f"{row.ratio('ours'):.3f}" for row in rows if row.ours)
     worst = max(ratios, key=lambda r: abs(r - 1.0))
+    pairs = zip(labels, rows, strict=True)
+    ours = ", ".join(f"{lab} {row.ratio(row.ours):.3f}" for lab, row in pairs if row.ours)
     print(
-        "headline: rebuilt/nanoGPT tokens/s (median of paired reps) = "
-        + ", ".join(f"{r:.3f}" for r in ratios)
+        "headline: rebuilt/nanoGPT tokens/s (median of paired reps): "
+        + ", ".join(f"{lab} {r:.3f}" for lab, r in zip(labels, ratios, strict=True))
         + f"; furthest from 1: {worst:.3f} (goal 0.95..1.05)"
-        + (f"; ours/nanoGPT = {ours}" if args.ours else "")
+        + (f"; ours/nanoGPT: {ours}" if args.ours else "")
     )
     rec.finish("every rebuilt/nanoGPT ratio in 0.95..1.05", all(0.95 <= r <= 1.05 for r in ratios))
 

@@ -657,6 +657,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def shape_line(shape: Shape, plan: Plan, folder: Path) -> str:
+    """The shape and both models' parameter counts (the rack's config is written to `folder`)."""
+    config = make_config(shape, plan, folder)
+    rack = sum(p.numel() for p in fresh_rack(config, shape.vocab_size).parameters())
+    gpt = GPT(shape)
+    return (
+        f"{shape.name}: {shape.n_stacks}x{shape.blocks_per_stack} layers, "
+        f"d_model {shape.d_model}, {shape.n_heads} heads, seq {shape.seq_len}, "
+        f"batch {shape.batch_size}; parameters: rack {rack:,}, nanoGPT-style "
+        f"{sum(p.numel() for p in gpt.parameters()):,} (MLP width "
+        f"{gpt.blocks[0].c_fc.out_features})"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     rec = record.start("throughput", args.record)
@@ -698,17 +712,7 @@ def main(argv: list[str] | None = None) -> None:
     all_results: dict[str, Results] = {}
     with tempfile.TemporaryDirectory(prefix="stackwise-bench-") as tmp:
         for shape in SHAPES:
-            config = make_config(shape, plan, Path(tmp) / "count")
-            rack = sum(p.numel() for p in fresh_rack(config, shape.vocab_size).parameters())
-            gpt = GPT(shape)
-            print(
-                f"{shape.name}: {shape.n_stacks}x{shape.blocks_per_stack} layers, "
-                f"d_model {shape.d_model}, {shape.n_heads} heads, seq {shape.seq_len}, "
-                f"batch {shape.batch_size}; parameters: rack {rack:,}, nanoGPT-style "
-                f"{sum(p.numel() for p in gpt.parameters()):,} (MLP width "
-                f"{gpt.blocks[0].c_fc.out_features})",
-                flush=True,
-            )
+            print(shape_line(shape, plan, Path(tmp) / "count"), flush=True)
             all_results[shape.name] = measure(
                 shape, plan, Path(tmp), isolate=not args.in_process, patches=tuple(args.patch)
             )
