@@ -256,7 +256,7 @@ def run_method(
 
 @dataclass
 class Row:
-    """One line of the table: the reps of both sides at one setting."""
+    """One line of the table: every side's reps at one setting."""
 
     shape: str
     precision: str
