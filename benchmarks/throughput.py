@@ -45,7 +45,8 @@ last line printed is the headline.
 
 Ours and plain run the same `Rack`, so both get its CPU attention core (fp32 SDPA for short bf16
 sequences). Our Trainer also sets glibc's malloc thresholds (stackwise.train.hardware); a plain loop
-does not, and `--plain-allocator` gives them to it too, to show what that part is worth.
+does not, and `--plain-allocator` gives them to it too, to show what that part is worth
+(`--nanogpt-allocator` the same for the nanoGPT-style loop).
 """
 
 from __future__ import annotations
@@ -491,9 +492,10 @@ RUNNERS: dict[str, Callable[[Shape, Plan, torch.Tensor, Path], RunResult]] = {
 # -- what stackwise does on the CPU that a plain loop does not ------------------------------
 
 
-def plain_with_our_allocator() -> None:
-    """--plain-allocator: give the plain loop the Trainer's malloc settings too, to show how much
-    of ours/plain comes from them (stackwise.train.hardware.keep_freed_memory)."""
+def with_our_allocator() -> None:
+    """--plain-allocator / --nanogpt-allocator: give that loop the Trainer's malloc settings
+    too, to show how much of ours' lead over it comes from them
+    (stackwise.train.hardware.keep_freed_memory)."""
     from stackwise.train.hardware import keep_freed_memory
 
     if not keep_freed_memory():
@@ -506,8 +508,8 @@ def run_once(
     """One repetition of one method in this process."""
     torch.set_num_threads(THREADS)
     gc.collect()
-    if "plain-allocator" in patches and method == "plain":
-        plain_with_our_allocator()
+    if f"{method}-allocator" in patches:  # plain-allocator, nanogpt-allocator
+        with_our_allocator()
     result = RUNNERS[method](shape, plan, random_tokens(shape, plan), workdir)
     if torch.get_num_threads() != THREADS:
         raise RuntimeError(f"{method} changed the thread count to {torch.get_num_threads()}")
@@ -633,6 +635,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="apply the Trainer's glibc malloc settings to the plain loop as well",
     )
     p.add_argument(
+        "--nanogpt-allocator",
+        action="store_true",
+        help="apply them to the nanoGPT-style loop as well (nanoGPT's own code does not set "
+        "them; nanogpt_reference.py --allocators kept does the same against its train.py)",
+    )
+    p.add_argument(
         "--precision",
         choices=("auto", "bf16", "no"),
         default="auto",
@@ -651,9 +659,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
     if args.threads < 1:
         p.error("--threads must be at least 1")
-    if args.plain_allocator and args.in_process:
-        p.error("--plain-allocator changes the whole process; it needs the forked runs")
-    args.patch = ["plain-allocator"] if args.plain_allocator else []
+    chosen = {"plain-allocator": args.plain_allocator, "nanogpt-allocator": args.nanogpt_allocator}
+    args.patch = [name for name, on in chosen.items() if on]
+    if args.patch and args.in_process:
+        p.error(f"--{args.patch[0]} changes the whole process; it needs the forked runs")
     return args
 
 
@@ -707,7 +716,7 @@ def main(argv: list[str] | None = None) -> None:
         f"({plan.warmup} warmup + {plan.steps} timed steps) "
         "per method; timed: end of step warmup .. end of the last step; "
         + ("all runs in one process" if args.in_process else "each run in a fresh forked child")
-        + ("; plain loop with our allocator settings" if args.patch else "")
+        + "".join(f"; {name.split('-')[0]} loop with our allocator settings" for name in args.patch)
     )
     all_results: dict[str, Results] = {}
     with tempfile.TemporaryDirectory(prefix="stackwise-bench-") as tmp:
