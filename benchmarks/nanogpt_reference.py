@@ -288,44 +288,54 @@ def spread(values: list[float]) -> str:
     return f"{min(values):,.0f}..{max(values):,.0f}"
 
 
+SETTING_HEAD = f"{'shape':<11} {'prec':<5} {'threads':>7} {'malloc':<8} {'nanoGPT tok/s':>13} "
+
+
+def setting_cells(row: Row) -> str:
+    """The columns both tables open with: the setting and nanoGPT's median tokens/s."""
+    return (
+        f"{row.shape:<11} {row.precision:<5} {row.threads:>7} {row.allocator:<8} "
+        f"{statistics.median(row.real):>13,.0f} "
+    )
+
+
+def print_rows(head: str, lines: list[str]) -> None:
+    print(head)
+    print("-" * len(head))
+    print("\n".join(lines))
+    print()
+
+
 def print_table(rows: list[Row]) -> None:
-    head = (
-        f"{'shape':<11} {'prec':<5} {'threads':>7} {'malloc':<8} {'nanoGPT tok/s':>13} "
+    head = SETTING_HEAD + (
         f"{'min..max':>15} {'flt/step':>8} {'rebuilt tok/s':>13} {'min..max':>15} "
         f"{'flt/step':>8} {'rebuilt/nanoGPT':>15} {'nanoGPT RSS MB':>14}"
     )
-    print(head)
-    print("-" * len(head))
-    for row in rows:
-        print(
-            f"{row.shape:<11} {row.precision:<5} {row.threads:>7} {row.allocator:<8} "
-            f"{statistics.median(row.real):>13,.0f} {spread(row.real):>15} "
-            f"{statistics.median(row.real_faults):>8,.0f} "
-            f"{statistics.median(row.clone):>13,.0f} {spread(row.clone):>15} "
-            f"{statistics.median(row.clone_faults):>8,.0f} {row.ratio():>15.3f} "
-            f"{statistics.median(row.rss):>14,.0f}"
-        )
-    print()
+    lines = [
+        setting_cells(row) + f"{spread(row.real):>15} "
+        f"{statistics.median(row.real_faults):>8,.0f} "
+        f"{statistics.median(row.clone):>13,.0f} {spread(row.clone):>15} "
+        f"{statistics.median(row.clone_faults):>8,.0f} {row.ratio():>15.3f} "
+        f"{statistics.median(row.rss):>14,.0f}"
+        for row in rows
+    ]
+    print_rows(head, lines)
     if any(row.ours for row in rows):
         print_ours(rows)
 
 
 def print_ours(rows: list[Row]) -> None:
     """--ours: stackwise's Trainer against nanoGPT's own train.py, rep by rep."""
-    head = (
-        f"{'shape':<11} {'prec':<5} {'threads':>7} {'malloc':<8} {'nanoGPT tok/s':>13} "
+    head = SETTING_HEAD + (
         f"{'ours tok/s':>13} {'min..max':>15} {'flt/step':>8} {'ours/nanoGPT':>12} {'per rep':>11}"
     )
-    print(head)
-    print("-" * len(head))
-    for row in rows:
-        print(
-            f"{row.shape:<11} {row.precision:<5} {row.threads:>7} {row.allocator:<8} "
-            f"{statistics.median(row.real):>13,.0f} {statistics.median(row.ours):>13,.0f} "
-            f"{spread(row.ours):>15} {statistics.median(row.ours_faults):>8,.0f} "
-            f"{row.ratio(row.ours):>12.3f} {row.ratio_spread(row.ours):>11}"
-        )
-    print()
+    lines = [
+        setting_cells(row) + f"{statistics.median(row.ours):>13,.0f} "
+        f"{spread(row.ours):>15} {statistics.median(row.ours_faults):>8,.0f} "
+        f"{row.ratio(row.ours):>12.3f} {row.ratio_spread(row.ours):>11}"
+        for row in rows
+    ]
+    print_rows(head, lines)
 
 
 def malloc_line(allocators: list[str]) -> str:

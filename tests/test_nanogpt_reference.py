@@ -84,3 +84,15 @@ def test_inherited_malloc_settings_do_not_leak_into_default() -> None:
 def test_turns_rotate_from_rep_to_rep() -> None:
     sides = ["nanoGPT", "rebuilt", "ours"]
     assert [ref.rotated(sides, rep)[0] for rep in range(4)] == [*sides, "nanoGPT"]
+
+
+def test_tables_share_their_setting_columns(capsys: pytest.CaptureFixture[str]) -> None:
+    row = ref.Row("vocab 65", "fp32", 1, "kept", real=[100.0, 200.0], clone=[110.0, 200.0])
+    row.real_faults, row.clone_faults, row.rss = [5.0, 7.0], [1.0, 3.0], [360.0, 362.0]
+    row.ours, row.ours_faults = [90.0, 300.0], [2.0, 2.0]
+    ref.print_table([row])
+    out = capsys.readouterr().out.splitlines()
+    first, second = out[2], out[6]  # the data line of each table
+    assert first.split()[:5] == second.split()[:5] == ["vocab", "65", "fp32", "1", "kept"]
+    assert first.split()[-2:] == ["1.050", "361"]  # rebuilt/nanoGPT per rep 1.1 and 1.0
+    assert second.split()[-2:] == ["1.200", "0.90..1.50"]  # ours/nanoGPT per rep 0.9, 1.5
