@@ -1,6 +1,7 @@
 """The rack's fast paths compute what the plain layers compute: q/k/v and gate/up each in one
 matmul over their stacked weights (under autocast to another dtype, where it costs no memory),
-RoPE by a roll with a signed sine table. Each is compared with the layer-by-layer computation."""
+RoPE by a roll with a signed sine table, or in fp32 as a complex product over reordered pairs.
+Each is compared with the layer-by-layer computation."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from torch import nn
 
 from stackwise.config import ModelConfig
 from stackwise.model import Rack
-from stackwise.model.layers import Attention, SwiGLU, joint_linear, plain_linears
-from stackwise.model.rope import Rotary, apply_rope
+from stackwise.model.fast_paths import joint_linear, paired_rope, plain_linears
+from stackwise.model.layers import Attention, SwiGLU
+from stackwise.model.rope import Rotary, apply_rope, pair_halves, rotated_heads
 
 V = 50
 
@@ -101,16 +103,78 @@ def test_fused_rack_equals_the_layer_by_layer_rack_in_outputs_and_gradients(kw, 
         assert torch.allclose(p.grad, grads[name].grad, atol=2e-3, rtol=5e-2), name
 
 
-def test_full_precision_keeps_each_linear_and_the_outputs_of_before(monkeypatch):
+def counting_rotations(monkeypatch) -> list[int]:
+    """Record the head count of each rotated_heads call (q's, then k's)."""
+    import stackwise.model.layers as layers
+
+    calls: list[int] = []
+    real = layers.rotated_heads
+    monkeypatch.setattr(
+        layers, "rotated_heads", lambda x, lin, h, rope: calls.append(h) or real(x, lin, h, rope)
+    )
+    return calls
+
+
+@pytest.mark.parametrize("kw", [{}, {"n_kv_heads": 2}, {"attention_bias": True}])
+def test_full_precision_keeps_each_linear_and_rotates_q_and_k_as_complex_pairs(kw, monkeypatch):
     """In fp32 the stacked weights would be a second copy kept until backward: the layers run
-    one by one, exactly as before (RoPE's roll changes no bit)."""
-    joint = counting_joint(monkeypatch)
-    fast, plain = rack(), rack()
+    one by one. Queries and keys are rotated as complex pairs (their rows reordered alike),
+    which gives the layer-by-layer rack's outputs and gradients within 1e-5."""
+    joint, rotations = counting_joint(monkeypatch), counting_rotations(monkeypatch)
+    fast, plain = rack(**kw), rack(**kw)
     plain.load_state_dict(fast.state_dict())
     layer_by_layer(plain)
     ids = torch.randint(0, V, (2, 12))
-    assert torch.equal(fast(ids), plain(ids))
-    assert joint == []
+    outs = []
+    for model in (fast, plain):
+        logits = model(ids)
+        logits.square().mean().backward()
+        outs.append(logits)
+    heads = (4, kw.get("n_kv_heads", 4))
+    assert joint == [] and rotations == [*heads, *heads]  # two blocks; the plain rack none
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-5)
+    grads = dict(plain.named_parameters())
+    for name, p in fast.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, rtol=0, atol=1e-5)
+
+
+def test_paired_rotation_is_rotate_half_with_each_heads_pairs_side_by_side():
+    torch.manual_seed(3)
+    heads, hd, n = 3, 8, 10
+    layer, x = nn.Linear(16, heads * hd), torch.randn(2, n, 16)
+    cos, sin = Rotary(hd, n, 10000.0)(n)
+    plain = apply_rope(layer(x).view(2, n, heads, hd).transpose(1, 2), cos, sin)
+    paired = plain.view(2, heads, n, 2, hd // 2).transpose(-1, -2).reshape(plain.shape)
+    torch.testing.assert_close(rotated_heads(x, layer, heads, (cos, sin)), paired)
+    assert pair_halves(torch.arange(8.0), 1).tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+
+
+def test_the_paired_rotation_steps_aside_where_it_cannot_run_or_would_not_pay(monkeypatch):
+    """bf16 has no complex type; autocast gives bf16 projections; inductor fuses the rotation
+    itself; a hooked or wrapped linear must run its own forward; a KV cache keeps its keys in
+    rotate-half order, and a cached decode gives the uncached rack's logits."""
+    from stackwise.model.layers import KVCache
+
+    x, plain = torch.randn(1, 4, 8), nn.Linear(8, 8)
+    assert paired_rope(x, plain, plain)
+    assert not paired_rope(x.bfloat16(), plain.bfloat16(), plain.bfloat16())
+    assert not paired_rope(x.double(), nn.Linear(8, 8), nn.Linear(8, 8))  # dtypes differ
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not paired_rope(x, plain, plain)
+    hooked = nn.Linear(8, 8)
+    hooked.register_forward_hook(lambda *_: None)
+    assert not paired_rope(x, plain, hooked)
+    rotations = counting_rotations(monkeypatch)
+    model, ids = rack(), torch.randint(0, V, (1, 6))
+    with torch.no_grad():
+        whole = model(ids)
+        cache = KVCache()
+        model(ids[:, :5], cache=cache)
+        assert rotations == [4, 4, 4, 4]  # the uncached forward only
+        step = model(ids[:, 5:], cache=cache)
+    torch.testing.assert_close(step[:, -1], whole[:, -1], rtol=0, atol=1e-5)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not paired_rope(x, plain, plain)
 
 
 def test_a_frozen_up_projection_is_not_fused_with_its_trained_gate(monkeypatch):

@@ -10,12 +10,12 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from stackwise.model.fast_paths import attention_core, fusable, joint_linear, paired_rope
 from stackwise.model.lean_autograd import rms_norm, silu_mul
-from stackwise.model.rope import Rope, apply_rope
+from stackwise.model.rope import Rope, apply_rope, rotated_heads
 from stackwise.spec import ModelSpec
 
 
@@ -27,63 +27,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
-
-
-def plain_linears(*modules: nn.Module) -> bool:
-    """Whether these are ordinary nn.Linear layers whose weights can be read directly: not
-    LoRA-wrapped or quantized, and with no hooks (ZeRO-3 gathers a weight in a hook)."""
-    return all(
-        type(m) is nn.Linear and not m._forward_pre_hooks and not m._forward_hooks for m in modules
-    )
-
-
-def fusable(x: Tensor, *modules: nn.Module) -> bool:
-    """Whether `joint_linear` may replace these layers' calls on `x`: plain linears that train
-    alike (a frozen up_proj would otherwise get a gradient computed and thrown away), under an
-    autocast to another dtype. There autocast saves a cast copy of the weights for backward
-    anyway, so the stacked copy costs no memory; in full precision it would keep a second copy
-    of the weights until backward (and, under FSDP2, of the gathered ones), for a ~1% gain."""
-    if not plain_linears(*modules):
-        return False
-    kind = x.device.type
-    if not torch.is_autocast_enabled(kind):
-        return False
-    weights = [m.weight for m in modules]
-    if len({w.requires_grad for w in weights}) > 1:
-        return False
-    return all(w.dtype != torch.get_autocast_dtype(kind) for w in weights)
-
-
-def joint_linear(x: Tensor, *layers: nn.Linear) -> Tensor:
-    """The outputs of several linears of one input, side by side, from one matmul over their
-    stacked weights: one large GEMM is faster than several thin ones, and each layer keeps its
-    own parameters (so LoRA targets, checkpoints and exports see q_proj, k_proj, ...)."""
-    weight = torch.cat([layer.weight for layer in layers])
-    bias = None
-    if layers[0].bias is not None:
-        bias = torch.cat([layer.bias for layer in layers])  # type: ignore[misc]
-    return F.linear(x, weight, bias)
-
-
-FP32_ATTENTION_MAX_LEN = 256
-
-
-def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
-    """SDPA, but in fp32 for short bf16 sequences on the CPU.
-
-    PyTorch's CPU flash kernel is 2-3x slower in bf16 than in fp32 at short lengths (measured in
-    benchmarks/throughput.py), so there the core runs in fp32 and the projections stay bf16.
-    On GPUs and for long sequences the bf16 kernel is used unchanged.
-    """
-    if (
-        q.device.type == "cpu"
-        and q.dtype == torch.bfloat16
-        and q.shape[-2] <= FP32_ATTENTION_MAX_LEN
-    ):
-        with torch.autocast("cpu", enabled=False):
-            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **kwargs)
-        return out.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
 class KVCache:
@@ -141,6 +84,9 @@ class Attention(nn.Module):
             v = heads[:, self.n_heads + self.n_kv :]
             if cache is not None:  # a cache keeps k and v: not views holding q's memory too
                 k, v = k.contiguous(), v.contiguous()
+        elif cache is None and paired_rope(x, q, k):  # a cache keeps keys in rotate-half order
+            q, k = rotated_heads(x, q, self.n_heads, rope), rotated_heads(x, k, self.n_kv, rope)
+            v = v(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
         else:
             q = q(x).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
             k = k(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)

@@ -31,7 +31,7 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
         rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add(eps))  # as the CPU composite
-        return x.mul(rstd).mul(weight), rstd
+        return x.mul(rstd).mul_(weight), rstd
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
@@ -43,18 +43,20 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: Tensor, _: Any) -> tuple[Tensor | None, Tensor | None, None]:
+        # with n = x * rstd and p = grad * n: dweight = sum over rows of p, and
+        # dx = rstd * (grad * weight - n * mean(p * weight)); p @ weight is that mean's sum as
+        # one matrix-vector product: four elementwise passes and two reductions in all
         x, weight, rstd = ctx.saved_tensors
-        normed = x * rstd
-        grad_weight = None
-        if ctx.needs_input_grad[1]:
-            grad_weight = (grad * normed).reshape(-1, x.shape[-1]).sum(0)
+        width = x.shape[-1]
+        scaled = grad * rstd
+        product = (scaled * x).reshape(-1, width)
+        grad_weight = product.sum(0) if ctx.needs_input_grad[1] else None
         grad_x = None
-        if ctx.needs_input_grad[0]:  # rstd * (g - normed * mean(g * normed)), g = grad * weight
-            grad_x = grad * weight
-            along = (grad_x * normed).mean(-1, keepdim=True)
-            # in place, into the tensor made from grad: one fresh tensor fewer, and under vmap
-            # (jacrev batches grad alone) the tensor written to is the batched one
-            grad_x.sub_(normed * along).mul_(rstd)
+        if ctx.needs_input_grad[0]:
+            along = (product @ weight).view(rstd.shape).mul_(rstd.square()).div_(width)
+            # scaled in place (under vmap, jacrev batches grad alone, so it is the batched
+            # tensor); addcmul out of place, as in-place addcmul_ has no batching rule
+            grad_x = torch.addcmul(scaled.mul_(weight), x, along, value=-1)
         return grad_x, grad_weight, None
 
 
@@ -63,7 +65,7 @@ class _SiluMul(torch.autograd.Function):
 
     @staticmethod
     def forward(gate: Tensor, up: Tensor) -> Tensor:
-        return F.silu(gate) * up
+        return F.silu(gate).mul_(up)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
@@ -77,7 +79,7 @@ class _SiluMul(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_gate = torch.ops.aten.silu_backward(grad * up, gate)
         if ctx.needs_input_grad[1]:
-            grad_up = grad * F.silu(gate)  # silu recomputed
+            grad_up = F.silu(gate).mul_(grad)  # silu recomputed
         return grad_gate, grad_up
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 Rope = tuple[Tensor, Tensor]  # (cos, signed sin) tables for the positions being run
@@ -31,3 +32,29 @@ class Rotary(nn.Module):
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: (B, H, L, hd); `sin` signed as Rotary makes it."""
     return x * cos.to(x.dtype) + x.roll(x.shape[-1] // 2, dims=-1) * sin.to(x.dtype)
+
+
+def pair_halves(rows: Tensor, heads: int) -> Tensor:
+    """A q or k projection's weight (or bias) with each head's output rows reordered from
+    rotate-half (i, i + hd/2) to adjacent pairs (2i, 2i + 1). Queries and keys reordered alike
+    give the same attention scores, since a dot product does not depend on the order of terms."""
+    half = rows.shape[0] // heads // 2
+    return rows.view(heads, 2, half, *rows.shape[1:]).transpose(1, 2).reshape(rows.shape)
+
+
+def rotated_heads(x: Tensor, layer: nn.Linear, heads: int, rope: Rope) -> Tensor:
+    """RoPE applied to `layer(x)` as one complex multiply, (B, heads, L, hd) in the paired order.
+
+    Eager PyTorch rotates half-split heads in four elementwise passes forward and as many
+    backward; with each head's pairs adjacent (`pair_halves`, on the weight: a few thousand
+    values, not the activations) the rotation is one complex product each way. For fp32 and
+    fp64 only: there is no bf16 complex type."""
+    cos, sin = rope
+    half = cos.shape[-1] // 2
+    dtype = layer.weight.dtype
+    phases = torch.complex(cos[:, :half].to(dtype), sin[:, half:].to(dtype)).unsqueeze(1)
+    bias = None if layer.bias is None else pair_halves(layer.bias, heads)
+    y = F.linear(x, pair_halves(layer.weight, heads), bias)
+    b, n, _ = y.shape
+    turned = torch.view_as_complex(y.view(b, n, heads, half, 2)) * phases
+    return torch.view_as_real(turned).view(b, n, heads, 2 * half).transpose(1, 2)
