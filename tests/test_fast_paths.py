@@ -13,7 +13,7 @@ from stackwise.config import ModelConfig
 from stackwise.model import Rack
 from stackwise.model.fast_paths import joint_linear, paired_rope, plain_linears
 from stackwise.model.layers import Attention, SwiGLU
-from stackwise.model.rope import Rotary, apply_rope, pair_halves, rotated_heads
+from stackwise.model.rope import Rotary, apply_rope, pair_halves, rope_phases, rotated_heads
 
 V = 50
 
@@ -110,32 +110,36 @@ def counting_rotations(monkeypatch) -> list[int]:
     calls: list[int] = []
     real = layers.rotated_heads
     monkeypatch.setattr(
-        layers, "rotated_heads", lambda x, lin, h, rope: calls.append(h) or real(x, lin, h, rope)
+        layers, "rotated_heads", lambda x, lin, h, ph: calls.append(h) or real(x, lin, h, ph)
     )
     return calls
+
+
+def outputs_and_gradients(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    logits = model(ids)
+    logits.square().mean().backward()
+    return logits.detach(), {name: p.grad for name, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("kw", [{}, {"n_kv_heads": 2}, {"attention_bias": True}])
 def test_full_precision_keeps_each_linear_and_rotates_q_and_k_as_complex_pairs(kw, monkeypatch):
     """In fp32 the stacked weights would be a second copy kept until backward: the layers run
     one by one. Queries and keys are rotated as complex pairs (their rows reordered alike),
-    which gives the layer-by-layer rack's outputs and gradients within 1e-5."""
+    which gives the layer-by-layer rack's outputs within 1e-5 in fp32, and its outputs and
+    gradients to rounding in fp64 (where a wrong gradient cannot hide below the tolerance)."""
     joint, rotations = counting_joint(monkeypatch), counting_rotations(monkeypatch)
-    fast, plain = rack(**kw), rack(**kw)
-    plain.load_state_dict(fast.state_dict())
-    layer_by_layer(plain)
     ids = torch.randint(0, V, (2, 12))
-    outs = []
-    for model in (fast, plain):
-        logits = model(ids)
-        logits.square().mean().backward()
-        outs.append(logits)
+    for dtype, atol in ((torch.float32, 1e-5), (torch.float64, 1e-12)):
+        fast, plain = rack(**kw).to(dtype), rack(**kw).to(dtype)
+        plain.load_state_dict(fast.state_dict())
+        layer_by_layer(plain)
+        (out, grads), (want, wanted) = (outputs_and_gradients(m, ids) for m in (fast, plain))
+        torch.testing.assert_close(out, want, rtol=0, atol=atol)
+        for name, grad in grads.items():
+            scale = wanted[name].abs().max().item()
+            torch.testing.assert_close(grad, wanted[name], rtol=0, atol=atol * scale, msg=name)
     heads = (4, kw.get("n_kv_heads", 4))
-    assert joint == [] and rotations == [*heads, *heads]  # two blocks; the plain rack none
-    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-5)
-    grads = dict(plain.named_parameters())
-    for name, p in fast.named_parameters():
-        torch.testing.assert_close(p.grad, grads[name].grad, rtol=0, atol=1e-5)
+    assert joint == [] and rotations == [*heads, *heads] * 2  # two blocks, two dtypes
 
 
 def test_paired_rotation_is_rotate_half_with_each_heads_pairs_side_by_side():
@@ -145,25 +149,36 @@ def test_paired_rotation_is_rotate_half_with_each_heads_pairs_side_by_side():
     cos, sin = Rotary(hd, n, 10000.0)(n)
     plain = apply_rope(layer(x).view(2, n, heads, hd).transpose(1, 2), cos, sin)
     paired = plain.view(2, heads, n, 2, hd // 2).transpose(-1, -2).reshape(plain.shape)
-    torch.testing.assert_close(rotated_heads(x, layer, heads, (cos, sin)), paired)
+    phases = rope_phases((cos, sin), torch.float32)
+    torch.testing.assert_close(rotated_heads(x, layer, heads, phases), paired)
     assert pair_halves(torch.arange(8.0), 1).tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
 
 
 def test_the_paired_rotation_steps_aside_where_it_cannot_run_or_would_not_pay(monkeypatch):
     """bf16 has no complex type; autocast gives bf16 projections; inductor fuses the rotation
-    itself; a hooked or wrapped linear must run its own forward; a KV cache keeps its keys in
-    rotate-half order, and a cached decode gives the uncached rack's logits."""
+    itself; a hooked or wrapped linear must run its own forward (a backward hook, or a hook
+    on every module, too); a KV cache keeps its keys in rotate-half order, and a cached decode
+    gives the uncached rack's logits."""
     from stackwise.model.layers import KVCache
 
-    x, plain = torch.randn(1, 4, 8), nn.Linear(8, 8)
-    assert paired_rope(x, plain, plain)
-    assert not paired_rope(x.bfloat16(), plain.bfloat16(), plain.bfloat16())
-    assert not paired_rope(x.double(), nn.Linear(8, 8), nn.Linear(8, 8))  # dtypes differ
+    x = torch.randn(1, 4, 8)
+    plain = [nn.Linear(8, 8), nn.Linear(8, 8)]
+    assert paired_rope(x, *plain)
+    bf16 = nn.Linear(8, 8, dtype=torch.bfloat16)
+    assert not paired_rope(x.bfloat16(), bf16, bf16)
+    assert not paired_rope(x.double(), *plain)  # the weights' dtype differs
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not paired_rope(x, plain, plain)
-    hooked = nn.Linear(8, 8)
-    hooked.register_forward_hook(lambda *_: None)
-    assert not paired_rope(x, plain, hooked)
+        assert not paired_rope(x, *plain)
+    for hook in ("register_forward_hook", "register_full_backward_hook"):
+        hooked = nn.Linear(8, 8)
+        getattr(hooked, hook)(lambda *_: None)
+        assert not paired_rope(x, plain[0], hooked), hook
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *_: None)
+    try:
+        assert not paired_rope(x, *plain)
+    finally:
+        handle.remove()
+    assert paired_rope(x, *plain)
     rotations = counting_rotations(monkeypatch)
     model, ids = rack(), torch.randint(0, V, (1, 6))
     with torch.no_grad():
@@ -174,7 +189,31 @@ def test_the_paired_rotation_steps_aside_where_it_cannot_run_or_would_not_pay(mo
         step = model(ids[:, 5:], cache=cache)
     torch.testing.assert_close(step[:, -1], whole[:, -1], rtol=0, atol=1e-5)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert not paired_rope(x, plain, plain)
+    assert not paired_rope(x, *plain)
+
+
+def test_sharding_turns_the_pairing_off(monkeypatch):
+    """Under FSDP q and k are gathered shards: a reordered whole copy kept until backward
+    would undo part of the saving, so the sharded rack rotates in rotate-half order."""
+    import torch.distributed.fsdp as fsdp_module
+
+    from stackwise.parallel import fsdp
+
+    for name in ("device_mesh", "mixed_precision"):  # no process group: nothing is sharded
+        monkeypatch.setattr(fsdp, name, lambda *a: None)
+    monkeypatch.setattr(fsdp_module, "fully_shard", lambda *a, **k: None)
+
+    class Accelerator:
+        device, num_processes, is_main_process, mixed_precision = torch.device("cpu"), 2, True, "no"
+
+    sharder = fsdp.FSDP()
+    spec = {"sharding": None, "cpu_offload": False, "shard_group_size": None}
+    sharder.configure(type("Spec", (), spec)())
+    model = rack()
+    rotations = counting_rotations(monkeypatch)
+    sharder.shard(model, Accelerator())
+    model(torch.randint(0, V, (1, 6)))
+    assert rotations == []
 
 
 def test_a_frozen_up_projection_is_not_fused_with_its_trained_gate(monkeypatch):

@@ -159,6 +159,18 @@ def test_non_contiguous_inputs_torch_func_and_double_backward():
     ]
     torch.testing.assert_close(jacobians[0], jacobians[1])
     torch.testing.assert_close(jacobians[2], jacobians[3])
+    # the other inputs batched: up, both of silu's, the norm's weight
+    for ours, plain, args, at in (
+        (lean.silu_mul, plain_silu_mul, (gate, up), 1),
+        (lean.silu_mul, plain_silu_mul, (gate, up), (0, 1)),
+        (lean.rms_norm, plain_rms_norm, (gate, v, 1e-5), (0, 1)),
+    ):
+        torch.testing.assert_close(
+            torch.func.jacrev(ours, argnums=at)(*args), torch.func.jacrev(plain, argnums=at)(*args)
+        )
+    weights = torch.rand(4, 5) + 0.5
+    norms = torch.func.vmap(lambda u: lean.rms_norm(gate, u, 1e-5))(weights)
+    torch.testing.assert_close(norms, torch.stack([plain_rms_norm(gate, u, 1e-5) for u in weights]))
     with warnings.catch_warnings():  # per-sample gradients, by batching rules (no slow fallback)
         warnings.simplefilter("error")
         per_sample = torch.func.vmap(torch.func.grad(lambda a: lean.rms_norm(a, v, 1e-5).sum()))

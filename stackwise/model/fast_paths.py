@@ -11,10 +11,26 @@ from torch import Tensor, nn
 
 def plain_linears(*modules: nn.Module) -> bool:
     """Whether these are ordinary nn.Linear layers whose weights can be read directly: not
-    LoRA-wrapped or quantized, and with no hooks (ZeRO-3 gathers a weight in a hook)."""
+    LoRA-wrapped or quantized, with no forward replaced, and no hooks of their own or global
+    ones (ZeRO-3 gathers a weight in a hook; a backward hook must see the layer's call)."""
+    if any(hooks for hooks in _global_hooks()):
+        return False
     return all(
-        type(m) is nn.Linear and not m._forward_pre_hooks and not m._forward_hooks for m in modules
+        type(m) is nn.Linear and "forward" not in vars(m) and not _hooked(m) for m in modules
     )
+
+
+def _hooked(module: nn.Module) -> bool:
+    own = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+    return any(getattr(module, name, None) for name in own)
+
+
+def _global_hooks() -> list[dict]:
+    """The hooks registered for every module (`register_module_forward_hook` and the like)."""
+    from torch.nn.modules import module as nn_module
+
+    names = ("forward_pre", "forward", "backward_pre", "backward")
+    return [getattr(nn_module, f"_global_{name}_hooks", {}) for name in names]
 
 
 def fusable(x: Tensor, *modules: nn.Module) -> bool:
@@ -36,11 +52,10 @@ def fusable(x: Tensor, *modules: nn.Module) -> bool:
 
 def paired_rope(x: Tensor, *modules: nn.Module) -> bool:
     """Whether `rotated_heads` may project and rotate queries and keys: plain linears of x's
-    dtype, fp32 or fp64, on a CPU, outside autocast and torch.compile (inductor fuses the
-    rotation itself). There the plain rotation's elementwise passes are several percent of a
-    step (benchmarks/RESULTS.md, step_profile); GPUs train in bf16, which has no complex type.
-    The cost: the reordered q and k weights are kept until backward, two d_model-square
-    copies per layer, small beside the activations of a batch of more tokens than d_model."""
+    dtype, fp32 or fp64, outside autocast and torch.compile (inductor fuses the rotation
+    itself), on a CPU, the one device it was measured on (there it saves some 2% of an fp32
+    step, benchmarks/RESULTS.md). It costs a reordered copy of the q and k weights kept until
+    backward (`rotated_heads`)."""
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
         return False
     if torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling():

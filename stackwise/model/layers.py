@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from stackwise.model.fast_paths import attention_core, fusable, joint_linear, paired_rope
 from stackwise.model.lean_autograd import rms_norm, silu_mul
-from stackwise.model.rope import Rope, apply_rope, rotated_heads
+from stackwise.model.rope import Rope, apply_rope, rope_phases, rotated_heads
 from stackwise.spec import ModelSpec
 
 
@@ -71,6 +71,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
         self.v_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
+        # False where q and k are gathered shards (FSDP): the reordered copies `rotated_heads`
+        # makes would be kept whole until backward, undoing part of the sharding's saving
+        self.rope_pairing = True
 
     def forward(
         self, x: Tensor, rope: Rope, mask: Tensor | None, cache: KVCache | None = None
@@ -84,8 +87,10 @@ class Attention(nn.Module):
             v = heads[:, self.n_heads + self.n_kv :]
             if cache is not None:  # a cache keeps k and v: not views holding q's memory too
                 k, v = k.contiguous(), v.contiguous()
-        elif cache is None and paired_rope(x, q, k):  # a cache keeps keys in rotate-half order
-            q, k = rotated_heads(x, q, self.n_heads, rope), rotated_heads(x, k, self.n_kv, rope)
+        elif cache is None and self.rope_pairing and paired_rope(x, q, k):
+            # (a KV cache keeps its keys in rotate-half order, so cached decoding never pairs)
+            phases = rope_phases(rope, x.dtype)
+            q, k = rotated_heads(x, q, self.n_heads, phases), rotated_heads(x, k, self.n_kv, phases)
             v = v(x).view(b, n, self.n_kv, self.head_dim).transpose(1, 2)
         else:
             q = q(x).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)

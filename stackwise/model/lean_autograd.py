@@ -31,7 +31,7 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
         rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add(eps))  # as the CPU composite
-        return x.mul(rstd).mul_(weight), rstd
+        return x.mul(rstd).mul(weight), rstd  # out of place: vmap may batch weight alone
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
@@ -65,7 +65,7 @@ class _SiluMul(torch.autograd.Function):
 
     @staticmethod
     def forward(gate: Tensor, up: Tensor) -> Tensor:
-        return F.silu(gate).mul_(up)
+        return F.silu(gate) * up
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
@@ -79,7 +79,7 @@ class _SiluMul(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_gate = torch.ops.aten.silu_backward(grad * up, gate)
         if ctx.needs_input_grad[1]:
-            grad_up = F.silu(gate).mul_(grad)  # silu recomputed
+            grad_up = grad * F.silu(gate)  # silu recomputed
         return grad_gate, grad_up
 
 

@@ -37,24 +37,28 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def pair_halves(rows: Tensor, heads: int) -> Tensor:
     """A q or k projection's weight (or bias) with each head's output rows reordered from
     rotate-half (i, i + hd/2) to adjacent pairs (2i, 2i + 1). Queries and keys reordered alike
-    give the same attention scores, since a dot product does not depend on the order of terms."""
+    give the same attention scores up to rounding: a dot product's terms, in another order."""
     half = rows.shape[0] // heads // 2
     return rows.view(heads, 2, half, *rows.shape[1:]).transpose(1, 2).reshape(rows.shape)
 
 
-def rotated_heads(x: Tensor, layer: nn.Linear, heads: int, rope: Rope) -> Tensor:
+def rope_phases(rope: Rope, dtype: torch.dtype) -> Tensor:
+    """The rotation as unit complex numbers, (L, 1, hd/2): cos + i sin per position and pair."""
+    cos, sin = rope
+    half = cos.shape[-1] // 2
+    return torch.complex(cos[:, :half].to(dtype), sin[:, half:].to(dtype)).unsqueeze(1)
+
+
+def rotated_heads(x: Tensor, layer: nn.Linear, heads: int, phases: Tensor) -> Tensor:
     """RoPE applied to `layer(x)` as one complex multiply, (B, heads, L, hd) in the paired order.
 
     Eager PyTorch rotates half-split heads in four elementwise passes forward and as many
-    backward; with each head's pairs adjacent (`pair_halves`, on the weight: a few thousand
-    values, not the activations) the rotation is one complex product each way. For fp32 and
-    fp64 only: there is no bf16 complex type."""
-    cos, sin = rope
-    half = cos.shape[-1] // 2
-    dtype = layer.weight.dtype
-    phases = torch.complex(cos[:, :half].to(dtype), sin[:, half:].to(dtype)).unsqueeze(1)
+    backward. With each head's pairs adjacent the rotation is one complex product each way;
+    the reordering (`pair_halves`) is done on the weight, a copy of d_model x (heads x hd)
+    values each call that autograd keeps until backward, instead of on the activations.
+    fp32 and fp64 only: there is no bf16 complex type."""
     bias = None if layer.bias is None else pair_halves(layer.bias, heads)
     y = F.linear(x, pair_halves(layer.weight, heads), bias)
     b, n, _ = y.shape
-    turned = torch.view_as_complex(y.view(b, n, heads, half, 2)) * phases
-    return torch.view_as_real(turned).view(b, n, heads, 2 * half).transpose(1, 2)
+    turned = torch.view_as_complex(y.view(b, n, heads, -1, 2)) * phases
+    return torch.view_as_real(turned).view(b, n, heads, -1).transpose(1, 2)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from stackwise.errors import StackWiseError
-from stackwise.model.layers import Block
+from stackwise.model.layers import Attention, Block
 from stackwise.precision import torch_dtype
 from stackwise.quant.layers import place_quant_states
 from stackwise.registry import register_parallelizer
@@ -98,6 +98,22 @@ def one_process_group(device: torch.device) -> None:
         release_at_exit()
 
 
+def note_unsplit_dtypes(spec: Any) -> None:
+    """Say which dtype settings a one-process run (nothing to shard) does not use."""
+    defaults = {"param_dtype": "auto", "reduce_dtype": "fp32"}
+    unused = [
+        f"parallel.{k}: {getattr(spec, k)}"
+        for k, default in defaults.items()
+        if getattr(spec, k) != default
+    ]
+    if unused:
+        print(
+            f"stackwise: note: {', '.join(unused)} changes nothing here: one process has "
+            "nothing to shard, so its model trains whole (as set by train.mixed_precision).",
+            file=sys.stderr,
+        )
+
+
 @register_parallelizer("fsdp", wraps_model=True, shards=True)
 class FSDP:
     """Shards the model with fully_shard before its optimizer is made (the optimizer must see
@@ -125,19 +141,8 @@ class FSDP:
             )
         if accelerator.num_processes == 1:
             if not offload:  # nothing to split; checkpoints stay DCP's
-                defaults = {"param_dtype": "auto", "reduce_dtype": "fp32"}
-                unused = [
-                    f"parallel.{k}: {getattr(spec, k)}"
-                    for k, default in defaults.items()
-                    if getattr(spec, k) != default
-                ]
-                if unused and accelerator.is_main_process:
-                    print(
-                        f"stackwise: note: {', '.join(unused)} changes nothing here: one "
-                        "process has nothing to shard, so its model trains whole (as set by "
-                        "train.mixed_precision).",
-                        file=sys.stderr,
-                    )
+                if accelerator.is_main_process:
+                    note_unsplit_dtypes(spec)
                 return model.to(device)
             one_process_group(device)  # offloading one GPU's model needs FSDP's machinery
         mesh = device_mesh(sharding, accelerator.num_processes, spec.shard_group_size, device)
@@ -150,6 +155,9 @@ class FSDP:
         if device.type != "cpu":  # 4-bit statistics are not parameters: FSDP leaves them
             place_quant_states(model, device)
         # each unit moves to the device as it is sharded: one unit whole there at a time
+        for module in model.modules():  # no whole copies of gathered q and k weights
+            if isinstance(module, Attention):
+                module.rope_pairing = False
         for unit in shard_units(model):
             fully_shard(unit, **options)
         fully_shard(model, **{**options, "reshard_after_forward": False})
