@@ -135,8 +135,9 @@ def test_full_precision_keeps_each_linear_and_rotates_q_and_k_as_complex_pairs(k
         layer_by_layer(plain)
         (out, grads), (want, wanted) = (outputs_and_gradients(m, ids) for m in (fast, plain))
         torch.testing.assert_close(out, want, rtol=0, atol=atol)
+        assert grads.keys() == wanted.keys() and None not in grads.values()
         for name, grad in grads.items():
-            scale = wanted[name].abs().max().item()
+            scale = wanted[name].abs().max().item() or 1.0
             torch.testing.assert_close(grad, wanted[name], rtol=0, atol=atol * scale, msg=name)
     heads = (4, kw.get("n_kv_heads", 4))
     assert joint == [] and rotations == [*heads, *heads] * 2  # two blocks, two dtypes
@@ -169,6 +170,9 @@ def test_the_paired_rotation_steps_aside_where_it_cannot_run_or_would_not_pay(mo
     assert not paired_rope(x.double(), *plain)  # the weights' dtype differs
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not paired_rope(x, *plain)
+    replaced = nn.Linear(8, 8)
+    replaced.forward = lambda t: t  # e.g. a wrapper set on the instance
+    assert not paired_rope(x, plain[0], replaced)
     for hook in ("register_forward_hook", "register_full_backward_hook"):
         hooked = nn.Linear(8, 8)
         getattr(hooked, hook)(lambda *_: None)
@@ -209,11 +213,15 @@ def test_sharding_turns_the_pairing_off(monkeypatch):
     sharder = fsdp.FSDP()
     spec = {"sharding": None, "cpu_offload": False, "shard_group_size": None}
     sharder.configure(type("Spec", (), spec)())
-    model = rack()
+    model, ids = rack(), torch.randint(0, V, (1, 6))
     rotations = counting_rotations(monkeypatch)
+    model(ids)
+    assert rotations == [4, 4, 4, 4]  # paired before sharding
+    rotations.clear()
     sharder.shard(model, Accelerator())
-    model(torch.randint(0, V, (1, 6)))
+    model(ids)
     assert rotations == []
+    assert not any(m.rope_pairing for m in model.modules() if isinstance(m, Attention))
 
 
 def test_a_frozen_up_projection_is_not_fused_with_its_trained_gate(monkeypatch):

@@ -159,7 +159,7 @@ def test_non_contiguous_inputs_torch_func_and_double_backward():
     ]
     torch.testing.assert_close(jacobians[0], jacobians[1])
     torch.testing.assert_close(jacobians[2], jacobians[3])
-    # the other inputs batched: up, both of silu's, the norm's weight
+    # jacrev over the other arguments (it batches the incoming gradient)
     for ours, plain, args, at in (
         (lean.silu_mul, plain_silu_mul, (gate, up), 1),
         (lean.silu_mul, plain_silu_mul, (gate, up), (0, 1)),
@@ -168,9 +168,6 @@ def test_non_contiguous_inputs_torch_func_and_double_backward():
         torch.testing.assert_close(
             torch.func.jacrev(ours, argnums=at)(*args), torch.func.jacrev(plain, argnums=at)(*args)
         )
-    weights = torch.rand(4, 5) + 0.5
-    norms = torch.func.vmap(lambda u: lean.rms_norm(gate, u, 1e-5))(weights)
-    torch.testing.assert_close(norms, torch.stack([plain_rms_norm(gate, u, 1e-5) for u in weights]))
     with warnings.catch_warnings():  # per-sample gradients, by batching rules (no slow fallback)
         warnings.simplefilter("error")
         per_sample = torch.func.vmap(torch.func.grad(lambda a: lean.rms_norm(a, v, 1e-5).sum()))
@@ -195,3 +192,26 @@ def test_the_plain_ops_run_where_the_lean_ones_step_aside(monkeypatch):
     assert plain_path(lean.silu_mul(x, x[:, :1]))  # broadcasting: the plain ops
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # inductor chooses itself
     assert plain_path(lean.rms_norm(x, w, 1e-5)) and plain_path(lean.silu_mul(x, x))
+
+
+def test_vmap_over_the_norm_weight_or_up_alone_runs_the_lean_functions(monkeypatch):
+    """Forward and backward batched over an argument the incoming gradient does not share:
+    out-of-place ops only (an in-place op on the unbatched tensor fails under vmap)."""
+    calls = []
+    for function in (lean._RMSNorm, lean._SiluMul):
+        real = function.apply
+        monkeypatch.setattr(function, "apply", lambda *a, real=real: calls.append(1) or real(*a))
+    x, gate = torch.randn(2, 3, 5), torch.randn(2, 3, 5)
+    weights, ups = torch.rand(4, 5) + 0.5, torch.randn(4, 2, 3, 5)
+    cotangent = torch.randn(2, 3, 5)
+    for ours, plain, batched in (
+        (lambda w: lean.rms_norm(x, w, 1e-5), lambda w: plain_rms_norm(x, w, 1e-5), weights),
+        (lambda u: lean.silu_mul(gate, u), lambda u: plain_silu_mul(gate, u), ups),
+    ):
+        for transform in (
+            lambda f: torch.func.grad(lambda a: f(a).square().sum()),
+            lambda f: lambda a: torch.func.vjp(f, a)[1](cotangent)[0],
+        ):
+            got = torch.func.vmap(transform(ours))(batched)
+            torch.testing.assert_close(got, torch.func.vmap(transform(plain))(batched))
+    assert len(calls) == 4  # each lean Function ran, once per transform

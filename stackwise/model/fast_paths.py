@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules import module as nn_module
 
 
 def plain_linears(*modules: nn.Module) -> bool:
@@ -27,8 +28,6 @@ def _hooked(module: nn.Module) -> bool:
 
 def _global_hooks() -> list[dict]:
     """The hooks registered for every module (`register_module_forward_hook` and the like)."""
-    from torch.nn.modules import module as nn_module
-
     names = ("forward_pre", "forward", "backward_pre", "backward")
     return [getattr(nn_module, f"_global_{name}_hooks", {}) for name in names]
 
@@ -39,10 +38,8 @@ def fusable(x: Tensor, *modules: nn.Module) -> bool:
     autocast to another dtype. There autocast saves a cast copy of the weights for backward
     anyway, so the stacked copy costs no memory; in full precision it would keep a second copy
     of the weights until backward (and, under FSDP2, of the gathered ones), for a ~1% gain."""
-    if not plain_linears(*modules):
-        return False
     kind = x.device.type
-    if not torch.is_autocast_enabled(kind):
+    if not torch.is_autocast_enabled(kind) or not plain_linears(*modules):
         return False
     weights = [m.weight for m in modules]
     if len({w.requires_grad for w in weights}) > 1:

@@ -54,9 +54,9 @@ class _RMSNorm(torch.autograd.Function):
         grad_x = None
         if ctx.needs_input_grad[0]:
             along = (product @ weight).view(rstd.shape).mul_(rstd.square()).div_(width)
-            # scaled in place (under vmap, jacrev batches grad alone, so it is the batched
-            # tensor); addcmul out of place, as in-place addcmul_ has no batching rule
-            grad_x = torch.addcmul(scaled.mul_(weight), x, along, value=-1)
+            # out of place: under vmap weight may be batched where grad is not, and in-place
+            # addcmul_ has no batching rule
+            grad_x = torch.addcmul(scaled * weight, x, along, value=-1)
         return grad_x, grad_weight, None
 
 

@@ -154,10 +154,10 @@ class FSDP:
         }
         if device.type != "cpu":  # 4-bit statistics are not parameters: FSDP leaves them
             place_quant_states(model, device)
-        # each unit moves to the device as it is sharded: one unit whole there at a time
         for module in model.modules():  # no whole copies of gathered q and k weights
             if isinstance(module, Attention):
                 module.rope_pairing = False
+        # each unit moves to the device as it is sharded: one unit whole there at a time
         for unit in shard_units(model):
             fully_shard(unit, **options)
         fully_shard(model, **{**options, "reshard_after_forward": False})
