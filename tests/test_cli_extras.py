@@ -117,6 +117,12 @@ def test_errors_wrap_to_a_terminal_and_stay_one_line_in_pipes_and_logs(monkeypat
             "--max_steps: config keys go as key=value here, e.g. train.max_steps=5",
         ),
         (["--lr=0.1"], "--lr: config keys go as key=value here, e.g. train.lr=0.1"),
+        # nearest to a whole section, which takes no value: no `model=X` to copy
+        (
+            ["--model-size", "big"],
+            "--model-size: config keys go as key=value here; `stackwise config show` lists "
+            "the model.* keys",
+        ),
     ],
 )
 def test_a_config_key_typed_as_a_flag_is_shown_as_key_value(argv, hint, capsys):

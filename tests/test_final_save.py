@@ -62,6 +62,24 @@ def test_a_finished_run_is_marked_and_refuses_a_resume(tiny, tmp_path):
     assert f"resume_from_checkpoint={out / 'checkpoint-2'}" in str(caught.value)  # how to go on
 
 
+def test_the_refusal_keeps_the_checkpoint_the_resume_named(tiny, tmp_path, monkeypatch):
+    """Resuming a finished run from an earlier checkpoint is refused with advice that resumes
+    that checkpoint (as a path: a bare name would be looked for in NEW), not the last one."""
+    cfg = tiny(train={"max_steps": 4, "save_steps": 2, "save_total_limit": 3})
+    train_from_config(cfg, quiet=True)
+    out = tmp_path / "run"
+    monkeypatch.chdir(tmp_path)
+    for named in ("checkpoint-2", str(out / "checkpoint-2")):
+        with pytest.raises(StackWiseError, match="already holds a trained model") as caught:
+            train_from_config(with_train(cfg, resume_from_checkpoint=named), quiet=True)
+        said = str(caught.value)
+        assert "resume that checkpoint into a new folder: train.output_dir=NEW " in said
+        assert f"resume_from_checkpoint={out / 'checkpoint-2'}." in said, said
+    with pytest.raises(StackWiseError, match="its last checkpoint") as caught:
+        train_from_config(with_train(cfg, resume_from_checkpoint="checkpoint-99"), quiet=True)
+    assert f"resume_from_checkpoint={out / 'checkpoint-4'}." in str(caught.value)
+
+
 def test_resume_by_name_looks_in_the_output_dir(tiny, tmp_path, monkeypatch):
     cfg = tiny(train={"max_steps": 4, "save_steps": 2})
     out = tmp_path / "run"

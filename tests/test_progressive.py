@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,8 +20,11 @@ from stackwise.progressive import (
     ActivationCache,
     KeyedSamples,
     ProgressiveRackBuilder,
+    ProgressiveResult,
+    StackRecord,
     StageModel,
     depth_range,
+    summary_table,
 )
 from stackwise.runs import load_trained
 
@@ -290,6 +294,29 @@ def test_cache_without_hits_trains_like_no_cache(tiny, tmp_path):
     on = _cached_run(tiny, tmp_path, "on", dtype="fp16")
     assert on.progressive.stacks[2].cache["hits"] > 0
     assert math.isfinite(on.progressive.final_eval["nelbo"])
+
+
+def _record(index: int, cache: dict, t_range: tuple[float, float] | None) -> StackRecord:
+    return StackRecord(index, index, 1, 64, 1.0, 10, t_range, 1.0, {"loss": 1.0}, cache)
+
+
+@pytest.mark.parametrize("t_range", [None, (0.0, 0.5)], ids=["by-stack", "time-as-depth"])
+def test_a_cache_never_read_is_said_why_in_the_summary(t_range):
+    """0% in the cache column is explained (no stage saw a sample twice), not left to look
+    like a cache that does nothing; a cache that hit, or none, adds no line."""
+
+    def note(caches: list[dict]) -> list[str]:
+        stacks = [_record(i, c, t_range) for i, c in enumerate(caches)]
+        table = summary_table(ProgressiveResult(None, Path("."), stacks, {}))  # type: ignore[arg-type]
+        return [line for line in table.splitlines() if line.startswith("cache:")]
+
+    unread = {"hits": 0, "misses": 8, "carried": 0}
+    (said,) = note([{}, unread, unread])
+    assert "never read" in said and "one pass" in said
+    assert ("time as depth" in said) == (t_range is not None)
+    assert note([{}, unread, {"hits": 3, "misses": 5, "carried": 8}]) == []
+    assert note([{}, {}]) == []  # no cache at all
+    assert note([{}, {"hits": 0, "misses": 0, "carried": 0}]) == []  # nothing stored
 
 
 def test_cache_variants_and_modes(tiny, tmp_path):
@@ -846,3 +873,29 @@ def test_global_lr_schedule_warms_up_once_and_decays_across_stages(tiny):
     assert seen[0][1] > seen[1][1] == pytest.approx(1e-3)
     _, restarted = lrs("per_stage")
     assert restarted[0][1] == pytest.approx(restarted[1][1]) == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize(
+    ("objective", "interpretation", "conditioning", "said"),
+    [
+        ("diffusion", "input", "none", ", every stage on every noise level, no time input"),
+        ("diffusion", "input", "sinusoidal", ", time as input (sinusoidal)"),
+        ("diffusion", "depth", "none", ", time as depth"),
+        ("clm", "input", "none", ""),
+    ],
+)
+def test_the_growth_header_says_how_the_stages_see_time(
+    objective, interpretation, conditioning, said
+):
+    """ "time as input" only where the rack reads t (model.time_conditioning)."""
+    from stackwise.strategies.progressive import time_note
+
+    cfg = from_dict(
+        {
+            "model": {"n_stacks": 2, "time_conditioning": conditioning},
+            "objective": {"name": objective},
+            "progressive": {"strategy": "progressive", "time_interpretation": interpretation},
+        },
+        origin="test",
+    )
+    assert time_note(cfg) == said

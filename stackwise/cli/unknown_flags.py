@@ -7,15 +7,19 @@ import argparse
 from typing import NoReturn
 
 
-def _config_key_for(flag: str, command: str | None) -> str | None:
+def _config_key_for(flag: str, command: str | None) -> tuple[str | None, bool]:
     """The config key a `--flag` names (`--max_steps` -> train.max_steps), for the commands
-    that take config keys as key=value."""
+    that take config keys as key=value, and whether it is a whole section (`--model-size`
+    is nearest to `model`, which takes no value)."""
     if command not in ("train", "lr-find"):
-        return None
+        return None, False
     from stackwise.config import Config
+    from stackwise.config.keys import section_of
     from stackwise.config.loading import _nearest
 
-    return _nearest(flag.lstrip("-").replace("-", "_"), Config, top=True)
+    key = _nearest(flag.lstrip("-").replace("-", "_"), Config, top=True)
+    field = Config.model_fields.get(key or "")
+    return key, field is not None and section_of(field.annotation) is not None
 
 
 def refuse_unknown(
@@ -32,8 +36,13 @@ def refuse_unknown(
     for i, arg in enumerate(extra):
         name = arg.split("=", 1)[0]
         near = difflib.get_close_matches(name.replace("_", "-"), known, n=1, cutoff=0.6)
-        key = _config_key_for(name, command) if arg.startswith("--") else None
-        if key:  # a config key typed as a flag (`--max_steps 5`)
+        key, section = _config_key_for(name, command) if arg.startswith("--") else (None, False)
+        if key and section:
+            hints.append(
+                f"{name}: config keys go as key=value here; `stackwise config show` "
+                f"lists the {key}.* keys"
+            )
+        elif key:  # a config key typed as a flag (`--max_steps 5`)
             value = arg.split("=", 1)[1] if "=" in arg else None
             if value is None and i + 1 < len(extra) and not extra[i + 1].startswith("-"):
                 value = extra[i + 1]

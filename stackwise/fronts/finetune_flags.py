@@ -123,8 +123,8 @@ def _apply_flat(
     data: dict[str, Any], flat: dict[str, Any], origin: str, strict: bool = False
 ) -> None:
     """Flat seed keys (from flags or a file) into `data`'s sections, each converted as seed
-    004's table says (a file name becomes a list of one; deepspeed_config is refused);
-    fp16/bf16 pick the precision, and asking for both is refused."""
+    004's table says (a file name becomes a list of one, deepspeed_config goes to
+    parallel.deepspeed_config); fp16/bf16 pick the precision, and asking for both is refused."""
     for p in PRECISION_FLAGS:
         if p in flat and not isinstance(flat[p], bool):  # a file's "False" or 1: as on the CLI
             flat = {**flat, p: _value(p, str(flat[p]))}

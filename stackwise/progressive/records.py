@@ -50,6 +50,24 @@ def steps_cell(record: StackRecord) -> str:
     return f"{record.steps}*" if record.stopped_on_plateau else str(record.steps)
 
 
+def footnotes(stacks: list[StackRecord]) -> list[str]:
+    """The table's notes: a starred step count, and why a cache column of 0% is not a broken
+    cache (no stage saw a sample twice)."""
+    notes = []
+    if any(r.stopped_on_plateau for r in stacks):
+        notes.append("* stopped on a plateau; its unused steps went to the next stage")
+    caches = [r.cache for r in stacks if r.cache]
+    if not caches or any(c["hits"] for c in caches) or not any(c["misses"] for c in caches):
+        return notes
+    note = (
+        "cache: stored, never read: a stage reads an entry when it sees the same sample "
+        "(and mask variant) again, and no stage ran past one pass over them"
+    )
+    if any(r.t_range for r in stacks):
+        note += " (with time as depth every stage starts with an empty cache)"
+    return [*notes, note]
+
+
 def summary_table(result: ProgressiveResult) -> str:
     """One row per stack: steps, tokens, training FLOPs, time, its eval, the cache's work."""
     head = (
@@ -70,8 +88,7 @@ def summary_table(result: ProgressiveResult) -> str:
             f"{ev.get('loss', float('nan')):>8.3f} {metric:>9.3f} "
             f"{ev.get('bpc', float('nan')):>7.3f} {hit:>10}"
         )
-    if any(r.stopped_on_plateau for r in result.stacks):
-        rows.append("* stopped on a plateau; its unused steps went to the next stage")
+    rows.extend(footnotes(result.stacks))
     spent, tokens = result.compute()
     if result.joint:
         joint = result.joint

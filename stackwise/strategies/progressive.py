@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from stackwise.data.pack import PreparedData
 from stackwise.errors import StackWiseError
 from stackwise.io.trained import save_tokenizer
+from stackwise.registry import OBJECTIVES
 from stackwise.strategies.base import RunResult, register_training_strategy
 from stackwise.strategies.report import data_line, placement, precision, saving_note
 from stackwise.train.adapters import ADAPTERS, ModelAdapter
@@ -49,13 +50,26 @@ def growth_header(plan: Any, data: PreparedData, recipe: ProgressiveRecipe) -> s
     return (
         f"StackWise: growing a {plan.objective.name} rack to {plan.model.n_stacks} "
         f"stacks of {blocks(plan.model.blocks_per_stack)} ({p.building_mode}, trunk "
-        f"{p.trunk_strategy}, head {p.head_policy}, time as {p.time_interpretation}"
+        f"{p.trunk_strategy}, head {p.head_policy}"
+        + time_note(plan)
         + (", activation cache" if p.cache.enabled else "")
         + (f", then {p.joint_tuning_steps} joint steps" if p.mode == "fused" else "")
         + f"); {data_line(data, plan)}; device {recipe.accelerator.device}"
         f"{placement(plan, recipe.accelerator)}, precision {precision(plan, recipe)}; "
         f"output {recipe.output_dir}" + saving_note(plan)
     )
+
+
+def time_note(plan: Any) -> str:
+    """How the stages see the noise level t: by depth, or drawn per batch, and then whether
+    the rack reads it (model.time_conditioning); nothing for an objective without t."""
+    if not OBJECTIVES.capabilities(plan.objective.name).uses_time:
+        return ""
+    if plan.progressive.time_interpretation == "depth":
+        return ", time as depth"
+    if plan.model.time_conditioning == "none":
+        return ", every stage on every noise level, no time input"
+    return f", time as input ({plan.model.time_conditioning})"
 
 
 def blocks(n: int) -> str:

@@ -49,7 +49,7 @@ def resolve_output_dir(config: Plan) -> Path:
     return path
 
 
-def prepare_output_dir(path: Path, overwrite: bool, resuming: bool = False) -> str | None:
+def prepare_output_dir(path: Path, overwrite: bool, resume: str | None = None) -> str | None:
     """Lock the folder for this run, refuse to clobber a finished run, and check that we can
     write, all before any training. Returns a note when a dead run's lock was taken over.
 
@@ -66,7 +66,7 @@ def prepare_output_dir(path: Path, overwrite: bool, resuming: bool = False) -> s
     before = lock.read_bytes() if lock.is_file() else None
     note = lock_run_folder(path)  # first: a folder in use is refused before anything else
     try:
-        _check_and_clear(path, overwrite, resuming)
+        _check_and_clear(path, overwrite, resume)
     except StackWiseError:
         unlock_run_folder(path)
         if before is None:  # a refused run leaves the folder exactly as it found it
@@ -149,9 +149,10 @@ def refuse_inputs(path: Path, config: Plan) -> None:
 FINISHED_RUN_EXTRAS = ("eval.json", "eval_samplers.json", "samples.json", "report.html")
 
 
-def _check_and_clear(path: Path, overwrite: bool, resuming: bool) -> None:
+def _check_and_clear(path: Path, overwrite: bool, resume: str | None) -> None:
+    resuming = resume is not None
     if not overwrite:
-        _refuse_taken(path, resuming)
+        _refuse_taken(path, resume)
     try:
         probe = path / ".write-test"
         probe.write_text("ok")
@@ -170,25 +171,39 @@ def _check_and_clear(path: Path, overwrite: bool, resuming: bool) -> None:
         ) from None
 
 
-def _refuse_taken(path: Path, resuming: bool) -> None:
-    """A finished run is never written over; an unfinished one is only resumed."""
+def _named_checkpoint(resume: str | None, path: Path) -> Path | None:
+    """The checkpoint folder `resume` names in the run at `path` (None for `latest`, none, or
+    one that does not resolve): as a path, since NEW would not hold a bare checkpoint name."""
+    if resume in (None, ckpt.LATEST):
+        return None
+    try:
+        return ckpt.resolve_checkpoint(str(resume), path)
+    except StackWiseError:
+        return None
+
+
+def _refuse_taken(path: Path, resume: str | None) -> None:
+    """A finished run is never written over; an unfinished one is only resumed. `resume`:
+    the checkpoint the run asked for, which the advice keeps (else the folder's last)."""
     marks = (ckpt.LATEST, HISTORY, "stacks/manifest.json")
     progress = [f for f in marks if (path / f).exists()]
     progress += sorted(str(p.relative_to(path)) for p in path.glob(f"*/{ckpt.LATEST}"))
     legacy = (path / WEIGHTS).is_file() and not progress  # finished before the marker existed
     if is_finished(path) or legacy:
         last = ckpt.checkpoints(path)
+        named = _named_checkpoint(resume, path)
+        start = named or (last[-1] if last else None)
         more = (
-            f" To train on from it, resume its last checkpoint into a new folder: "
-            f"train.output_dir=NEW train.resume_from_checkpoint={last[-1]}."
-            if last
+            f" To train on from it, resume {'that' if named else 'its last'} checkpoint into "
+            f"a new folder: train.output_dir=NEW train.resume_from_checkpoint={start}."
+            if start
             else ""
         )
         raise StackWiseError(
             f"Output dir '{path}' already holds a trained model. Choose another "
             f"train.output_dir, or set train.overwrite_output_dir=true to replace it.{more}"
         )
-    if progress and not resuming:
+    if progress and resume is None:
         raise StackWiseError(
             f"Output dir '{path}' holds an unfinished run ({progress[0]} is there, "
             f"{MARKER} is not). Resume it with train.resume_from_checkpoint=latest, choose "
@@ -208,7 +223,7 @@ def claim_output_dir(acc: Accelerator, config: Plan, output_dir: str | Path | No
             note = prepare_output_dir(
                 Path(shared[0]),
                 config.train.overwrite_output_dir,
-                resuming=config.train.resume_from_checkpoint is not None,
+                resume=config.train.resume_from_checkpoint,
             )
             if note:
                 print(f"stackwise: {note}", file=sys.stderr)
@@ -246,9 +261,8 @@ def precheck_run_dir(config: Plan) -> None:
             f"Output dir '{path}' is in use by another StackWise run (PID {holder}): wait for "
             "it to end, or choose another train.output_dir."
         )
-    resuming = tc.resume_from_checkpoint is not None
     if not tc.overwrite_output_dir:
-        _refuse_taken(path, resuming)
+        _refuse_taken(path, tc.resume_from_checkpoint)
     spec = tc.resume_from_checkpoint
     if spec and (spec != ckpt.LATEST or (path / ckpt.LATEST).is_file()):
         ckpt.resolve_checkpoint(spec, path)
