@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 from typing import Any
 
 from stackwise.config.paths import put, section_at
@@ -124,6 +125,30 @@ def apply_aliases(data: dict[str, Any]) -> dict[str, Any]:
         if node is not None and isinstance(node.get(leaf), str) and node[leaf] in values:
             node[leaf] = values[node[leaf]]
     return data
+
+
+def seed_spellings(data: dict[str, Any]) -> dict[str, str]:
+    """real key -> the seed path `data` wrote it as, for each seed key present whose name
+    differs from ours (`train.eval_every` -> `training.eval_steps`): errors name both."""
+    found = {}
+    for path, key in SEED_KEYS.items():
+        *where, name = path.split(".")
+        holder = section_at(data, where, create=False)
+        if holder is not None and name in holder and name != key.target.rsplit(".", 1)[-1]:
+            found.setdefault(key.target, path)
+    return found
+
+
+def in_seed_names(message: str, spellings: dict[str, str]) -> str:
+    """`message` with the seed spelling of each real key it names that the file wrote under
+    a seed name (a multi-word leaf such as eval_every counts alone; `rank` only dotted)."""
+    said = []
+    for real, seed in spellings.items():
+        leaf, seed_leaf = real.rsplit(".", 1)[-1], seed.rsplit(".", 1)[-1]
+        named = real in message or ("_" in leaf and re.search(rf"\b{leaf}\b", message))
+        if named and not re.search(rf"\b{seed_leaf}\b", message):
+            said.append(f"{real} is '{seed}'")
+    return message + (f" In the file's own names: {'; '.join(said)}." if said else "")
 
 
 def apply_implied(given: dict[str, Any], data: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from stackwise.config.aliases import apply_aliases
+from stackwise.config.aliases import apply_aliases, in_seed_names, seed_spellings
 from stackwise.config.base import ALL_RULES, QUOTE_HINT
 from stackwise.config.files import parse_config_text, read_file
 from stackwise.config.keys import check_keys
@@ -88,7 +88,9 @@ def validated(data: dict[str, Any], origin: str) -> Config:
     raise AssertionError("a config failed once and then passed")  # validation is pure
 
 
-def from_dict(data: Any, origin: str = "config") -> Config:
+def from_dict(data: Any, origin: str = "config", spellings: dict[str, str] | None = None) -> Config:
+    """`data` validated; `spellings` (real key -> seed path) of data aliased before, so that
+    an error names a key as the file wrote it too."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -96,14 +98,22 @@ def from_dict(data: Any, origin: str = "config") -> Config:
             f"{origin} must be a mapping of sections (model:, data:, train: ...), "
             f"but it holds a {type(data).__name__}."
         )
+    spellings = {**seed_spellings(data), **(spellings or {})}
     data = apply_aliases(data)
     check_keys(data, Config)
-    return validated(data, origin)
+    try:
+        return validated(data, origin)
+    except InvalidConfig as err:
+        if not spellings:
+            raise
+        raise InvalidConfig(in_seed_names(err.args[0], spellings), err.problems) from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     data = read_file(path) if path is not None else {}
+    spellings = {}
     if isinstance(data, dict):
+        spellings = seed_spellings(data)
         data = apply_aliases(data)  # so an override under either name replaces the file's key
     origin = str(path) if path is not None else "defaults"
     if overrides:
@@ -111,7 +121,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             return from_dict(data, origin)
         data = apply_overrides(data, overrides)
         origin += " + overrides"
-    return from_dict(data, origin)
+    return from_dict(data, origin, spellings)
 
 
 def save_config(config: Config, path: str | Path) -> None:

@@ -157,3 +157,37 @@ def test_a_seed_key_means_the_same_as_an_override_and_in_a_file(path, tmp_path):
         None, [f"{path}={yaml.safe_dump(value).strip().removesuffix('...').strip()}"]
     )
     assert from_override == from_file
+
+
+def test_an_invalid_seed_file_names_its_keys_as_the_file_wrote_them(tmp_path):
+    """The rules speak our keys (eval_every, data.seq_len); for a file in a seed's layout the
+    error also says which of the file's keys each one is, and says nothing of the kind for a
+    file in our own names."""
+    seed = tmp_path / "seed.yaml"
+    seed.write_text(
+        yaml.safe_dump(
+            {
+                "training": {
+                    "max_steps": 20,
+                    "eval_steps": 500,
+                    "save_best_model": True,
+                    "max_length": 4096,
+                }
+            }
+        )
+    )
+    with pytest.raises(StackWiseError) as caught:
+        load_config(seed)
+    said = str(caught.value)
+    assert "eval_every (500) exceeds max_steps" in said, said
+    assert "train.eval_every is 'training.eval_steps'" in said
+    assert "data.seq_len is 'training.max_length'" in said
+    # the same keys given as a seed's keyword arguments (from_dict), and in our own names
+    best = {"max_steps": 20, "save_best_model": True}
+    with pytest.raises(StackWiseError, match=re.escape("train.eval_every is 'training.eval")):
+        from_dict({"training": {**best, "eval_steps": 500}})
+    ours = {"train": {**best, "eval_every": 500}, "data": {"seq_len": 4096}}
+    with pytest.raises(StackWiseError) as caught:
+        from_dict(ours)
+    assert "eval_every (500)" in str(caught.value)
+    assert "file's own names" not in str(caught.value)
