@@ -117,6 +117,11 @@ def test_errors_wrap_to_a_terminal_and_stay_one_line_in_pipes_and_logs(monkeypat
             "--max_steps: config keys go as key=value here, e.g. train.max_steps=5",
         ),
         (["--lr=0.1"], "--lr: config keys go as key=value here, e.g. train.lr=0.1"),
+        # a leaf of several sections: each, with the value
+        (
+            ["--strategy", "fsdp"],
+            "e.g. lora.strategy=fsdp or progressive.strategy=fsdp or parallel.strategy=fsdp",
+        ),
         # nearest to a whole section, which takes no value: no `model=X` to copy
         (
             ["--model-size", "big"],

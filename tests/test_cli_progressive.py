@@ -57,6 +57,10 @@ def test_default_train_grows_four_stacks_with_curves_saved_stacks_and_samples(tm
         cwd=tmp_path,
     )
     assert proc.returncode == 0, explain(proc)
+    # the header says how the stages see t, as the preset's rack reads it (or does not)
+    reads_t = config.model.time_conditioning != "none"
+    expected = ", time as input (" if reads_t else ", every stage on every noise level, no time"
+    assert expected in proc.stdout, explain(proc)
     (run,) = (tmp_path / "outputs").iterdir()
     for k in range(4):
         assert (run / "stacks" / f"stack_{k}.safetensors").is_file()

@@ -46,7 +46,8 @@ def refuse_unknown(
             value = arg.split("=", 1)[1] if "=" in arg else None
             if value is None and i + 1 < len(extra) and not extra[i + 1].startswith("-"):
                 value = extra[i + 1]
-            hints.append(f"{name}: config keys go as key=value here, e.g. {key}={value or 'X'}")
+            keys = " or ".join(f"{k}={value or 'X'}" for k in key.split("' or '"))
+            hints.append(f"{name}: config keys go as key=value here, e.g. {keys}")
         elif arg.startswith("-") and near:
             hints.append(f"{name}: did you mean {near[0]}?")
     own.error(f"unrecognized arguments: {' '.join(extra)}" + "".join(f"; {h}" for h in hints))

@@ -130,7 +130,7 @@ def apply_aliases(data: dict[str, Any]) -> dict[str, Any]:
 def seed_spellings(data: dict[str, Any]) -> dict[str, str]:
     """real key -> the seed path `data` wrote it as, for each seed key present whose name
     differs from ours (`train.eval_every` -> `training.eval_steps`): errors name both."""
-    found = {}
+    found: dict[str, str] = {}
     for path, key in SEED_KEYS.items():
         *where, name = path.split(".")
         holder = section_at(data, where, create=False)
@@ -140,15 +140,26 @@ def seed_spellings(data: dict[str, Any]) -> dict[str, str]:
 
 
 def in_seed_names(message: str, spellings: dict[str, str]) -> str:
-    """`message` with the seed spelling of each real key it names that the file wrote under
-    a seed name (a multi-word leaf such as eval_every counts alone; `rank` only dotted)."""
+    """`message` with the spelling (a seed key, a flag) of each real key it names that the
+    config was given under another name, before its closing advice. A key counts when named
+    whole (`lora.rank`, not inside `lora.rank_pattern`) or, for a multi-word leaf such as
+    eval_every, by its leaf."""
     said = []
-    for real, seed in spellings.items():
-        leaf, seed_leaf = real.rsplit(".", 1)[-1], seed.rsplit(".", 1)[-1]
-        named = real in message or ("_" in leaf and re.search(rf"\b{leaf}\b", message))
-        if named and not re.search(rf"\b{seed_leaf}\b", message):
-            said.append(f"{real} is '{seed}'")
-    return message + (f" In the file's own names: {'; '.join(said)}." if said else "")
+    for real, spelled in spellings.items():
+        leaf = real.rsplit(".", 1)[-1]
+        own = spelled.rsplit(".", 1)[-1].lstrip("-")
+        named = re.search(rf"(?<![\w.]){re.escape(real)}(?![\w.])", message) or (
+            "_" in leaf and re.search(rf"(?<![\w.]){re.escape(leaf)}(?![\w.])", message)
+        )
+        if named and not re.search(rf"\b{re.escape(own)}\b", message):
+            said.append(f"{real} is '{spelled}'")
+    if not said:
+        return message
+    note = f"As the config wrote them: {'; '.join(said)}."
+    tail = " Fix the value and rerun."
+    if message.endswith(tail):
+        return f"{message.removesuffix(tail)} {note}{tail}"
+    return f"{message} {note}"
 
 
 def apply_implied(given: dict[str, Any], data: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from stackwise.config.aliases import apply_aliases, in_seed_names, seed_spellings
+from stackwise.config.aliases import KEY_ALIASES, apply_aliases, in_seed_names, seed_spellings
 from stackwise.config.base import ALL_RULES, QUOTE_HINT
 from stackwise.config.files import parse_config_text, read_file
 from stackwise.config.keys import check_keys
@@ -111,7 +111,7 @@ def from_dict(data: Any, origin: str = "config", spellings: dict[str, str] | Non
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     data = read_file(path) if path is not None else {}
-    spellings = {}
+    spellings: dict[str, str] = {}
     if isinstance(data, dict):
         spellings = seed_spellings(data)
         data = apply_aliases(data)  # so an override under either name replaces the file's key
@@ -121,7 +121,21 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             return from_dict(data, origin)
         data = apply_overrides(data, overrides)
         origin += " + overrides"
+        spellings = respelled(spellings, overrides)
     return from_dict(data, origin, spellings)
+
+
+def respelled(spellings: dict[str, str], overrides: list[str]) -> dict[str, str]:
+    """`spellings` after `overrides`: a key an override set is the override's, under the
+    name it gave (a seed's key, or ours)."""
+    out = dict(spellings)
+    for item in overrides:
+        given = item.split("=", 1)[0].strip()
+        real = KEY_ALIASES.get(given, given)
+        out.pop(real, None)
+        if real != given and given.rsplit(".", 1)[-1] != real.rsplit(".", 1)[-1]:
+            out[real] = given
+    return out
 
 
 def save_config(config: Config, path: str | Path) -> None:

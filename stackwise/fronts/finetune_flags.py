@@ -225,16 +225,18 @@ def _refuse_rivals(flag_keys: dict[str, str], override_keys: list[str]) -> None:
 def finetune_config(argv: list[str]) -> Any:
     """The config of a `stackwise finetune` command line."""
     from stackwise.config import from_dict
-    from stackwise.config.aliases import KEY_ALIASES, apply_aliases
-    from stackwise.config.loading import apply_overrides
+    from stackwise.config.aliases import KEY_ALIASES, apply_aliases, seed_spellings
+    from stackwise.config.loading import apply_overrides, respelled
 
     flags, config_file, overrides = parse_flags(argv)
     data: dict[str, Any] = {}
+    spellings: dict[str, str] = {}
     if config_file:
         given = _read_file(config_file)
         _stray_keys(given, f"--config {config_file}")
         flat = {k: v for k, v in given.items() if k in FLAGS or k in PRECISION_FLAGS}
         nested = json.loads(json.dumps({k: v for k, v in given.items() if k not in flat}))
+        spellings = {**seed_spellings(nested), **_spelled(flat)}
         _apply_flat(nested, flat, f"--config {config_file}", strict=True)  # both: refused
         for section, values in nested.items():
             if isinstance(values, dict) and isinstance(data.get(section), dict):
@@ -252,7 +254,20 @@ def finetune_config(argv: list[str]) -> Any:
     data = apply_overrides(data, overrides)
     fine_tune_defaults(data)  # hf, instruction rows, LoRA, lr 2e-4, one epoch: where unsaid
     _lora_while_off(data.get("lora"))
-    return from_dict(data)
+    # the file's names of the keys the command line left alone (its flags are named in the
+    # error already, stackwise.cli.finetune)
+    kept = {real: name for real, name in spellings.items() if real not in flag_keys}
+    return from_dict(data, spellings=respelled(kept, overrides))
+
+
+def _spelled(given: dict[str, Any]) -> dict[str, str]:
+    """real key -> the seed-004 key it was given as, where the names differ, so that an
+    invalid config names both (`train.lr` is `learning_rate`)."""
+    return {
+        FLAGS[name]: name
+        for name in given
+        if name in FLAGS and FLAGS[name].rsplit(".", 1)[-1] != name
+    }
 
 
 def _lora_while_off(lora: Any) -> None:

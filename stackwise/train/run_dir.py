@@ -171,15 +171,15 @@ def _check_and_clear(path: Path, overwrite: bool, resume: str | None) -> None:
         ) from None
 
 
-def _named_checkpoint(resume: str | None, path: Path) -> Path | None:
-    """The checkpoint folder `resume` names in the run at `path` (None for `latest`, none, or
-    one that does not resolve): as a path, since NEW would not hold a bare checkpoint name."""
+def _named_checkpoint(resume: str | None, path: Path) -> tuple[Path | None, str]:
+    """The checkpoint folder `resume` names in the run at `path`, as a whole path (NEW would
+    not hold a bare name), or None for `latest` and none; with a note when it names nothing."""
     if resume in (None, ckpt.LATEST):
-        return None
+        return None, ""
     try:
-        return ckpt.resolve_checkpoint(str(resume), path)
+        return ckpt.resolve_checkpoint(str(resume), path).resolve(), ""
     except StackWiseError:
-        return None
+        return None, f" ({resume} is not there)"
 
 
 def _refuse_taken(path: Path, resume: str | None) -> None:
@@ -191,11 +191,12 @@ def _refuse_taken(path: Path, resume: str | None) -> None:
     legacy = (path / WEIGHTS).is_file() and not progress  # finished before the marker existed
     if is_finished(path) or legacy:
         last = ckpt.checkpoints(path)
-        named = _named_checkpoint(resume, path)
-        start = named or (last[-1] if last else None)
+        named, missing = _named_checkpoint(resume, path)
+        start = named or (last[-1].resolve() if last else None)
         more = (
-            f" To train on from it, resume {'that' if named else 'its last'} checkpoint into "
-            f"a new folder: train.output_dir=NEW train.resume_from_checkpoint={start}."
+            f" To train on from it, resume {'that' if named else 'its last'} checkpoint"
+            f"{missing} into a new folder: train.output_dir=NEW "
+            f"train.resume_from_checkpoint={start}."
             if start
             else ""
         )

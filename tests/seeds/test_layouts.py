@@ -160,34 +160,44 @@ def test_a_seed_key_means_the_same_as_an_override_and_in_a_file(path, tmp_path):
 
 
 def test_an_invalid_seed_file_names_its_keys_as_the_file_wrote_them(tmp_path):
-    """The rules speak our keys (eval_every, data.seq_len); for a file in a seed's layout the
-    error also says which of the file's keys each one is, and says nothing of the kind for a
-    file in our own names."""
+    """The rules speak our keys (eval_every, data.seq_len); for a config in a seed's names the
+    error also says which of its keys each one is, before its closing advice: from a file, a
+    seed's keyword arguments, seed 004's flat file; not for a key an override replaced, nor
+    for a key that only starts like one named (lora.rank inside lora.rank_pattern)."""
+    best = {"max_steps": 20, "save_best_model": True}
     seed = tmp_path / "seed.yaml"
-    seed.write_text(
-        yaml.safe_dump(
-            {
-                "training": {
-                    "max_steps": 20,
-                    "eval_steps": 500,
-                    "save_best_model": True,
-                    "max_length": 4096,
-                }
-            }
-        )
-    )
+    seed.write_text(yaml.safe_dump({"training": {**best, "eval_steps": 500, "max_length": 4096}}))
     with pytest.raises(StackWiseError) as caught:
         load_config(seed)
     said = str(caught.value)
     assert "eval_every (500) exceeds max_steps" in said, said
+    assert "As the config wrote them: " in said and said.endswith(". Fix the value and rerun.")
     assert "train.eval_every is 'training.eval_steps'" in said
     assert "data.seq_len is 'training.max_length'" in said
-    # the same keys given as a seed's keyword arguments (from_dict), and in our own names
-    best = {"max_steps": 20, "save_best_model": True}
+    # an override of ours replaced the file's eval_steps: the error is the override's
+    with pytest.raises(StackWiseError) as caught:
+        load_config(seed, ["train.eval_every=400"])
+    assert "eval_every (400)" in str(caught.value)
+    assert "'training.eval_steps'" not in str(caught.value)
     with pytest.raises(StackWiseError, match=re.escape("train.eval_every is 'training.eval")):
         from_dict({"training": {**best, "eval_steps": 500}})
-    ours = {"train": {**best, "eval_every": 500}, "data": {"seq_len": 4096}}
+    with pytest.raises(StackWiseError) as caught:  # our names: nothing to add
+        from_dict({"train": {**best, "eval_every": 500}, "data": {"seq_len": 4096}})
+    assert "eval_every (500)" in str(caught.value) and "wrote them" not in str(caught.value)
     with pytest.raises(StackWiseError) as caught:
-        from_dict(ours)
-    assert "eval_every (500)" in str(caught.value)
-    assert "file's own names" not in str(caught.value)
+        from_dict({"qlora_rank": 8, "lora": {"enabled": True, "rank_pattern": "nonsense"}})
+    assert "rank_pattern" in str(caught.value) and "qlora_rank" not in str(caught.value)
+
+
+def test_seed_004s_flat_file_names_its_keys_in_the_error(tmp_path):
+    from stackwise.fronts.finetune_flags import finetune_config
+
+    flat = tmp_path / "default.json"
+    flat.write_text('{"model_name_or_path": "m", "learning_rate": -1, "eval_steps": 0}')
+    with pytest.raises(StackWiseError) as caught:
+        finetune_config(["--config", str(flat)])
+    said = str(caught.value)
+    assert "train.lr is 'learning_rate'; train.eval_every is 'eval_steps'" in said, said
+    with pytest.raises(StackWiseError) as caught:  # the flag replaced the file's value
+        finetune_config(["--config", str(flat), "--learning_rate", "-2"])
+    assert "'learning_rate'" not in str(caught.value)
