@@ -317,6 +317,8 @@ def test_a_cache_never_read_is_said_why_in_the_summary(t_range):
     assert note([{}, unread, {"hits": 3, "misses": 5, "carried": 8}]) == []
     assert note([{}, {}]) == []  # no cache at all
     assert note([{}, {"hits": 0, "misses": 0, "carried": 0}]) == []  # nothing stored
+    (said,) = note([{}, {**unread, "evictions": 4}])  # a budget too small was the cause
+    assert "evicted" in said and "max_bytes" in said and "one pass" not in said
 
 
 def test_cache_variants_and_modes(tiny, tmp_path):
