@@ -77,7 +77,7 @@ def test_the_refusal_keeps_the_checkpoint_the_resume_named(tiny, tmp_path, monke
         assert f"resume_from_checkpoint={out / 'checkpoint-2'}." in said, said
     with pytest.raises(StackWiseError, match="its last checkpoint") as caught:
         train_from_config(with_train(cfg, resume_from_checkpoint="checkpoint-99"), quiet=True)
-    assert "(checkpoint-99 is not there)" in str(caught.value)
+    assert "(checkpoint-99 is not a complete checkpoint there)" in str(caught.value)
     assert f"resume_from_checkpoint={out / 'checkpoint-4'}." in str(caught.value)
 
 

@@ -32,6 +32,8 @@ def cmd_finetune(ns: argparse.Namespace) -> int:
     except StackWiseError as err:
         if hasattr(err, "resume_command"):  # a stop signal: main() says how to resume
             raise
+        from stackwise.fronts.finetune_flags import in_flags
+
         raise StackWiseError(in_flags(str(err), ns.args)) from None
     if not result.trainer.accelerator.is_main_process:
         return 0
@@ -39,19 +41,6 @@ def cmd_finetune(ns: argparse.Namespace) -> int:
     show_replies(result, config.sample.num_samples)
     print(run_summary(result, time.monotonic() - start))
     return 0
-
-
-def in_flags(message: str, argv: list[str]) -> str:
-    """An error in config keys, retold with the flags the user typed beside them."""
-    import re
-
-    from stackwise.cli.finetune import FLAGS
-
-    typed = {a[2:].split("=")[0].replace("-", "_") for a in argv if a.startswith("--")}
-    for flag in sorted(typed & set(FLAGS), key=len, reverse=True):
-        key = FLAGS[flag]
-        message = re.sub(rf"(?<![\w.-]){re.escape(key)}(?![\w])", f"--{flag} ({key})", message)
-    return message
 
 
 def show_replies(result: Any, n: int) -> None:

@@ -139,6 +139,12 @@ def seed_spellings(data: dict[str, Any]) -> dict[str, str]:
     return found
 
 
+def _names(message: str, key: str) -> bool:
+    """Whether `message` names `key` whole: not inside a longer key (`lora.rank` in
+    `lora.rank_pattern`), though a sentence's full stop may follow it."""
+    return re.search(rf"(?<![\w.]){re.escape(key)}(?!\w|\.\w)", message) is not None
+
+
 def in_seed_names(message: str, spellings: dict[str, str]) -> str:
     """`message` with the spelling (a seed key, a flag) of each real key it names that the
     config was given under another name, before its closing advice. A key counts when named
@@ -146,12 +152,11 @@ def in_seed_names(message: str, spellings: dict[str, str]) -> str:
     eval_every, by its leaf."""
     said = []
     for real, spelled in spellings.items():
-        leaf = real.rsplit(".", 1)[-1]
-        own = spelled.rsplit(".", 1)[-1].lstrip("-")
-        named = re.search(rf"(?<![\w.]){re.escape(real)}(?![\w.])", message) or (
-            "_" in leaf and re.search(rf"(?<![\w.]){re.escape(leaf)}(?![\w.])", message)
-        )
-        if named and not re.search(rf"\b{re.escape(own)}\b", message):
+        leaf, own = real.rsplit(".", 1)[-1], spelled.lstrip("-")
+        own_leaf = own.rsplit(".", 1)[-1]
+        named = _names(message, real) or ("_" in leaf and _names(message, leaf))
+        shown = _names(message, own) or ("_" in own_leaf and _names(message, own_leaf))
+        if named and not shown:
             said.append(f"{real} is '{spelled}'")
     if not said:
         return message

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -254,9 +255,9 @@ def finetune_config(argv: list[str]) -> Any:
     data = apply_overrides(data, overrides)
     fine_tune_defaults(data)  # hf, instruction rows, LoRA, lr 2e-4, one epoch: where unsaid
     _lora_while_off(data.get("lora"))
-    # the file's names of the keys the command line left alone (its flags are named in the
-    # error already, stackwise.cli.finetune)
-    kept = {real: name for real, name in spellings.items() if real not in flag_keys}
+    # the file's names of the keys the command line left alone (in_flags names its flags)
+    flagged = {FLAGS[f] for f in flags if f in FLAGS}
+    kept = {real: name for real, name in spellings.items() if real not in flagged}
     return from_dict(data, spellings=respelled(kept, overrides))
 
 
@@ -283,3 +284,13 @@ def _lora_while_off(lora: Any) -> None:
             f"is off, the whole model trains), so {'it' if one else 'they'} would do nothing. "
             f"Remove {'it' if one else 'them'}, or turn LoRA on."
         )
+
+
+def in_flags(message: str, argv: list[str]) -> str:
+    """An error in config keys, retold with the flags the user typed beside them
+    (`--learning_rate (train.lr)`), for `stackwise finetune` and seed 004's module alike."""
+    typed = {a[2:].split("=")[0].replace("-", "_") for a in argv if a.startswith("--")}
+    for flag in sorted(typed & set(FLAGS), key=len, reverse=True):
+        key = FLAGS[flag]
+        message = re.sub(rf"(?<![\w.-]){re.escape(key)}(?![\w])", f"--{flag} ({key})", message)
+    return message

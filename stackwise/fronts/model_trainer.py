@@ -168,7 +168,7 @@ USAGE = (
 
 def main(argv: list[str] | None = None) -> int:
     """The module's command line; errors print one paragraph and exit 2."""
-    from stackwise.fronts.finetune_flags import FLAGS, PRECISION_FLAGS, finetune_config
+    from stackwise.fronts.finetune_flags import FLAGS, PRECISION_FLAGS, finetune_config, in_flags
     from stackwise.launcher import without_launcher_rank
     from stackwise.quiet import filter_library_noise
 
@@ -189,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 143 if err.signal_name == "SIGTERM" else 130
-        print(f"stackwise: error: {' '.join(str(err).split())}", file=sys.stderr)
+        said = in_flags(str(err), args)
+        print(f"stackwise: error: {' '.join(said.split())}", file=sys.stderr)
         return 2
     if "torch.distributed" in sys.modules:
         from stackwise.train.hardware import release_processes

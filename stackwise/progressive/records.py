@@ -59,11 +59,11 @@ def footnotes(stacks: list[StackRecord]) -> list[str]:
     caches = [r.cache for r in stacks if r.cache]
     if not caches or any(c["hits"] for c in caches) or not any(c["misses"] for c in caches):
         return notes
-    if any(c.get("evictions") for c in caches):  # a budget below one pass: not this cause
+    if any(c.get("evictions") for c in caches):  # the budget may be the cause
         return [
             *notes,
-            "cache: stored, never read: it evicted entries before their reuse "
-            "(progressive.cache.max_bytes below what a stage stores)",
+            "cache: stored, never read, and entries were evicted: a stage reads an entry "
+            "when it sees the same sample again, if progressive.cache.max_bytes kept it",
         ]
     note = (
         "cache: stored, never read: a stage reads an entry when it sees the same sample "

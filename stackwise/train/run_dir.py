@@ -179,7 +179,7 @@ def _named_checkpoint(resume: str | None, path: Path) -> tuple[Path | None, str]
     try:
         return ckpt.resolve_checkpoint(str(resume), path).resolve(), ""
     except StackWiseError:
-        return None, f" ({resume} is not there)"
+        return None, f" ({resume} is not a complete checkpoint there)"
 
 
 def _refuse_taken(path: Path, resume: str | None) -> None:

@@ -201,3 +201,27 @@ def test_seed_004s_flat_file_names_its_keys_in_the_error(tmp_path):
     with pytest.raises(StackWiseError) as caught:  # the flag replaced the file's value
         finetune_config(["--config", str(flat), "--learning_rate", "-2"])
     assert "'learning_rate'" not in str(caught.value)
+
+
+def test_seed_names_find_a_key_at_a_sentences_end_and_never_inside_another():
+    from stackwise.config.aliases import in_seed_names
+
+    tail = " Fix the value and rerun."
+    said = in_seed_names("shorten data.seq_len." + tail, {"data.seq_len": "training.max_length"})
+    assert said == (
+        "shorten data.seq_len. As the config wrote them: data.seq_len is "
+        "'training.max_length'." + tail
+    )
+    assert in_seed_names("bad lora.rank_pattern." + tail, {"lora.rank": "qlora_rank"}) == (
+        "bad lora.rank_pattern." + tail
+    )
+    # a spelling the message shows already (a flag retold beside its key) is not repeated
+    shown = "--learning_rate (train.lr): bad." + tail
+    assert in_seed_names(shown, {"train.lr": "--learning_rate"}) == shown
+
+
+def test_seed_004s_module_names_the_flags_in_its_errors(capsys):
+    from stackwise.fronts.model_trainer import main
+
+    assert main(["--model_name_or_path", "m", "--learning_rate", "-1"]) == 2
+    assert "--learning_rate (train.lr)" in capsys.readouterr().err
