@@ -1,4 +1,6 @@
-"""Launching `stackwise` under torchrun from a test: N CPU processes over gloo."""
+"""Launching `stackwise` from a test as N CPU processes over gloo: ranks forked from a process
+that already imported torch (forked_ranks.py), or under torchrun where the launch is the
+subject."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import yaml
 from conftest import make_corpus, tiny_dict
+from forked_ranks import run_forked
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -25,9 +28,17 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def launch(
-    world: int, args: list[str], cwd: Path, timeout: int = 240, **env: str
+    world: int,
+    args: list[str],
+    cwd: Path,
+    timeout: int = 240,
+    torchrun: bool = False,
+    **env: str,
 ) -> subprocess.CompletedProcess:
-    """`python -m torch.distributed.run --nproc_per_node WORLD -m stackwise.cli ARGS`."""
+    """`stackwise ARGS` on WORLD ranks, forked (see forked_ranks.py) or, with `torchrun`,
+    `python -m torch.distributed.run --nproc_per_node WORLD -m stackwise.cli ARGS`."""
+    if not torchrun:
+        return run_forked(world, args, cwd, clean_env(**env), timeout)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += ["--nproc_per_node", str(world), "-m", "stackwise.cli", *args]
     return subprocess.run(
@@ -47,26 +58,29 @@ def tiny_config(root: Path, name: str) -> tuple[Path, Path]:
 
 
 def tiny_run(
-    root: Path, name: str, world: int, overrides: list[str] | None = None, **env: str
+    root: Path,
+    name: str,
+    world: int,
+    overrides: list[str] | None = None,
+    torchrun: bool = False,
+    **env: str,
 ) -> tuple[subprocess.CompletedProcess, Path]:
     """A seconds-long `stackwise train` of the tiny config in `root/name`, on `world`
     processes."""
     config, out = tiny_config(root, name)
-    proc = launch(world, ["train", str(config), *(overrides or [])], root, **env)
+    proc = launch(world, ["train", str(config), *(overrides or [])], root, torchrun=torchrun, **env)
     return proc, out
 
 
 def single_run(
     root: Path, name: str, overrides: list[str]
 ) -> tuple[subprocess.CompletedProcess, Path]:
-    """The tiny config as one plain process, no torchrun: the reference a sharded run is held
-    to. DDP matches it (test_fsdp.py) and costs two ranks and an agent to start; the caller
-    passes the global batch (`train.batch_size`) the sharded run's ranks add up to."""
+    """The tiny config as one plain process (no rank variables), forked as the ranks are: the
+    reference a sharded run is held to. DDP matches it (test_fsdp.py) and costs two ranks to
+    start; the caller passes the global batch (`train.batch_size`) the sharded run's ranks
+    add up to."""
     config, out = tiny_config(root, name)
-    cmd = [sys.executable, "-m", "stackwise.cli", "train", str(config), *overrides]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=clean_env(), timeout=240, cwd=root
-    )
+    proc = run_forked(None, ["train", str(config), *overrides], root, clean_env())
     return proc, out
 
 
