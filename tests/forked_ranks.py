@@ -36,6 +36,9 @@ _context: multiprocessing.context.ForkServerContext | None = None
 def _forkserver() -> multiprocessing.context.ForkServerContext:
     global _context
     if _context is None:
+        from stackwise.train.sampler import ipc_tempdir_that_fits
+
+        ipc_tempdir_that_fits()  # the server listens on an AF_UNIX socket under it (.ci/run)
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(PRELOAD)
     return _context
