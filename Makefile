@@ -9,6 +9,9 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export WANDB_MODE ?= offline
+# DeepSpeed compiles its CPU collective op on first use (2 minutes on 2 cores); its build files
+# name the venv, so checkouts sharing ~/.cache/torch_extensions rebuilt it for each other
+export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stackwise-installed
