@@ -24,29 +24,6 @@ torch.set_num_threads(
     1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1))
 )
 
-# The files whose processes take a minute or more, longest first. pytest-xdist's
-# `--dist loadfile` hands files to the two workers in collection order; starting these first
-# lets the short files fill in at the end, so both workers finish together.
-LONG_FILES = (
-    "test_deepspeed.py",
-    "test_fsdp.py",
-    "test_fsdp_qlora.py",
-    "test_cli.py",
-    "test_distributed.py",
-    "test_interrupts.py",
-    "test_fields_read.py",
-    "test_kill.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        name = item.path.name
-        return LONG_FILES.index(name) if name in LONG_FILES else len(LONG_FILES)
-
-    items.sort(key=rank)  # stable: each file's tests keep their order
-
-
 WORDS = [
     "the",
     "king",

@@ -5,11 +5,15 @@ every torch optimizer imports) cost it about 7 CPU-seconds on the 2-core CI mach
 trains for 2-4, and the agent costs 3 more. The FSDP, QLoRA-under-FSDP and DeepSpeed tests
 launch about forty such runs, most of the suite's CPU time. Here a multiprocessing forkserver,
 started once per pytest worker, imports those modules once; each rank is forked from it with
-the environment torchrun gives a rank, runs `stackwise.cli.run` as the `stackwise` command
-does, and ends through its exit path (os._exit after a flush for a rank of several, as under
-torchrun). What a rank computes is what it computes under torchrun; tests whose subject is
-the launch itself keep torchrun (test_distributed.py, the seeds' launcher commands, the
-two-node rendezvous in test_fsdp.py).
+the environment torchrun gives a rank (its rendezvous store held by the launching test, as
+torchrun's agent holds it), runs `stackwise.cli.run` as the `stackwise` command does, and ends
+through its exit path: os._exit after a flush for a rank of several, as under torchrun.
+
+What a rank computes is what it computes under torchrun. What it cannot show is a fresh
+interpreter's own start and end: warnings printed while torch imports, and the teardown of a
+one-process run (multiprocessing ends every child with os._exit). Tests whose subject is the
+launch keep torchrun (`torchrun=True` in multiproc.py: test_distributed.py, the seeds'
+launcher commands, the two-node rendezvous, one one-process FSDP run in test_fsdp.py).
 """
 
 from __future__ import annotations
@@ -18,16 +22,18 @@ import atexit
 import multiprocessing
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-# imported once by the forkserver; our own modules import in each rank as they do under
-# torchrun (a module that read the environment at import would otherwise see the server's)
+# Imported once by the forkserver. Our own modules import in each rank, as under torchrun.
+# torch reads OMP_NUM_THREADS as it imports, so a rank sets its thread count from the variable
+# itself (_rank_main); other variables torch reads at import are the pytest worker's.
 PRELOAD = ["torch", "torch._dynamo"]
 GRACE_S = 15  # after one rank failed, the others have this long to stop on SIGTERM
 _context: multiprocessing.context.ForkServerContext | None = None
@@ -44,14 +50,10 @@ def _forkserver() -> multiprocessing.context.ForkServerContext:
     return _context
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def rank_environment(rank: int, world: int, port: int) -> dict[str, str]:
-    """The variables torchrun --standalone sets for a rank, less its agent's store."""
+    """The variables torchrun --standalone gives a rank that torch, Accelerate, DeepSpeed or
+    stackwise read (not its TORCHELASTIC_RUN_ID, error file or restart limit); the ranks meet
+    at the launcher's store on `port`, as torchrun's meet at its agent's."""
     return {
         "RANK": str(rank),
         "LOCAL_RANK": str(rank),
@@ -63,85 +65,99 @@ def rank_environment(rank: int, world: int, port: int) -> dict[str, str]:
         "GROUP_WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RESTART_COUNT": "0",
     }
 
 
 def _rank_main(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
-    """In the forked child: the environment and working folder of the launch, stdout and
-    stderr to files, then the `stackwise` command."""
+    """In the forked child: the launch's environment and working folder, stdout and stderr to
+    files (unbuffered, as torchrun's `python -u`), then the `stackwise` command."""
+    import torch
+
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
+    if "OMP_NUM_THREADS" in env:
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    multiprocessing.set_start_method("fork", force=True)  # a fresh interpreter's default here
     for fd, path in ((1, out), (2, err)):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(target, fd)
         os.close(target)
+    sys.stdout.reconfigure(write_through=True)
+    sys.stderr.reconfigure(write_through=True)
     sys.argv = ["stackwise", *args]
     from stackwise.cli import run
 
     try:
-        run(args)
-    except SystemExit:
+        run(args)  # a rank of several leaves through os._exit in there
+    finally:
         atexit._run_exitfuncs()  # an interpreter's exit runs them; multiprocessing's does not
-        raise
 
 
 def run_forked(
     world: int | None, args: list[str], cwd: Path, env: dict[str, str], timeout: float = 240
-) -> subprocess.CompletedProcess:
-    """`stackwise ARGS` as WORLD ranks (None: one plain process, no rank variables). The
-    result reads as torchrun's: exit 0 when every rank exited 0 (else the first failure's
-    code), the ranks' stdout and stderr joined in rank order. A rank that fails stops the
-    others, as torchrun does; a launch past `timeout` is killed and raises TimeoutExpired."""
+) -> subprocess.CompletedProcess[str]:
+    """`stackwise ARGS` as WORLD ranks (None: one plain process, no rank variables): exit 0
+    when every rank exited 0, else the code of the first rank to fail (torchrun would say 1),
+    the ranks' stdout and stderr joined in rank order. A rank that fails stops the others, as
+    torchrun does; a launch past `timeout` is killed and raises TimeoutExpired with what the
+    ranks said."""
+    from torch.distributed import TCPStore
+
     context = _forkserver()
-    port = _free_port()
+    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=timeout))
     logs = Path(tempfile.mkdtemp(prefix="ranks-"))
-    ranks = []
-    for rank in range(world or 1):
-        rank_env = {**env, **(rank_environment(rank, world, port) if world else {})}
-        out, err = str(logs / f"{rank}.out"), str(logs / f"{rank}.err")
-        process = context.Process(target=_rank_main, args=(args, str(cwd), rank_env, out, err))
-        process.start()
-        ranks.append(process)
+    files = [(logs / f"{r}.out", logs / f"{r}.err") for r in range(world or 1)]
+    ranks: list[BaseProcess] = []
     try:
-        first_failure = _wait(ranks, timeout, args)
+        for rank, (out, err) in enumerate(files):
+            rank_env = {**env, **(rank_environment(rank, world, store.port) if world else {})}
+            ranks.append(
+                context.Process(
+                    target=_rank_main, args=(args, str(cwd), rank_env, str(out), str(err))
+                )
+            )
+            ranks[-1].start()
+        code = wait_for_ranks(ranks, timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(
+                ["stackwise", *args], timeout, output=_joined(files, 0), stderr=_joined(files, 1)
+            )
+        return subprocess.CompletedProcess(
+            ["stackwise", *args], code, stdout=_joined(files, 0), stderr=_joined(files, 1)
+        )
     finally:
         for process in ranks:
             if process.exitcode is None:
                 process.kill()
                 process.join()
-    read = [(logs / f"{r}.out", logs / f"{r}.err") for r in range(len(ranks))]
-    said = subprocess.CompletedProcess(
-        args=["stackwise", *args],
-        returncode=first_failure,
-        stdout="".join(_text(out) for out, _ in read),
-        stderr="".join(_text(err) for _, err in read),
-    )
-    shutil.rmtree(logs, ignore_errors=True)
-    return said
+        shutil.rmtree(logs, ignore_errors=True)
+        del store
 
 
-def _text(path: Path) -> str:
-    """What a rank wrote there; nothing if it failed before opening the file."""
-    return path.read_text(errors="replace") if path.is_file() else ""
+def _joined(files: list[tuple[Path, Path]], which: int) -> str:
+    """What the ranks wrote to stdout (0) or stderr (1), in rank order; nothing for a rank
+    that failed before opening its files."""
+    paths = [pair[which] for pair in files]
+    return "".join(path.read_text(errors="replace") for path in paths if path.is_file())
 
 
-def _wait(ranks: list, timeout: float, args: list[str]) -> int:
-    """Until every rank exited: the exit code of the first to fail (128 + N for signal N),
-    0 when none did."""
+def wait_for_ranks(ranks: list[BaseProcess], timeout: float) -> int | None:
+    """Until every rank exited: the exit code of the first to fail (128 + N for signal N), 0
+    when none did, None past `timeout` with none failed."""
     deadline = time.monotonic() + timeout
     running = {process.sentinel: process for process in ranks}
     failure = 0
     while running:
         left = deadline - time.monotonic()
-        if left <= 0:
-            if failure:  # past torchrun's grace period: run_forked kills the rest
-                return failure
-            raise subprocess.TimeoutExpired(["stackwise", *args], timeout)
+        if left <= 0:  # past the timeout, or past the grace after a failure
+            return failure or None
         for sentinel in wait(list(running), timeout=left):
             process = running.pop(sentinel)
             process.join()
-            code = process.exitcode
+            code = process.exitcode or 0
             if code != 0 and not failure:  # the others may be waiting for it in a collective
                 failure = code if code > 0 else 128 - code
                 deadline = min(deadline, time.monotonic() + GRACE_S)

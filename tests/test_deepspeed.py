@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from forked_ranks import run_forked
 from multiproc import clean_env, finished, report, single_run, tiny_run, train_losses
 from safetensors.torch import load_file
 
@@ -84,16 +85,15 @@ def test_another_process_count_resumes_from_the_universal_form(runs):
     resume = [*STEPS, *ZERO["zero3"], f"train.resume_from_checkpoint={checkpoint}"]
     config = root / "one.yaml"
     config.write_text((root / "zero3.yaml").read_text().replace("zero3", "one"))
-    command = [sys.executable, "-m", "stackwise.cli", "train", str(config), *resume]
-    single = [*command, "train.batch_size=8"]
-    proc = subprocess.run(single, capture_output=True, text=True, env=clean_env(), cwd=root)
+    single = ["train", str(config), *resume, "train.batch_size=8"]
+    proc = run_forked(None, single, root, clean_env())
     said = " ".join(proc.stderr.split())
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, report(proc)
     assert "ZeRO partitions of 2 processes and this run has 1" in said
     convert = said[said.index("python -m deepspeed") : said.index(", then resume")].split()
     done = subprocess.run([sys.executable, *convert[1:]], capture_output=True, env=clean_env())
     assert done.returncode == 0, done.stderr[-2000:]
-    proc = subprocess.run(single, capture_output=True, text=True, env=clean_env(), cwd=root)
+    proc = run_forked(None, single, root, clean_env())
     assert proc.returncode == 0, report(proc)
     if not (root / "zero3-again" / "metrics.jsonl").is_file():  # the test above runs it
         finished(*tiny_run(root, "zero3-again", 2, resume))
@@ -141,9 +141,9 @@ def test_the_seeds_deepspeed_command_fine_tunes_a_4bit_model(tmp_path):
 def test_lr_find_under_deepspeed_is_refused_in_one_paragraph(runs):
     root = runs[0]
     config = root / "zero3.yaml"
-    command = [sys.executable, "-m", "stackwise.cli", "lr-find", str(config), "--steps", "3"]
+    command = ["lr-find", str(config), "--steps", "3"]
     command += [*ZERO["zero3"], f"train.output_dir={root / 'lr'}"]
-    proc = subprocess.run(command, capture_output=True, text=True, env=clean_env(), cwd=root)
+    proc = run_forked(None, command, root, clean_env())
     said = " ".join(proc.stderr.split())
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, report(proc)
     assert "Run lr-find with parallel.strategy: ddp or fsdp" in said

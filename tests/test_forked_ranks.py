@@ -1,9 +1,13 @@
-"""The suite's forked ranks (forked_ranks.py) report a failed launch as torchrun does: the
-failing rank's exit code and its words, the other ranks stopped rather than left waiting."""
+"""The suite's forked ranks (forked_ranks.py) report a failed launch: the failing rank's exit
+code and its words, the other ranks stopped rather than left waiting, a timeout said."""
 
 from __future__ import annotations
 
-from forked_ranks import run_forked
+import multiprocessing
+import signal
+import time
+
+from forked_ranks import GRACE_S, run_forked, wait_for_ranks
 from multiproc import clean_env
 
 
@@ -13,3 +17,35 @@ def test_a_failing_launch_returns_the_first_failure_and_what_it_said(tmp_path):
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert f"Config '{missing}' is neither a file nor a preset" in " ".join(proc.stderr.split())
     assert "Traceback" not in proc.stderr
+
+
+def _exit_with(code: int) -> None:
+    raise SystemExit(code)
+
+
+def _hang() -> None:
+    time.sleep(120)
+
+
+def test_a_failed_rank_stops_the_others_and_its_code_is_the_launchs():
+    fork = multiprocessing.get_context("fork")
+    ranks = [fork.Process(target=_exit_with, args=(3,)), fork.Process(target=_hang)]
+    for process in ranks:
+        process.start()
+    started = time.monotonic()
+    assert wait_for_ranks(ranks, timeout=60) == 3
+    assert time.monotonic() - started < GRACE_S  # the hung rank was stopped, not waited for
+    assert ranks[1].exitcode == -signal.SIGTERM
+
+
+def test_a_launch_past_its_timeout_says_so():
+    fork = multiprocessing.get_context("fork")
+    ranks = [fork.Process(target=_hang) for _ in range(2)]
+    for process in ranks:
+        process.start()
+    try:
+        assert wait_for_ranks(ranks, timeout=0.5) is None
+    finally:
+        for process in ranks:
+            process.kill()
+            process.join()
