@@ -41,7 +41,7 @@ train: $(STAMP)
 # module it imports (about 0.25 s a process)
 test: $(STAMP)
 	$(BIN)/python -m compileall -q stackwise tests
-	$(BIN)/python -m pytest -n 2 --dist loadfile tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 lint: $(STAMP)
 	$(BIN)/ruff check stackwise tests benchmarks tools

@@ -24,6 +24,33 @@ torch.set_num_threads(
     1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1))
 )
 
+# The files whose processes take a minute or more, longest first. `make test` runs
+# pytest-xdist with `--dist loadfile --no-loadscope-reorder`, which hands files to the two
+# workers in collection order (by default it hands out the files with the most tests first,
+# and a one-test file of a minute, test_kill.py, ran last on one worker while the other had
+# finished). Starting these first lets the short files fill in at the end.
+LONG_FILES = (
+    "test_deepspeed.py",
+    "test_fsdp_qlora.py",
+    "test_fsdp.py",
+    "test_cli.py",
+    "test_distributed.py",
+    "test_interrupts.py",
+    "test_fields_read.py",
+    "test_kill.py",
+    "test_cli_progressive.py",
+    "test_fsdp_growth.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def position(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONG_FILES.index(name) if name in LONG_FILES else len(LONG_FILES)
+
+    items.sort(key=position)  # stable: each file's tests keep their order
+
+
 WORDS = [
     "the",
     "king",

@@ -19,6 +19,7 @@ launcher commands, the two-node rendezvous, one one-process FSDP run in test_fsd
 from __future__ import annotations
 
 import atexit
+import io
 import multiprocessing
 import os
 import shutil
@@ -51,9 +52,9 @@ def _forkserver() -> multiprocessing.context.ForkServerContext:
 
 
 def rank_environment(rank: int, world: int, port: int) -> dict[str, str]:
-    """The variables torchrun --standalone gives a rank that torch, Accelerate, DeepSpeed or
-    stackwise read (not its TORCHELASTIC_RUN_ID, error file or restart limit); the ranks meet
-    at the launcher's store on `port`, as torchrun's meet at its agent's."""
+    """The variables torchrun --standalone gives a rank (not its TORCHELASTIC_RUN_ID, error
+    file or restart limit, which nothing here reads); the ranks meet at the launcher's store on
+    `port`, as torchrun's meet at its agent's (TORCHELASTIC_USE_AGENT_STORE)."""
     return {
         "RANK": str(rank),
         "LOCAL_RANK": str(rank),
@@ -71,8 +72,9 @@ def rank_environment(rank: int, world: int, port: int) -> dict[str, str]:
 
 
 def _rank_main(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
-    """In the forked child: the launch's environment and working folder, stdout and stderr to
-    files (unbuffered, as torchrun's `python -u`), then the `stackwise` command."""
+    """In the forked child: the launch's environment and working folder, stdout and stderr
+    unbuffered to files (torchrun runs its ranks with `python -u`; a rank killed at a timeout
+    keeps what it printed), then the `stackwise` command, ending as an interpreter does."""
     import torch
 
     os.environ.clear()
@@ -80,20 +82,31 @@ def _rank_main(args: list[str], cwd: str, env: dict[str, str], out: str, err: st
     os.chdir(cwd)
     if "OMP_NUM_THREADS" in env:
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
-    multiprocessing.set_start_method("fork", force=True)  # a fresh interpreter's default here
+    multiprocessing.set_start_method(None, force=True)  # the platform's default, as in a new one
     for fd, path in ((1, out), (2, err)):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(target, fd)
         os.close(target)
-    sys.stdout.reconfigure(write_through=True)
-    sys.stderr.reconfigure(write_through=True)
+    sys.stdout, sys.stderr = (_unbuffered(fd) for fd in (1, 2))
     sys.argv = ["stackwise", *args]
     from stackwise.cli import run
 
     try:
-        run(args)  # a rank of several leaves through os._exit in there
-    finally:
+        run(args)  # a rank of several leaves through os._exit in there, as under torchrun
+    except SystemExit:
         atexit._run_exitfuncs()  # an interpreter's exit runs them; multiprocessing's does not
+        raise
+    except BaseException:
+        sys.excepthook(*sys.exc_info())  # an interpreter's order: the hook, then atexit
+        atexit._run_exitfuncs()
+        raise SystemExit(1) from None
+
+
+def _unbuffered(fd: int) -> io.TextIOWrapper:
+    return io.TextIOWrapper(
+        io.FileIO(fd, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+        write_through=True,
+    )  # fmt: skip
 
 
 def run_forked(
@@ -107,13 +120,14 @@ def run_forked(
     from torch.distributed import TCPStore
 
     context = _forkserver()
-    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=timeout))
+    store_timeout = timedelta(seconds=timeout)
+    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=store_timeout) if world else None
     logs = Path(tempfile.mkdtemp(prefix="ranks-"))
     files = [(logs / f"{r}.out", logs / f"{r}.err") for r in range(world or 1)]
     ranks: list[BaseProcess] = []
     try:
         for rank, (out, err) in enumerate(files):
-            rank_env = {**env, **(rank_environment(rank, world, store.port) if world else {})}
+            rank_env = {**env, **(rank_environment(rank, world, store.port) if store else {})}
             ranks.append(
                 context.Process(
                     target=_rank_main, args=(args, str(cwd), rank_env, str(out), str(err))
@@ -122,6 +136,7 @@ def run_forked(
             ranks[-1].start()
         code = wait_for_ranks(ranks, timeout)
         if code is None:
+            _stop(ranks)  # then read what they said
             raise subprocess.TimeoutExpired(
                 ["stackwise", *args], timeout, output=_joined(files, 0), stderr=_joined(files, 1)
             )
@@ -129,12 +144,16 @@ def run_forked(
             ["stackwise", *args], code, stdout=_joined(files, 0), stderr=_joined(files, 1)
         )
     finally:
-        for process in ranks:
-            if process.exitcode is None:
-                process.kill()
-                process.join()
+        _stop(ranks)
         shutil.rmtree(logs, ignore_errors=True)
-        del store
+        del store  # a TimeoutExpired's traceback would keep its server listening
+
+
+def _stop(ranks: list[BaseProcess]) -> None:
+    for process in ranks:
+        if process.exitcode is None:
+            process.kill()
+            process.join()
 
 
 def _joined(files: list[tuple[Path, Path]], which: int) -> str:
