@@ -153,3 +153,22 @@ def test_overwriting_a_run_drops_its_old_curves(tiny, tmp_path):
     train_from_config(cfg, quiet=True)
     train_from_config(with_train(cfg, overwrite_output_dir=True), quiet=True)
     assert len(list((tmp_path / "run" / "tensorboard").rglob("events.out.tfevents.*"))) == 1
+
+
+def test_the_last_checkpoint_holds_the_final_evaluation(tiny, tmp_path):
+    """A checkpoint due at the last step is written after that step's evaluation, so its
+    history, best metric and best-model record include it (a resume then compares against
+    the real best)."""
+    import json
+
+    cfg = tiny(train={"max_steps": 4, "save_steps": 2, "eval_every": 2, "save_best_model": True})
+    train_from_config(cfg, quiet=True)
+    state = json.loads((tmp_path / "run" / "checkpoint-4" / "trainer_state.json").read_text())
+    assert state["last_eval_step"] == 4
+    evals = [row for row in state["history"] if "loss" in row]
+    assert [row["step"] for row in evals] == [0, 2, 4]
+    assert state["best_metric"] == min(row["loss"] for row in evals)
+    best_row = min(evals, key=lambda row: row["loss"])
+    record = state["extensions"]["best_model"]
+    assert (record["best"], record["best_step"]) == (best_row["loss"], best_row["step"])
+    assert record["checkpoint"] == f"checkpoint-{best_row['step']}"

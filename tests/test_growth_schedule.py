@@ -27,7 +27,7 @@ from stackwise.progressive.budget import check_plateau, default_shares, share_sp
 from stackwise.spec import TrainSpec
 from stackwise.train.extensions import REGISTRY, Extension
 from stackwise.train.interrupts import TrainingInterrupted
-from stackwise.train.optim import lr_factor
+from stackwise.train.optim import long_warmup, lr_factor
 
 # a flat val loss: an LR too small to move it, and a min_delta larger than its jitter
 FLAT = {"lr": 1e-9, "eval_every": 2}
@@ -333,3 +333,31 @@ def test_wsd_with_a_global_schedule_holds_the_lr_through_growth(tiny):
 def test_decay_ratio_needs_the_wsd_scheduler(tiny):
     with pytest.raises(StackWiseError, match="decay_ratio only applies to scheduler: wsd"):
         tiny(train={"decay_ratio": 0.3})
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "warmup", "said"),
+    [
+        ("cosine", 50, "to 58% of train.lr at the last step, and never decays (cosine)"),
+        ("wsd", 30, "to 97% of train.lr at the last step, and never decays (wsd)"),
+        ("constant_with_warmup", 40, "to 72% of train.lr at the last step."),
+    ],
+)
+def test_a_warmup_as_long_as_the_run_is_named(scheduler, warmup, said):
+    spec = TrainSpec(max_steps=30, warmup_steps=warmup, scheduler=scheduler)
+    note = long_warmup(spec)
+    assert note is not None and f"({warmup}) is not below train.max_steps (30)" in note
+    assert said in note, note
+    assert lr_factor(29, spec) < 1.0  # what the note describes: the peak is never reached
+
+
+def test_a_warmup_shorter_than_the_run_says_nothing():
+    assert long_warmup(TrainSpec(max_steps=30, warmup_steps=29)) is None
+    assert long_warmup(TrainSpec(max_steps=30, warmup_ratio=0.5)) is None
+    assert long_warmup(TrainSpec(max_steps=30, scheduler="constant")) is None
+
+
+def test_a_run_shorter_than_its_warmup_says_so_once(tiny, capfd):
+    train_from_config(tiny(train={"max_steps": 3, "warmup_steps": 5}), quiet=True)
+    err = capfd.readouterr().err
+    assert err.count("train.warmup_steps (5) is not below train.max_steps (3)") == 1, err

@@ -13,7 +13,7 @@ from stackwise import seeds
 from stackwise.io.checkpoints import LATEST
 from stackwise.objectives import Objective, Specials, objective_from
 from stackwise.spec import Plan, StageSpec
-from stackwise.train.optim import lr_factor
+from stackwise.train.optim import lr_factor, note_long_warmup
 
 
 def own_run(plan: Plan, folder: Path, **train: Any) -> Plan:
@@ -57,6 +57,7 @@ def global_schedule(plan: Plan, optimizer: Any, offset: int) -> LambdaLR:
     going on from `offset`, the steps the earlier stages ran: the warmup happens once, in
     stage 0, and the LR only decays after it (wsd: only at the end of the run)."""
     whole = replace(plan.train, max_steps=sum(s.steps for s in plan.stages))
+    note_long_warmup(whole)
     return LambdaLR(optimizer, lambda step: lr_factor(offset + step, whole))
 
 

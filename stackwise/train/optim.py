@@ -8,6 +8,7 @@ here honours the same `min_lr_ratio` floor (transformers' linear one has none).
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -111,7 +112,38 @@ def lr_factor(step: int, cfg: TrainSpec) -> float:
 
 
 def build_scheduler(opt: torch.optim.Optimizer, cfg: TrainSpec) -> LambdaLR:
+    note_long_warmup(cfg)
     return LambdaLR(opt, lambda step: lr_factor(step, cfg))
+
+
+def long_warmup(cfg: TrainSpec) -> str | None:
+    """Why a warmup of at least max_steps leaves the schedule half unused, or None. Not a
+    refusal: a preset's warmup meets a run shortened with train.max_steps all the time."""
+    warm = warmup_steps(cfg)
+    if cfg.scheduler == "constant" or warm < cfg.max_steps or cfg.max_steps <= 0:
+        return None
+    reached = lr_factor(cfg.max_steps - 1, cfg)
+    decays = f", and never decays ({cfg.scheduler})"
+    if cfg.scheduler == "constant_with_warmup":
+        decays = ""
+    return (
+        f"train.warmup_steps ({warm}) is not below train.max_steps ({cfg.max_steps}): the "
+        f"learning rate rises for the whole run, to {reached:.0%} of train.lr at the last "
+        f"step{decays}. Lower train.warmup_steps (or set train.warmup_ratio) for this run."
+    )
+
+
+_NOTED: set[str] = set()
+
+
+def note_long_warmup(cfg: TrainSpec) -> None:
+    """Print long_warmup's note once per process, from the main process only."""
+    from accelerate import PartialState
+
+    note = long_warmup(cfg)
+    if note is not None and note not in _NOTED and PartialState().is_main_process:
+        _NOTED.add(note)
+        print(f"stackwise: note: {note}", file=sys.stderr)
 
 
 def logged_lrs(optimizer: torch.optim.Optimizer, scheduler: LambdaLR) -> dict[str, float]:

@@ -244,9 +244,12 @@ class EnhancedTrainer(FromSettings, RunFiles):
             self.metrics.step_done()
             self.call_hook("on_step_end")
             step = self.state.step
+            last = step == tc.max_steps or self.control.should_stop
             logs = step % self.plan.logging.log_every == 0 or step == tc.max_steps
-            evaluates = step % tc.eval_every == 0 and step != tc.max_steps
             saves = bool(tc.save_steps) and step % tc.save_steps == 0
+            # the last step's eval comes after the loop, unless a checkpoint is due: then
+            # first, so that the checkpoint holds it (history, best metric, early stopping)
+            evaluates = (step % tc.eval_every == 0 and not last) or (last and saves)
             if logs or evaluates or saves:
                 self.settle_steps()
             row = self._train_row(window) if logs and window.steps else None
