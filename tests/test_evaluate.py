@@ -124,6 +124,13 @@ def test_eval_cli_writes_eval_json_with_a_causal_reference(tiny, tmp_path, capsy
     )
     assert "exact NLL" in capsys.readouterr().out
     assert main(["eval", "--checkpoint", str(ref.output_dir), "--samples", "0"]) == 2
+    # the NELBO's flags on the causal run: refused, not ignored
+    causal = ["eval", "--checkpoint", str(ref.output_dir), "--samples", "1", "--max-blocks", "2"]
+    kept = (ref.output_dir / "eval.json").read_text()
+    assert main([*causal, "--t-points", "3", "--mc-num", "2"]) == 2
+    said = capsys.readouterr().err
+    assert "--t-points and --mc-num set how a masked" in said and "Traceback" not in said
+    assert (ref.output_dir / "eval.json").read_text() == kept  # the earlier report stays
 
 
 def test_eval_masks_do_not_depend_on_how_blocks_are_batched():

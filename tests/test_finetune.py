@@ -260,6 +260,15 @@ def test_qlora_quantizes_the_base_and_keeps_its_dtypes(hf, tmp_path, bf16_autoca
     assert lora and all(p.dtype == torch.float32 for p in lora)
     # B starts at zero: it moved, so gradients flowed through the 4-bit base
     assert all(p.abs().sum() > 0 for n, p in model.named_parameters() if "lora_B" in n)
+    # counted as the values they stand for, not the bytes packing two of them (the header)
+    from transformers import AutoModelForCausalLM
+
+    from stackwise.hf.adapter import parameter_size
+
+    assert all(parameter_size(m.weight) == m.in_features * m.out_features for m in four_bit)
+    base = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(hf["llama"]).parameters())
+    total = sum(parameter_size(p) for p in model.parameters())
+    assert total == base + sum(p.numel() for p in lora)
 
 
 def test_lora_options_reach_peft_and_the_optimizer(hf, tmp_path):

@@ -102,6 +102,12 @@ def run_eval(
 
     ref = reference_rack(reference) if reference is not None else None  # first: fails fast
     config, rack, tokenizer = load_trained(folder)
+    if config.objective.causal and (unused := settings.masked_only()):
+        raise StackWiseError(
+            f"{' and '.join(unused)} set how a masked (mlm/diffusion) rack's NELBO is "
+            f"estimated, and '{folder}' is causal ({config.objective.name}): its likelihood "
+            f"is exact, so they would change nothing. Leave out {' and '.join(unused)}."
+        )
     changes = {f"sample.{k}": v for k, v in sampling.items() if v is not None}
     sample = config.sample
     if changes:  # checked by every rule before any scoring (generate takes them as checked)

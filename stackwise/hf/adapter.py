@@ -72,6 +72,17 @@ def check_base(folder: Path, base: dict[str, Any]) -> None:
         )
 
 
+def parameter_size(p: nn.Parameter) -> int:
+    """The values a parameter stands for: ZeRO-3 keeps a part here (its whole size aside), and
+    a 4-bit weight (bitsandbytes) packs two values in each byte of its storage."""
+    if (whole := getattr(p, "ds_numel", None)) is not None:
+        return whole
+    quant_state = getattr(p, "quant_state", None)
+    if quant_state is not None and getattr(quant_state, "shape", None) is not None:
+        return quant_state.shape.numel()
+    return p.numel()
+
+
 @register_model_adapter("hf")
 class HFAdapter(ModelAdapter):
     def __init__(self) -> None:
@@ -154,11 +165,8 @@ class HFAdapter(ModelAdapter):
         return group_lr(name, tc, self.plan)
 
     def describe(self, model: nn.Module, plan: Plan) -> str:
-        def size(p: nn.Parameter) -> int:  # ZeRO-3 keeps a part here, its whole size aside
-            return getattr(p, "ds_numel", None) or p.numel()
-
-        total = sum(size(p) for p in model.parameters())
-        trained = sum(size(p) for p in model.parameters() if p.requires_grad)
+        total = sum(parameter_size(p) for p in model.parameters())
+        trained = sum(parameter_size(p) for p in model.parameters() if p.requires_grad)
         m = plan.model
         quant = "4-bit " if m.load_in_4bit else "8-bit " if m.load_in_8bit else ""
         how = "LoRA" if plan.lora.enabled else "full fine-tuning"
