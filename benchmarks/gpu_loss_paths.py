@@ -12,6 +12,9 @@ Paths (each weighted by per-position weights, as stackwise's objectives are, exc
                        stackwise with train.compile off;
   stackwise compiled   objectives.base.compiled_ce_sum: the same, torch.compile'd into fused
                        kernels: stackwise with train.compile on a GPU;
+  blocked rows         objectives.blocked_ce.blocked_ce_sum: a block of rows at a time, never a
+                       full-size fp32 tensor (stackwise takes it on the CPU from 64 MB of fp32
+                       logits; timed here to decide whether a GPU should too);
   autocast CE          F.cross_entropy(logits) under CUDA autocast, as nanoGPT's eager loop
                        computes it. Autocast runs this log-softmax on the bf16 input with bf16
                        output, so its loss differs from the fp32 one (the |diff| column).
@@ -36,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from stackwise.objectives.base import compiled_ce_sum, weighted_ce_sum
+from stackwise.objectives.blocked_ce import blocked_ce_sum
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -132,6 +136,7 @@ def main() -> None:
         "fp32 copy, then CE": fp32_copy_first,
         "stackwise eager": weighted_ce_sum,
         "stackwise compiled": compiled_ce_sum(),
+        "blocked rows": blocked_ce_sum,
         "autocast CE": autocast_ce,
     }
     head = f"{'path':<20} {'ms fwd+bwd':>10} {'min..max':>15} {'loss/token':>11} {'|diff|':>9}"

@@ -128,3 +128,31 @@ def test_a_head_count_error_offers_counts_that_divide():
     with pytest.raises(StackWiseError, match=r"head counts that divide it: 1, 7") as caught:
         load_config(None, ["model.d_model=7"])
     assert "must be even" not in str(caught.value)
+
+
+def test_a_checkpoint_moved_out_of_its_run_is_named(tiny, tmp_path, capsys):
+    """A checkpoint reads the run's tokenizer from the folder around it: moved elsewhere, the
+    refusal says so (not "point data.tokenizer at ...", a key the user never set)."""
+    import shutil
+
+    from stackwise.cli import main
+    from stackwise.pipeline import train_from_config
+
+    run = train_from_config(tiny(train={"max_steps": 2, "save_steps": 2}), quiet=True).output_dir
+    moved = tmp_path / "elsewhere" / "checkpoint-2"
+    shutil.copytree(run / "checkpoint-2", moved)
+    assert main(["eval", "--checkpoint", str(moved), "--samples", "1"]) == 2
+    said = capsys.readouterr().err
+    assert "was the checkpoint moved out of its run?" in said and "data.tokenizer" not in said
+    assert main(["eval", "--checkpoint", str(run / "checkpoint-2"), "--samples", "1"]) == 0
+
+
+def test_a_hugging_face_folder_given_as_a_run_is_named(tmp_path):
+    from stackwise.io.run_folder import run_paths
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(StackWiseError, match=r"holds a Hugging Face model \(config.json\)"):
+        run_paths(tmp_path)
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(StackWiseError, match="is not a StackWise output dir"):
+        run_paths(tmp_path)

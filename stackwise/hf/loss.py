@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-IGNORE = -100
+from stackwise.objectives.blocked_ce import IGNORE, blocked_ce_sum, pays
 
 
 def forward_logits(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -23,8 +23,11 @@ def target_sums(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(summed NLL, with `hits` the per-target correctness) of next-token targets."""
     targets = labels[:, 1:].reshape(-1)
-    flat = logits[:, :-1].reshape(-1, logits.size(-1)).float()
-    nll = F.cross_entropy(flat, targets, ignore_index=IGNORE, reduction="sum")
+    flat = logits[:, :-1].reshape(-1, logits.size(-1))
+    if pays(flat):  # a large vocabulary on a CPU: a block of rows at a time
+        nll = blocked_ce_sum(flat, targets)
+    else:
+        nll = F.cross_entropy(flat.float(), targets, ignore_index=IGNORE, reduction="sum")
     if not hits:
         return nll, None
     return nll, (flat.argmax(-1) == targets) & (targets != IGNORE)

@@ -34,7 +34,15 @@ def run_folder_of(folder: Path) -> tuple[Path, Path]:
             f"run folder '{folder.parent.parent}' once the run has finished (resume it with "
             "train.resume_from_checkpoint=latest)."
         )
-    return folder, folder.parent / "tokenizer"
+    tokenizer = folder.parent / "tokenizer"
+    if not tokenizer.is_dir():
+        raise StackWiseError(
+            f"'{folder}' is a checkpoint, and a checkpoint reads its tokenizer from the run "
+            f"folder around it, but '{folder.parent}' has no tokenizer/ folder (was the "
+            "checkpoint moved out of its run?). Pass it where `stackwise train` wrote it "
+            "(RUN/checkpoint-N), or copy the run's tokenizer/ folder beside it."
+        )
+    return folder, tokenizer
 
 
 def not_a_run(folder: Path) -> str:
@@ -53,6 +61,12 @@ def not_a_run(folder: Path) -> str:
             f"The run in '{folder}' has not finished (no config.yaml or run_complete.json yet), "
             f"so it holds no final model. Sample its latest checkpoint, '{folder / name}', or "
             "resume the run."
+        )
+    if (folder / "config.json").is_file():  # `merge-lora`'s output, or any hub model folder
+        return (
+            f"'{folder}' holds a Hugging Face model (config.json), not a StackWise run (no "
+            "config.yaml): load it with transformers (AutoModelForCausalLM.from_pretrained), "
+            "or fine-tune it with `stackwise finetune --model_name_or_path` and sample that run."
         )
     return (
         f"'{folder}' is not a StackWise output dir (no config.yaml). Pass the folder that "

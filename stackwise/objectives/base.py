@@ -15,9 +15,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from stackwise.objectives.blocked_ce import IGNORE, blocked_ce_sum, blocked_token_ce, pays
 from stackwise.origin import stackwise_code
 
-IGNORE = -100
 Batch = dict[str, torch.Tensor]  # a collated batch: input_ids, labels, masks, cache keys
 
 
@@ -58,6 +58,8 @@ class Prepared:
 def token_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Per-position cross entropy in fp32 (whatever the logits' dtype), 0 where the target is
     IGNORE."""
+    if pays(logits) and not (torch.is_grad_enabled() and logits.requires_grad):
+        return blocked_token_ce(logits, targets)
     flat = F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]).float(),
         targets.reshape(-1),
@@ -70,7 +72,10 @@ def token_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def weighted_ce_sum(
     logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
-    """sum(weights * cross entropy) over positions, in fp32: the training loss's numerator."""
+    """sum(weights * cross entropy) over positions, in fp32: the training loss's numerator.
+    Large logits on a CPU go a block of rows at a time (stackwise.objectives.blocked_ce)."""
+    if pays(logits):
+        return blocked_ce_sum(logits, targets, weights)
     return (token_ce(logits, targets) * weights).sum()
 
 
