@@ -3,13 +3,14 @@ F.cross_entropy, on the CPU: the training loss's forward and backward over (rows
 
     .venv/bin/python benchmarks/blocked_ce.py            # the table below, 7 reps
     .venv/bin/python benchmarks/blocked_ce.py --quick    # two small sizes, 2 reps
+    .venv/bin/python benchmarks/blocked_ce.py --threads 2  # as a Trainer on 2 cores runs it
 
-Time: one torch thread, the two paths alternating within each rep (which goes first changes
-from rep to rep), median (min..max) ms of a forward + backward. Memory: each path once in a
-fresh process at the largest size, its peak RSS rise over the logits it was given (VmHWM).
-glibc's allocator as the Trainer sets it (stackwise.train.hardware.keep_freed_memory). Both
-paths are weighted as stackwise's objectives weigh positions; the loss and gradient
-columns compare them. The blocked path is taken from MIN_FP32_BYTES (64 MB of fp32) up.
+Time: one torch thread (--threads N for more), the two paths alternating within each rep (the
+first changing from rep to rep), median (min..max) ms of a forward + backward. Memory: each path
+once in a fresh process at the largest size, its peak RSS rise over the logits it was given
+(VmHWM). glibc's allocator as the Trainer sets it (stackwise.train.hardware.keep_freed_memory).
+Both paths are weighted as stackwise's objectives weigh positions; the loss and gradient columns
+compare them. The blocked path is taken from MIN_FP32_BYTES (64 MB of fp32) up.
 """
 
 from __future__ import annotations
@@ -87,17 +88,17 @@ def timing_rows(sizes: list[tuple[int, int]], reps: int) -> list[float]:
     return speeds
 
 
-def peak_rise(name: str, rows: int, vocab: int, dtype: str) -> float:
+def peak_rise(name: str, rows: int, vocab: int, dtype: str, threads: int) -> float:
     """MB the peak RSS rises over the logits during one forward + backward, in a fresh process."""
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); import blocked_ce as b, _common as c;"
-        "b.keep_freed_memory();"
+        "b.keep_freed_memory(); b.torch.set_num_threads(int(sys.argv[6]));"
         "args = b.problem(int(sys.argv[3]), int(sys.argv[4]), b.DTYPES[sys.argv[5]]);"
         "before = c.status_mb('VmHWM'); b.once(sys.argv[2], *args);"
         "print(c.status_mb('VmHWM') - before)"
     )  # fmt: skip
     here = str(bench.Path(__file__).resolve().parent)
-    cmd = [sys.executable, "-c", code, here, name, str(rows), str(vocab), dtype]
+    cmd = [sys.executable, "-c", code, here, name, str(rows), str(vocab), dtype, str(threads)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
@@ -105,10 +106,12 @@ def peak_rise(name: str, rows: int, vocab: int, dtype: str) -> float:
 def main() -> None:
     p = bench.benchmark_parser(__doc__, "two small sizes, 2 reps")
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (a Trainer uses all)")
     args = p.parse_args()
-    if args.reps < 1:
-        p.error("--reps must be at least 1")
+    if args.reps < 1 or args.threads < 1:
+        p.error("--reps and --threads must be at least 1")
     bench.pin_threads()
+    torch.set_num_threads(args.threads)
     keep_freed_memory()  # as the Trainer runs: freed blocks reused, not faulted in anew
     rec = record.start("blocked_ce", args.record)
     sizes, reps = (QUICK, 2) if args.quick else (SIZES, args.reps)
@@ -118,7 +121,7 @@ def main() -> None:
     print(f"\npeak RSS rise during one forward + backward, {rows} x {vocab}, fresh processes:")
     rises = {}
     for label in DTYPES:
-        rises[label] = {name: peak_rise(name, rows, vocab, label) for name in PATHS}
+        rises[label] = {name: peak_rise(name, rows, vocab, label, args.threads) for name in PATHS}
         lib, ours = rises[label]["library"], rises[label]["blocked"]
         print(f"  {label}: library {lib:7.0f} MB, blocked {ours:7.0f} MB ({ours / lib:.2f}x)")
     largest = sizes.index((rows, vocab))

@@ -38,8 +38,8 @@ import _record as record
 import torch
 import torch.nn.functional as F
 
+import stackwise.objectives.blocked_ce as blocked_ce
 from stackwise.objectives.base import compiled_ce_sum, weighted_ce_sum
-from stackwise.objectives.blocked_ce import blocked_ce_sum
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -112,7 +112,18 @@ def main() -> None:
     p = bench.benchmark_parser(__doc__, "small logits (2 x 64 x 512) on the CPU")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--cpu", action="store_true", help="eager against compiled on the CPU")
+    p.add_argument(
+        "--block-mb",
+        type=float,
+        default=None,
+        help="fp32 MB per block of the blocked path (default: its CPU setting, 2 MiB; a GPU "
+        "likely wants far larger blocks)",
+    )
     args = p.parse_args()
+    if args.block_mb is not None:
+        if args.block_mb <= 0:
+            p.error("--block-mb must be above 0")
+        blocked_ce.BLOCK_FP32_BYTES = int(args.block_mb * 2**20)
     if args.reps < 1:
         p.error("--reps must be at least 1")
     if args.cpu:
@@ -136,7 +147,7 @@ def main() -> None:
         "fp32 copy, then CE": fp32_copy_first,
         "stackwise eager": weighted_ce_sum,
         "stackwise compiled": compiled_ce_sum(),
-        "blocked rows": blocked_ce_sum,
+        "blocked rows": blocked_ce.blocked_ce_sum,
         "autocast CE": autocast_ce,
     }
     head = f"{'path':<20} {'ms fwd+bwd':>10} {'min..max':>15} {'loss/token':>11} {'|diff|':>9}"

@@ -53,6 +53,42 @@ def test_under_autocast_it_still_computes_in_fp32():
     assert torch.allclose(ours, ref, rtol=1e-6)
 
 
+def test_an_ignored_row_adds_nothing_whatever_it_holds():
+    """An IGNORE row's column 0 at -inf (a forbidden token): still 0, as the library's."""
+    logits, targets, weights = problem(10, 20, torch.float32)
+    logits = logits.detach().clone()
+    logits[:, 0] = float("-inf")
+    targets[0] = IGNORE
+    targets[1:] = torch.randint(1, 20, (9,))
+    ours, ref = (
+        blocked.blocked_ce_sum(logits, targets, weights),
+        library_sum(logits, targets, weights),
+    )
+    assert torch.isfinite(ours) and torch.allclose(ours, ref, rtol=1e-6)
+
+
+def test_weights_broadcast_and_bad_targets_are_refused():
+    logits, targets, _ = problem(6, 20, torch.float32)
+    rows = torch.tensor([[0.5], [2.0]])  # one weight per row of a (2, 3) batch
+    ours = blocked.blocked_ce_sum(logits.view(2, 3, 20), targets.view(2, 3), rows)
+    ref = library_sum(logits, targets, rows.expand(2, 3).reshape(-1))
+    assert torch.allclose(ours, ref, rtol=1e-6)
+    targets[1] = -1
+    with pytest.raises(ValueError, match="below 0 that is not IGNORE"):
+        blocked.blocked_ce_sum(logits, targets)
+
+
+def test_weights_that_learn_keep_the_library_s_path(monkeypatch):
+    """A learned weighting needs its gradient, which the blocked path does not give."""
+    monkeypatch.setattr(blocked, "MIN_FP32_BYTES", 0)
+    logits, targets, weights = problem(30, 20, torch.float32)
+    assert blocked.pays(logits, weights) and blocked.pays(logits)
+    learned = weights.clone().requires_grad_()
+    assert not blocked.pays(logits, learned)
+    weighted_ce_sum(logits, targets, learned).backward()
+    assert learned.grad is not None and learned.grad.abs().sum() > 0
+
+
 def test_without_weights_every_scored_position_weighs_one():
     logits, targets, _ = problem(130, 50, torch.float32)
     logits3d, targets3d = logits.detach().view(2, 65, 50), targets.view(2, 65)

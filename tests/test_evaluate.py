@@ -143,3 +143,14 @@ def test_eval_masks_do_not_depend_on_how_blocks_are_batched():
         for a, b in ((0, 4), (4, 6))
     ]
     assert torch.equal(whole, torch.cat(parts))
+
+
+def test_the_eval_flags_default_to_the_settings_defaults():
+    """The parser repeats EvalSettings' defaults (importing them would load torch for --help):
+    masked_only compares against them, so they must not drift apart."""
+    from stackwise.cli.parsers import build_parser
+    from stackwise.evaluate.settings import EvalSettings
+
+    ns = build_parser().parse_args(["eval", "--checkpoint", "RUN"])
+    given = EvalSettings(ns.t_points, ns.mc_num, ns.samples, ns.max_blocks, ns.seed)
+    assert given == EvalSettings() and given.masked_only() == []

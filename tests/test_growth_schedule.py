@@ -346,7 +346,8 @@ def test_decay_ratio_needs_the_wsd_scheduler(tiny):
 def test_a_warmup_as_long_as_the_run_is_named(scheduler, warmup, said):
     spec = TrainSpec(max_steps=30, warmup_steps=warmup, scheduler=scheduler)
     note = long_warmup(spec)
-    assert note is not None and f"({warmup}) is not below train.max_steps (30)" in note
+    assert note is not None
+    assert f"train.warmup_steps ({warmup} steps) is not below train.max_steps (30 steps)" in note
     assert said in note, note
     assert lr_factor(29, spec) < 1.0  # what the note describes: the peak is never reached
 
@@ -355,9 +356,33 @@ def test_a_warmup_shorter_than_the_run_says_nothing():
     assert long_warmup(TrainSpec(max_steps=30, warmup_steps=29)) is None
     assert long_warmup(TrainSpec(max_steps=30, warmup_ratio=0.5)) is None
     assert long_warmup(TrainSpec(max_steps=30, scheduler="constant")) is None
+    ratio = long_warmup(TrainSpec(max_steps=30, warmup_ratio=0.999), "stack 2's budget")
+    assert ratio is not None and ratio.startswith("train.warmup_ratio (30 steps) is not below")
+    assert "stack 2's budget (30 steps)" in ratio and "Lower train.warmup_ratio" in ratio
 
 
 def test_a_run_shorter_than_its_warmup_says_so_once(tiny, capfd):
     train_from_config(tiny(train={"max_steps": 3, "warmup_steps": 5}), quiet=True)
     err = capfd.readouterr().err
-    assert err.count("train.warmup_steps (5) is not below train.max_steps (3)") == 1, err
+    said = "train.warmup_steps (5 steps) is not below train.max_steps (3 steps)"
+    assert err.count(said) == 1, err
+
+
+@pytest.mark.parametrize(
+    ("lr_schedule", "said"),
+    [
+        ("per_stage", ["stack 1's budget (2 steps)", "stack 2's budget (6 steps)"]),
+        ("global", ["the steps planned over all stacks (8 steps)"]),
+    ],
+)
+def test_a_progressive_run_names_the_steps_its_warmup_outlasts(tiny, capfd, lr_schedule, said):
+    cfg = grown(
+        tiny,
+        growth={"schedule": "budget_share", "shares": [1, 3]},
+        n_stacks=2,
+        progressive={"lr_schedule": lr_schedule},
+        train={"warmup_steps": 9},
+    )
+    train_from_config(with_train(cfg, max_steps=8), quiet=True)
+    notes = [line for line in capfd.readouterr().err.splitlines() if "is not below" in line]
+    assert len(notes) == len(said) and all(s in n for s, n in zip(said, notes, strict=True))

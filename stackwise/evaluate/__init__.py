@@ -126,7 +126,7 @@ def run_eval(
     return {
         "run": str(folder),
         "objective": config.objective.name,
-        "training": training_compute(run_folder_of(Path(folder))[0]),
+        "training": training_compute(run_folder_of(Path(folder).expanduser())[0]),
         "likelihood": likelihood(config, rack, data, settings),
         "conditional": conditional_likelihood(config, rack, data, settings),
         "samples": sample_quality(config, rack, data, vocabulary, settings, ref, **sampling),

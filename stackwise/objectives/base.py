@@ -74,7 +74,7 @@ def weighted_ce_sum(
 ) -> torch.Tensor:
     """sum(weights * cross entropy) over positions, in fp32: the training loss's numerator.
     Large logits on a CPU go a block of rows at a time (stackwise.objectives.blocked_ce)."""
-    if pays(logits):
+    if pays(logits, weights):
         return blocked_ce_sum(logits, targets, weights)
     return (token_ce(logits, targets) * weights).sum()
 

@@ -20,16 +20,18 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 IGNORE = -100
-BLOCK_FP32_BYTES = 2 * 2**20  # a block's fp32 rows: 16 of a 32k vocabulary, in a core's cache
+BLOCK_FP32_BYTES = 2 * 2**20  # a block's fp32 rows: 16 of a 32k vocabulary (1-2 MiB measured best)
 MIN_FP32_BYTES = 64 * 2**20  # below this the library's fused kernels are as fast or faster
 
 
-def pays(logits: Tensor) -> bool:
-    """Whether these logits take the blocked path: large, on a CPU, outside torch.compile."""
+def pays(logits: Tensor, weights: Tensor | None = None) -> bool:
+    """Whether these logits take the blocked path: large, on a CPU, outside torch.compile,
+    with weights that need no gradient (a learned weighting keeps the library's path)."""
     return (
         logits.device.type == "cpu"
         and logits.numel() * 4 >= MIN_FP32_BYTES
         and not torch.compiler.is_compiling()
+        and not (weights is not None and weights.requires_grad)
     )
 
 
@@ -44,24 +46,23 @@ def _blocks(flat: Tensor) -> list[slice]:
 class _BlockedCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, flat: Tensor, targets: Tensor, weights: Tensor) -> Tensor:
-        with torch.autocast(flat.device.type, enabled=False):  # the loss's own precision: fp32
-            return _BlockedCE._forward(ctx, flat, targets, weights)
-
-    @staticmethod
-    def _forward(ctx: Any, flat: Tensor, targets: Tensor, weights: Tensor) -> Tensor:
         lse = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
         total = torch.zeros((), dtype=torch.float32, device=flat.device)
         for rows in _blocks(flat):
             z, t = flat[rows].float(), targets[rows]
             lse[rows] = torch.logsumexp(z, -1)
             picked = z.gather(1, t.clamp_min(0)[:, None]).squeeze(1)
-            total += ((lse[rows] - picked) * weights[rows]).sum()
+            # an IGNORE row adds exactly 0, whatever its column 0 holds (-inf too)
+            ce = torch.where(t == IGNORE, 0.0, lse[rows] - picked)
+            total += (ce * weights[rows]).sum()
         ctx.save_for_backward(flat, targets, weights, lse)
         return total
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+    @once_differentiable  # no double backward (nothing here needs one)
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
         flat, targets, weights, lse = ctx.saved_tensors
         out = torch.empty_like(flat)
         for rows in _blocks(flat):
@@ -75,11 +76,15 @@ class _BlockedCE(torch.autograd.Function):
 
 def blocked_ce_sum(logits: Tensor, targets: Tensor, weights: Tensor | None = None) -> Tensor:
     """sum(weights * cross entropy) over the positions of (..., V) logits, in fp32; positions
-    whose target is IGNORE count 0, and `weights` None weighs every other position 1."""
+    whose target is IGNORE count 0, and `weights` None weighs every other position 1. The
+    weights get no gradient (`pays` sends weights that need one to the library's path)."""
     flat, t = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    if bool(((t < 0) & (t != IGNORE)).any()):  # the library refuses them too
+        raise ValueError(f"a target below 0 that is not IGNORE ({IGNORE}): {int(t.min())}")
     scored = (t != IGNORE).float()
-    w = scored if weights is None else weights.reshape(-1).float() * scored
-    return _BlockedCE.apply(flat, t, w)
+    if weights is not None:
+        scored = torch.broadcast_to(weights, targets.shape).reshape(-1).float() * scored
+    return _BlockedCE.apply(flat, t, scored)
 
 
 @torch.no_grad()

@@ -20,6 +20,7 @@ from stackwise.progressive.stage_specs import global_schedule
 from stackwise.spec import Plan, StageSpec
 from stackwise.train.best import EarlyStopping
 from stackwise.train.extensions import Extension
+from stackwise.train.optim import build_scheduler
 from stackwise.train.state import RunInfo, Stage
 
 
@@ -100,11 +101,13 @@ class StageRun:
         label = f"stack {index + 1}/{n_stacks}"
         return Stage(index, label, defer_finish=True, flops_before=flops, tokens_before=tokens)
 
-    def scheduler(self, plan: Plan) -> Callable[[Any], Any] | None:
-        """lr_schedule global: this stage's slice of the run's one LR schedule, going on
-        from the steps the earlier stages ran; None: the stage schedules its own budget."""
+    def scheduler(self, plan: Plan, stage_plan: Plan) -> Callable[[Any], Any]:
+        """lr_schedule global: this stage's slice of the run's one LR schedule (`plan`'s),
+        going on from the steps the earlier stages ran; else the stage's own schedule over
+        its budget (`stage_plan`'s)."""
         if plan.progressive.lr_schedule != "global":
-            return None
+            span = f"stack {self.stage.index + 1}'s budget"
+            return lambda optimizer: build_scheduler(optimizer, stage_plan.train, span)
         return lambda optimizer: global_schedule(plan, optimizer, self.offset)
 
     def extensions(self) -> list[Extension]:

@@ -182,7 +182,7 @@ class ProgressiveRecipe:
             stage=stage,
             eval_objective=self.base_objective,
             eval_seed=self.plan.train.seed,
-            scheduler=run.scheduler(self.plan),
+            scheduler=run.scheduler(self.plan, plan),
             extensions=run.extensions(),
         )
         self.last_trainer = trainer  # inspected by tests (optimizer membership)

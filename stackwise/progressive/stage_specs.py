@@ -57,7 +57,8 @@ def global_schedule(plan: Plan, optimizer: Any, offset: int) -> LambdaLR:
     going on from `offset`, the steps the earlier stages ran: the warmup happens once, in
     stage 0, and the LR only decays after it (wsd: only at the end of the run)."""
     whole = replace(plan.train, max_steps=sum(s.steps for s in plan.stages))
-    note_long_warmup(whole)
+    if offset == 0:  # said once, by the first stage
+        note_long_warmup(whole, "the steps planned over all stacks")
     return LambdaLR(optimizer, lambda step: lr_factor(offset + step, whole))
 
 

@@ -111,12 +111,15 @@ def lr_factor(step: int, cfg: TrainSpec) -> float:
     return floor + (1.0 - floor) * decay
 
 
-def build_scheduler(opt: torch.optim.Optimizer, cfg: TrainSpec) -> LambdaLR:
-    note_long_warmup(cfg)
+def build_scheduler(
+    opt: torch.optim.Optimizer, cfg: TrainSpec, span: str = "train.max_steps"
+) -> LambdaLR:
+    """The LR schedule of `cfg`; `span` names its max_steps in the long-warmup note."""
+    note_long_warmup(cfg, span)
     return LambdaLR(opt, lambda step: lr_factor(step, cfg))
 
 
-def long_warmup(cfg: TrainSpec) -> str | None:
+def long_warmup(cfg: TrainSpec, span: str = "train.max_steps") -> str | None:
     """Why a warmup of at least max_steps leaves the schedule half unused, or None. Not a
     refusal: a preset's warmup meets a run shortened with train.max_steps all the time."""
     warm = warmup_steps(cfg)
@@ -126,23 +129,20 @@ def long_warmup(cfg: TrainSpec) -> str | None:
     decays = f", and never decays ({cfg.scheduler})"
     if cfg.scheduler == "constant_with_warmup":
         decays = ""
+    key = "train.warmup_ratio" if cfg.warmup_ratio is not None else "train.warmup_steps"
     return (
-        f"train.warmup_steps ({warm}) is not below train.max_steps ({cfg.max_steps}): the "
-        f"learning rate rises for the whole run, to {reached:.0%} of train.lr at the last "
-        f"step{decays}. Lower train.warmup_steps (or set train.warmup_ratio) for this run."
+        f"{key} ({warm} steps) is not below {span} ({cfg.max_steps} steps): the learning rate "
+        f"rises for the whole run, to {reached:.0%} of train.lr at the last step{decays}. "
+        f"Lower {key} for this run."
     )
 
 
-_NOTED: set[str] = set()
-
-
-def note_long_warmup(cfg: TrainSpec) -> None:
-    """Print long_warmup's note once per process, from the main process only."""
+def note_long_warmup(cfg: TrainSpec, span: str = "train.max_steps") -> None:
+    """Print long_warmup's note, from the main process only."""
     from accelerate import PartialState
 
-    note = long_warmup(cfg)
-    if note is not None and note not in _NOTED and PartialState().is_main_process:
-        _NOTED.add(note)
+    note = long_warmup(cfg, span)
+    if note is not None and PartialState().is_main_process:
         print(f"stackwise: note: {note}", file=sys.stderr)
 
 
