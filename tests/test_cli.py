@@ -183,6 +183,7 @@ def work2(work: Work) -> Work:
         ["generate", "--checkpoint", clm, "--steps", 4],
         None,
         "--steps (sample.steps) only applies to masked",
+        "samples left to right. Remove --steps.",  # a flag has no preset value to restore
     )
 
     for flag, (args, needle) in GENERATE_FLAGS.items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,9 @@ def print_samples(
         message = str(err)
         for name in overrides:  # given or not: a hint may name a flag to add
             flag = "--" + name.replace("_", "-")
+            # a preset's value is not the flag's case: the flag is simply left out
+            preset = rf"([Rr])emove it, or set sample\.{name}=\S+ \(its default\) when "
+            message = re.sub(preset + "overriding a preset", rf"\1emove {flag}", message)
             message = message.replace(f"sample.{name}", f"{flag} (sample.{name})")
         raise StackWiseError(message) from None
     if stream is not None:
