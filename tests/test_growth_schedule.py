@@ -335,6 +335,13 @@ def test_decay_ratio_needs_the_wsd_scheduler(tiny):
         tiny(train={"decay_ratio": 0.3})
 
 
+def test_a_schedule_key_that_does_nothing_says_how_to_undo_a_preset(tiny):
+    """The fix names the default that turns a preset's value off, and that fix is taken."""
+    with pytest.raises(StackWiseError, match=r"set train\.min_lr_ratio=0\.0 \(its default\)"):
+        tiny(train={"scheduler": "constant", "min_lr_ratio": 0.1})
+    assert tiny(train={"scheduler": "constant", "min_lr_ratio": 0.0}).train.min_lr_ratio == 0.0
+
+
 @pytest.mark.parametrize(
     ("scheduler", "warmup", "said"),
     [

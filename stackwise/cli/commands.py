@@ -109,11 +109,12 @@ def cmd_merge_lora(ns: argparse.Namespace) -> int:
     difference against the adapted model."""
     import warnings
 
-    from stackwise.cli.hf_commands import is_finetuned, merge_finetuned
+    from stackwise.cli.hf_commands import is_finetuned, merge_finetuned, quiet_on_cpu
     from stackwise.runs import merge_checkpoint
 
     if is_finetuned(ns.checkpoint):
         return merge_finetuned(ns)
+    quiet_on_cpu()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = merge_checkpoint(ns.checkpoint, ns.out, requantize=ns.requantize)

@@ -79,7 +79,9 @@ class LoraConfig(Section):
         False,
         description="hf: DoRA, which learns each weight's magnitude apart from its direction.",
     )
-    use_rslora: bool = Field(False, description="Scale by alpha/sqrt(r) instead of alpha/r.")
+    use_rslora: bool = Field(
+        False, description="hf: scale the adapters by alpha/sqrt(r) instead of alpha/r."
+    )
     init_lora_weights: Literal["default", "gaussian", "pissa", "olora", "loftq"] = Field(
         "default",
         description="hf: how PEFT starts the adapters: default (B = 0), gaussian, pissa, olora, "

@@ -174,11 +174,20 @@ def _lr_schedule(s: TrainConfig) -> Iterator[str]:
                     f"'constant_with_warmup' or remove {name}"
                 )
     if s.scheduler in ("constant", "constant_with_warmup") and s.changed("min_lr_ratio"):
-        yield f"min_lr_ratio has no effect with scheduler '{s.scheduler}'"
+        yield (
+            f"min_lr_ratio has no effect with scheduler '{s.scheduler}'; "
+            f"{_restore(s, 'min_lr_ratio')}"
+        )
     if s.scheduler != "polynomial" and s.changed("poly_power"):
-        yield "poly_power only applies to scheduler: polynomial"
+        yield f"poly_power only applies to scheduler: polynomial; {_restore(s, 'poly_power')}"
     if s.scheduler != "wsd" and s.changed("decay_ratio"):
-        yield "decay_ratio only applies to scheduler: wsd"
+        yield f"decay_ratio only applies to scheduler: wsd; {_restore(s, 'decay_ratio')}"
+
+
+def _restore(s: TrainConfig, name: str) -> str:
+    """The fix for a key that does nothing here, which may come from a preset."""
+    default = type(s).model_fields[name].get_default()
+    return f"remove it, or set train.{name}={default} (its default) when overriding a preset"
 
 
 def _tracks_best(s: TrainConfig) -> bool:
