@@ -272,3 +272,21 @@ def test_mixed_formats_and_content_parts():
         {"role": "assistant", "content": "c"},
     ]}  # fmt: skip
     assert to_messages(parts, "messages", 0, [])[0]["content"] == "ab"
+
+
+def test_targets_the_tokenizer_cannot_write_are_counted_and_said():
+    """A char tokenizer that never saw digits writes them as <unk>: the header says how many
+    target tokens that is, instead of training on them in silence."""
+    from stackwise.data.tokenizer import char_tokenizer
+
+    chars = char_tokenizer(["abcdefghijklmnopqrstuvwxyz ,.!?<>|/:_\n"]).to_transformers()
+    use_template(chars, None)
+    cfg = DataConfig(mode="instruction", files=["x.jsonl"], seq_len=256)
+    rows = [{"prompt": "add two and two", "response": "4444 4444"}]
+    stats = ChatStats()
+    examples_of(rows, chars, cfg, stats)
+    assert stats.unknown == 8 and stats.supervised >= 9
+    assert "of the target tokens unknown to the tokenizer" in stats.line()
+    known = ChatStats()
+    examples_of([{"prompt": "add", "response": "four"}], chars, cfg, known)
+    assert known.unknown == 0 and "unknown" not in known.line()

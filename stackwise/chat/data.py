@@ -26,6 +26,9 @@ from stackwise.errors import StackWiseError
 IGNORE = -100
 
 
+UNKNOWN_SHARE = 0.01  # from this share of unknown target tokens on, the run header says so
+
+
 @dataclass
 class ChatStats:
     format: str = ""
@@ -34,6 +37,7 @@ class ChatStats:
     dropped: int = 0
     tokens: int = 0
     supervised: int = 0
+    unknown: int = 0  # target tokens the tokenizer could only write as its unknown token
     prompts: list[list[dict]] = field(default_factory=list)  # a few, to sample replies to
 
     def line(self) -> str:
@@ -43,6 +47,12 @@ class ChatStats:
             parts.append(f"{self.truncated:,} cut at data.seq_len")
         if self.dropped:
             parts.append(f"{self.dropped:,} dropped with no target token")
+        if self.supervised and self.unknown / self.supervised >= UNKNOWN_SHARE:
+            parts.append(
+                f"{self.unknown / self.supervised:.0%} of the target tokens unknown to the "
+                "tokenizer (it learns to write its unknown token there; a tokenizer trained "
+                "on text with these characters, or data.tokenizer: byte, knows them)"
+            )
         return ", ".join(parts)
 
 
@@ -156,6 +166,9 @@ def _example(
     stats.truncated += tok.truncated
     stats.tokens += len(tok.ids)
     stats.supervised += n_targets
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is not None:
+        stats.unknown += sum(x == unk for x in labels)
     return tok.ids, labels
 
 
