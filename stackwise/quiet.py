@@ -46,3 +46,11 @@ def quiet_deepspeed_on_cpu() -> None:
     """DeepSpeed, once installed, is imported by Accelerate too, and warns that it picked the
     CPU when it finds no GPU: told so, it does not. Call where the run's device is the CPU."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def quiet_deepspeed_without_gpu() -> None:
+    """quiet_deepspeed_on_cpu where torch finds no CUDA GPU (the CPU is then the device)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        quiet_deepspeed_on_cpu()

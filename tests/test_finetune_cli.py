@@ -351,3 +351,13 @@ def test_a_flag_and_an_override_that_replace_each_other_are_refused(files, flag,
     with pytest.raises(StackWiseError, match="replace each other") as caught:
         finetune_config([*base, *flag, override])
     assert flag[0] in str(caught.value) and override.split("=")[0] in str(caught.value)
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_deepspeed_is_told_of_the_cpu_only_without_a_gpu(monkeypatch, gpu):
+    from stackwise.quiet import quiet_deepspeed_without_gpu
+
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    quiet_deepspeed_without_gpu()
+    assert os.environ.get("DS_ACCELERATOR") == (None if gpu else "cpu")

@@ -109,12 +109,13 @@ def cmd_merge_lora(ns: argparse.Namespace) -> int:
     difference against the adapted model."""
     import warnings
 
-    from stackwise.cli.hf_commands import is_finetuned, merge_finetuned, quiet_on_cpu
+    from stackwise.cli.hf_commands import is_finetuned, merge_finetuned
+    from stackwise.quiet import quiet_deepspeed_without_gpu
     from stackwise.runs import merge_checkpoint
 
     if is_finetuned(ns.checkpoint):
         return merge_finetuned(ns)
-    quiet_on_cpu()
+    quiet_deepspeed_without_gpu()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = merge_checkpoint(ns.checkpoint, ns.out, requantize=ns.requantize)

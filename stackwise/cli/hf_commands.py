@@ -143,17 +143,6 @@ def checked_sampling(config: Any, overrides: dict[str, Any]) -> Any:
         raise StackWiseError(message) from None
 
 
-def quiet_on_cpu() -> None:
-    """No GPU here: DeepSpeed, imported by PEFT or Accelerate, is told so instead of warning
-    that it guessed (stackwise.quiet)."""
-    import torch
-
-    from stackwise.quiet import quiet_deepspeed_on_cpu
-
-    if not torch.cuda.is_available():
-        quiet_deepspeed_on_cpu()
-
-
 def merge_finetuned(ns: argparse.Namespace) -> int:
     from stackwise.runs import merge_finetuned as merge_run
 
@@ -167,7 +156,9 @@ def merge_finetuned(ns: argparse.Namespace) -> int:
             f"'{out}' exists and is not an empty folder; merge-lora never overwrites. Pick a new "
             "folder for OUT."
         )
-    quiet_on_cpu()
+    from stackwise.quiet import quiet_deepspeed_without_gpu
+
+    quiet_deepspeed_without_gpu()
     report = merge_run(Path(ns.checkpoint), out, ns.trust_remote_code)
     print(
         f"Merged the LoRA adapter of {ns.checkpoint} into its base (dequantized where it was "

@@ -6,8 +6,8 @@ the logits. At a large vocabulary each is hundreds of MB, and on a CPU each is a
 (above glibc's 32 MiB mmap ceiling) whose pages fault in. Here the forward keeps the logits as
 they are and each row's log-sum-exp; the backward rebuilds the softmax a block of rows at a time,
 in cache. The values are F.cross_entropy's within fp32 rounding (tests/test_blocked_ce.py); at
-logits of 64 MB (fp32) and more it is faster on one CPU thread and peaks at a fraction of the
-memory (benchmarks/RESULTS.md, "Cross entropy in row blocks").
+logits of 64 MB (fp32) and more it is faster on one and on two CPU threads and peaks at a
+fraction of the memory (benchmarks/RESULTS.md, section blocked_ce).
 """
 
 from __future__ import annotations

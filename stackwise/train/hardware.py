@@ -28,7 +28,7 @@ from torch import nn
 from stackwise.errors import StackWiseError
 from stackwise.hwprobe import FORCE_ENV, ensure_bf16_ready
 from stackwise.launcher import fsdp_launch, hide_fsdp_launch
-from stackwise.quiet import quiet_deepspeed_on_cpu
+from stackwise.quiet import quiet_deepspeed_without_gpu
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -232,8 +232,7 @@ def make_accelerator(mixed_precision: str) -> Accelerator:
         AcceleratorState._reset_state(reset_partial_state=False)
     # Without CUDA, Accelerate only starts DDP (gloo) under torchrun when told it runs on the CPU;
     # otherwise every rank would silently train its own copy.
-    if not torch.cuda.is_available():
-        quiet_deepspeed_on_cpu()
+    quiet_deepspeed_without_gpu()
     accelerator = Accelerator(mixed_precision=mixed_precision, cpu=not torch.cuda.is_available())
     if accelerator.num_processes > 1:
         release_at_exit()
